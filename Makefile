@@ -1,0 +1,71 @@
+# Alnair: the two commands are `make demo` and `make test`; each installs what it needs.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
+        lint fmt demo dev-up dev-down bench bench-placement bench-scheduler schema clean
+
+setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
+
+setup-python:
+	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || $(PY) -m pip install --user --quiet uv
+	@$(UV) sync --all-packages --frozen 2>/dev/null || $(UV) sync --all-packages
+	@$(BIN)/python -m alnair.deviceplugin.protos >/dev/null 2>&1 || true
+
+setup-native:
+	@$(MAKE) -s -C native/intercept all
+
+setup-control-plane:
+	@bash hack/build-control-plane.sh all
+
+test: setup ## the whole suite: unit, integration (real nats/redis), e2e (real control plane)
+	@$(BIN)/pytest tests -p no:cacheprovider
+	@$(MAKE) -s -C native/intercept test
+
+test-unit: setup-python
+	@$(BIN)/pytest tests/unit -p no:cacheprovider
+
+test-integration: setup-python
+	@$(BIN)/pytest tests/integration -p no:cacheprovider
+
+test-e2e: setup
+	@$(BIN)/pytest tests/e2e -p no:cacheprovider
+
+lint: setup-python
+	@$(BIN)/ruff check .
+	@$(BIN)/ruff format --check .
+	@$(BIN)/mypy libs/common/src services/*/src
+	@$(BIN)/lint-imports
+
+fmt: setup-python
+	@$(BIN)/ruff format .
+	@$(BIN)/ruff check --fix .
+
+schema: setup-python ## JSON Schema of every event, for external subscribers
+	@$(BIN)/python -m alnair.common.events schema --out deploy/schemas
+
+demo: setup-python ## replay the Alibaba GPU trace under every policy and compare with the paper
+	@$(BIN)/python -m alnair.scheduler.simulator.demo
+
+dev-up: setup ## start nats, redis and the control plane in the background and say how to reach them
+	@$(BIN)/python -m alnair.common.devstack up
+
+dev-down:
+	@$(BIN)/python -m alnair.common.devstack down
+
+bench: bench-placement
+
+bench-placement: setup-python
+	@$(BIN)/python bench/placement.py
+
+bench-scheduler: setup
+	@$(BIN)/python bench/scheduler.py
+
+clean:
+	@$(MAKE) -s -C native/intercept clean || true
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

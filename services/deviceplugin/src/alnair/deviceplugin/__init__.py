@@ -1,0 +1,1 @@
+"""Alnair Device plugin: the kubelet device plugin for whole and fractional GPUs, and the vGPU registry."""

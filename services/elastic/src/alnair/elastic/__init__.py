@@ -1,0 +1,1 @@
+"""Alnair Elastic: the ElasticJob controller that grows and shrinks Horovod-style jobs with free GPUs."""

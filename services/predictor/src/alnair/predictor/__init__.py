@@ -1,0 +1,1 @@
+"""Alnair Predictor: learns runtime, peak GPU memory and co-location slowdown from benchmarks and execution records."""
