@@ -1,0 +1,492 @@
+"""The bus: typed events over NATS, with JetStream durability where losing one would matter.
+
+Design:
+- `publish` wraps an event in its CloudEvents envelope and sends it to the subject the event
+  derives itself. Events of a JetStream stream (jobs, health, scale) carry `Nats-Msg-Id` = event
+  id, so a publisher that retries after a lost ack does not store the event twice.
+- `subscribe` binds a durable pull consumer: a stopped service resumes exactly where it stopped.
+  One place turns a handler's outcome into the acknowledgement: success -> ack; `TemporaryError`
+  -> nak with its delay; anything undecodable, schema-invalid, a `PermanentError`, or a message
+  that exhausted its deliveries -> a `DeadLetter` on `alnair.dlq.<durable>` (stream DLQ), then
+  term. Nothing is dropped silently.
+- Idempotence: an event id already handled by this durable is acknowledged without calling the
+  handler again. Handled ids live in a JetStream KV bucket (`alnair-handled`, one key per
+  durable+id, with a TTL), so this survives restarts; an in-memory LRU saves the round trip.
+- Concurrency per consumer is bounded by a semaphore; ordering per subject is the caller's
+  choice (max_in_flight=1 gives strict order).
+- Request-reply (`request`/`serve`) for queries such as `alnair.predict`.
+- nats-py reconnects by itself; we log disconnects/reconnects once, and JetStream publishes made
+  while disconnected are retried until `publish_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from alnair.common.errors import PermanentError, TemporaryError
+from alnair.common.events import (
+    STREAMS,
+    DeadLetter,
+    DecodeError,
+    E,
+    Envelope,
+    Event,
+    decode,
+    encode,
+    subject_token,
+    wrap,
+)
+from alnair.common.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+DLQ_STREAM = "DLQ"
+DLQ_PREFIX = "alnair.dlq"
+HANDLED_BUCKET = "alnair-handled"
+
+Handler = Callable[[E, Envelope[E]], Awaitable[None]]
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
+
+
+class RemoteError(PermanentError):
+    """A request-reply server answered with an error."""
+
+
+class _Lru:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._d: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        if key in self._d:
+            self._d.move_to_end(key)
+            return True
+        return False
+
+    def add(self, key: str) -> None:
+        self._d[key] = None
+        self._d.move_to_end(key)
+        while len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+
+class Subscription:
+    """A running consumer; `stop()` ends it without acknowledging anything in flight."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tasks: list[asyncio.Task[Any]] = []
+        self._subs: list[Any] = []
+        self.handled = 0
+        self.dead_lettered = 0
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for s in self._subs:
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+
+
+class Bus:
+    """A connected NATS client with Alnair's event conventions."""
+
+    def __init__(self, nc: NatsClient, js: JetStreamContext, name: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.name = name
+        self._handled_kv: KeyValue | None = None
+        self._lru = _Lru(65536)
+        self._subs: list[Subscription] = []
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        connect_timeout_s: float = 5.0,
+        ensure_streams: bool = True,
+    ) -> Bus:
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected", extra={"client": name})
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", extra={"client": name, "url": str(nc.connected_url)})
+
+        async def on_error(exc: Exception) -> None:
+            log.debug("nats error", extra={"client": name, "error": str(exc)})
+
+        nc = await nats.connect(
+            servers=[u.strip() for u in url.split(",")],
+            name=name,
+            connect_timeout=connect_timeout_s,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+        )
+        bus = cls(nc, nc.jetstream(), name)
+        if ensure_streams:
+            await bus.ensure_streams()
+        return bus
+
+    async def ensure_streams(self) -> None:
+        """Create (or update) the streams and buckets the event conventions need."""
+        wanted = dict(STREAMS)
+        wanted[DLQ_STREAM] = f"{DLQ_PREFIX}.>"
+        for stream, subject in wanted.items():
+            cfg = StreamConfig(
+                name=stream,
+                subjects=[subject],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=7 * 24 * 3600.0,
+                duplicate_window=120.0,
+            )
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(cfg)
+        self._handled_kv = await self.kv(HANDLED_BUCKET, ttl_s=7 * 24 * 3600.0)
+
+    async def kv(self, bucket: str, ttl_s: float | None = None, history: int = 1) -> KeyValue:
+        """The JetStream KV bucket `bucket`, created on first use."""
+        try:
+            return await self.js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s)
+            )
+
+    async def close(self) -> None:
+        for sub in list(self._subs):
+            await sub.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    # --- publishing -----------------------------------------------------------------------
+
+    async def publish(
+        self,
+        event: Event,
+        *,
+        source: str,
+        event_id: str | None = None,
+        publish_timeout_s: float = 30.0,
+    ) -> Envelope[Any]:
+        """Publish `event`; JetStream events return once the server has stored them."""
+        env = wrap(event, source=source, event_id=event_id)
+        payload = encode(env)
+        subject = env.subject or event.subject()
+        if event.STREAM is None:
+            await self.nc.publish(subject, payload)
+            return env
+        headers = {"Nats-Msg-Id": env.id}
+        await self._js_publish(subject, payload, headers, publish_timeout_s)
+        return env
+
+    async def _js_publish(
+        self, subject: str, payload: bytes, headers: dict[str, str], budget_s: float
+    ) -> None:
+        # While the server restarts the publish times out or fails; the message id makes the
+        # retry safe (the stream's duplicate window drops a second copy).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        delay = 0.1
+        while True:
+            try:
+                await self.js.publish(subject, payload, timeout=2.0, headers=headers)
+                return
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.errors.ConnectionClosedError,
+                nats.errors.ConnectionReconnectingError,
+                nats.js.errors.ServiceUnavailableError,
+            ) as exc:
+                if loop.time() + delay > deadline:
+                    raise TemporaryError(
+                        "publish did not reach JetStream", subject=subject, error=repr(exc)
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def publish_raw(self, subject: str, payload: bytes) -> None:
+        """Publish bytes as they are (tests and bridges); JetStream-backed if a stream matches."""
+        await self.nc.publish(subject, payload)
+        await self.nc.flush()
+
+    # --- consuming ------------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        event_type: type[E],
+        handler: Handler[E],
+        *,
+        durable: str,
+        subject: str | None = None,
+        max_in_flight: int = 16,
+        max_deliver: int = 10,
+        ack_wait_s: float = 30.0,
+        batch: int = 32,
+    ) -> Subscription:
+        """Deliver every `event_type` event matching `subject` to `handler`.
+
+        JetStream events use the durable pull consumer `durable`; core-NATS events (metrics) use
+        a queue group of that name, so replicas of a service share the load.
+        """
+        subject = subject or event_type.subject_filter()
+        sub = Subscription(durable)
+        sem = asyncio.Semaphore(max_in_flight)
+        self._subs.append(sub)
+        if event_type.STREAM is None:
+            await self._subscribe_core(event_type, handler, durable, subject, sub, sem)
+            return sub
+        cfg = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver + 1,
+            max_ack_pending=max(max_in_flight * 4, batch),
+            filter_subject=subject,
+        )
+        psub = await self.js.pull_subscribe(
+            subject, durable=durable, stream=event_type.STREAM, config=cfg
+        )
+        sub._subs.append(psub)
+        sub.tasks.append(
+            spawn(
+                self._pull_loop(psub, event_type, handler, durable, sub, sem, batch, max_deliver),
+                name=f"bus.consume.{durable}",
+            )
+        )
+        return sub
+
+    async def _pull_loop(
+        self,
+        psub: JetStreamContext.PullSubscription,
+        event_type: type[E],
+        handler: Handler[E],
+        durable: str,
+        sub: Subscription,
+        sem: asyncio.Semaphore,
+        batch: int,
+        max_deliver: int,
+    ) -> None:
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                free = max(1, batch - len(inflight))
+                try:
+                    # A long poll: the server answers as soon as a message arrives.
+                    msgs = await psub.fetch(free, timeout=5.0)
+                except nats.errors.TimeoutError:
+                    continue
+                except (
+                    nats.errors.ConnectionClosedError,
+                    nats.errors.ConnectionReconnectingError,
+                    nats.js.errors.ServiceUnavailableError,
+                    nats.js.errors.APIError,
+                ) as exc:
+                    log.warning("fetch failed", extra={"durable": durable, "error": repr(exc)})
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in msgs:
+                    await sem.acquire()
+                    task = asyncio.create_task(
+                        self._dispatch(msg, event_type, handler, durable, sub, max_deliver)
+                    )
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                    task.add_done_callback(lambda _t: sem.release())
+        finally:
+            # Cancelled: let in-flight handlers finish so nothing is handled twice needlessly.
+            if inflight:
+                await asyncio.wait(inflight, timeout=10.0)
+
+    async def _subscribe_core(
+        self,
+        event_type: type[E],
+        handler: Handler[E],
+        durable: str,
+        subject: str,
+        sub: Subscription,
+        sem: asyncio.Semaphore,
+    ) -> None:
+        async def on_msg(msg: Msg) -> None:
+            async with sem:
+                await self._dispatch(msg, event_type, handler, durable, sub, max_deliver=1)
+
+        nsub = await self.nc.subscribe(subject, queue=durable, cb=on_msg)
+        sub._subs.append(nsub)
+
+    async def _dispatch(
+        self,
+        msg: Msg,
+        event_type: type[E],
+        handler: Handler[E],
+        durable: str,
+        sub: Subscription,
+        max_deliver: int,
+    ) -> None:
+        """The one place that turns a handler outcome into ack / nak(delay) / dead-letter."""
+        jetstream = bool(msg.reply) and msg.reply.startswith("$JS.ACK")
+        try:
+            env = decode(msg.data, expected=event_type)
+        except DecodeError as exc:
+            await self._dead_letter(msg, durable, str(exc), sub, jetstream)
+            return
+        key = f"{subject_token(durable)}.{subject_token(env.id)}"
+        if await self._already_handled(key):
+            if jetstream:
+                await msg.ack()
+            return
+        try:
+            await handler(env.data, env)
+        except TemporaryError as exc:
+            delivered = msg.metadata.num_delivered if jetstream else 1
+            if jetstream and delivered < max_deliver:
+                log.info(
+                    "handler asked for retry",
+                    extra={"durable": durable, "id": env.id, "delay_s": exc.delay_s},
+                )
+                await msg.nak(delay=exc.delay_s)
+                return
+            await self._dead_letter(
+                msg, durable, f"gave up after {delivered} deliveries: {exc}", sub, jetstream
+            )
+            return
+        except (PermanentError, ValidationError) as exc:
+            await self._dead_letter(msg, durable, f"{type(exc).__name__}: {exc}", sub, jetstream)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # An unexpected bug: keep the message (redelivered after a delay) and say so loudly.
+            log.exception("handler failed", extra={"durable": durable, "id": env.id})
+            if jetstream and msg.metadata.num_delivered < max_deliver:
+                await msg.nak(delay=2.0)
+            else:
+                await self._dead_letter(msg, durable, f"handler error: {exc!r}", sub, jetstream)
+            return
+        await self._mark_handled(key)
+        sub.handled += 1
+        if jetstream:
+            await msg.ack()
+
+    async def _already_handled(self, key: str) -> bool:
+        if key in self._lru:
+            return True
+        if self._handled_kv is None:
+            return False
+        try:
+            await self._handled_kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        self._lru.add(key)
+        return True
+
+    async def _mark_handled(self, key: str) -> None:
+        self._lru.add(key)
+        if self._handled_kv is not None:
+            await self._handled_kv.put(key, b"1")
+
+    async def _dead_letter(
+        self, msg: Msg, durable: str, reason: str, sub: Subscription, jetstream: bool
+    ) -> None:
+        dl = DeadLetter(
+            subject=msg.subject,
+            consumer=durable,
+            reason=reason,
+            payload=msg.data.decode("utf-8", errors="replace"),
+            headers={k: str(v) for k, v in (msg.headers or {}).items()},
+        )
+        subject = f"{DLQ_PREFIX}.{subject_token(durable)}"
+        await self._js_publish(subject, dl.model_dump_json().encode(), {}, 30.0)
+        sub.dead_lettered += 1
+        log.warning(
+            "message dead-lettered",
+            extra={"durable": durable, "subject": msg.subject, "reason": reason},
+        )
+        if jetstream:
+            await msg.term()
+
+    # --- request-reply --------------------------------------------------------------------
+
+    async def request(
+        self, subject: str, payload: BaseModel, reply_model: type[Rep], timeout_s: float = 5.0
+    ) -> Rep:
+        msg = await self.nc.request(subject, payload.model_dump_json().encode(), timeout=timeout_s)
+        doc = json.loads(msg.data)
+        if isinstance(doc, dict) and "error" in doc and len(doc) <= 2:
+            raise RemoteError(str(doc["error"]), subject=subject, status=doc.get("status"))
+        return reply_model.model_validate(doc)
+
+    async def serve(
+        self,
+        subject: str,
+        request_model: type[Req],
+        handler: Callable[[Req], Awaitable[BaseModel]],
+        *,
+        queue: str | None = None,
+    ) -> Subscription:
+        """Answer requests on `subject`; bad requests get `{"error": ..., "status": 400}`."""
+        sub = Subscription(f"serve.{subject}")
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                req = request_model.model_validate_json(msg.data)
+                rep = await handler(req)
+                body = rep.model_dump_json().encode()
+            except ValidationError as exc:
+                body = json.dumps({"error": _validation_text(exc), "status": 400}).encode()
+            except PermanentError as exc:
+                body = json.dumps({"error": str(exc), "status": 422}).encode()
+            except Exception as exc:
+                log.exception("request handler failed", extra={"subject": subject})
+                body = json.dumps({"error": repr(exc), "status": 500}).encode()
+            if msg.reply:
+                await msg.respond(body)
+
+        nsub = await self.nc.subscribe(subject, queue=queue or subject, cb=on_msg)
+        sub._subs.append(nsub)
+        self._subs.append(sub)
+        return sub
+
+
+def _validation_text(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
+    )

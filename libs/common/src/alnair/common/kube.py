@@ -1,0 +1,464 @@
+"""A small asyncio Kubernetes client over httpx, built for controllers and schedulers.
+
+Why not the official `kubernetes` package: it is synchronous, and a scheduler that binds
+thousands of pods needs many requests in flight on one event loop. This client speaks the REST
+API directly: typed errors (`NotFound`, `Conflict`, `Gone`, ...), list and watch with
+resourceVersion (the building blocks of `alnair.common.informer`), the Binding subresource,
+patches (merge, strategic, JSON, server-side apply) and Events. It reads a kubeconfig (client
+certificates or a bearer token) or the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import yaml
+
+from alnair.common.errors import ConfigError, PermanentError, TemporaryError
+
+Obj = dict[str, Any]
+PatchType = Literal["merge", "strategic", "json", "apply"]
+_PATCH_CT = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ApiError(PermanentError):
+    """The API server refused a request; `status` is the HTTP code, `reason` the Status reason."""
+
+    def __init__(self, status: int, reason: str, message: str, path: str) -> None:
+        super().__init__(f"{status} {reason}: {message}", path=path)
+        self.status = status
+        self.reason = reason
+        self.api_message = message
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    """409: already exists, or a resourceVersion/binding conflict."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion is too old; relist."""
+
+
+class Unavailable(TemporaryError):
+    """The API server could not be reached or asked us to back off."""
+
+
+def _raise_for(resp: httpx.Response, path: str) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        doc = resp.json()
+        reason, message = doc.get("reason", ""), doc.get("message", resp.text)
+    except (json.JSONDecodeError, AttributeError):
+        reason, message = "", resp.text
+    if resp.status_code in {429, 500, 502, 503, 504}:
+        raise Unavailable(f"{resp.status_code} {reason}: {message}", delay_s=1.0, path=path)
+    cls = {404: NotFound, 409: Conflict, 410: Gone}.get(resp.status_code, ApiError)
+    raise cls(resp.status_code, reason or resp.reason_phrase, message, path)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+PODS = Resource("", "v1", "pods")
+NODES = Resource("", "v1", "nodes", namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", namespaced=False)
+EVENTS = Resource("", "v1", "events")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+JOBS = Resource("batch", "v1", "jobs")
+STATEFULSETS = Resource("apps", "v1", "statefulsets")
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
+PODGROUPS = Resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
+ELASTICJOBS = Resource("alnair.io", "v1alpha1", "elasticjobs")
+QUEUES = Resource("alnair.io", "v1alpha1", "queues", namespaced=False)
+TRIALJOBS = Resource("alnair.io", "v1alpha1", "trialjobs")
+
+KIND_RESOURCES: dict[str, Resource] = {
+    "Pod": PODS,
+    "Node": NODES,
+    "Namespace": NAMESPACES,
+    "Event": EVENTS,
+    "ConfigMap": CONFIGMAPS,
+    "Job": JOBS,
+    "StatefulSet": STATEFULSETS,
+    "Lease": LEASES,
+    "CustomResourceDefinition": CRDS,
+    "PodGroup": PODGROUPS,
+    "PriorityClass": PRIORITYCLASSES,
+    "ElasticJob": ELASTICJOBS,
+    "Queue": QUEUES,
+    "TrialJob": TRIALJOBS,
+}
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    server: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    token: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def load(cls, path: str | None = None) -> KubeConfig:
+        """From `path`, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
+        if path is None and (SA_DIR / "token").exists() and "KUBERNETES_SERVICE_HOST" in os.environ:
+            host = os.environ["KUBERNETES_SERVICE_HOST"]
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            return cls(
+                server=f"https://{host}:{port}",
+                ca_file=str(SA_DIR / "ca.crt"),
+                token=(SA_DIR / "token").read_text().strip(),
+            )
+        path = path or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read kubeconfig {path}: {exc}", path=path) from exc
+        try:
+            ctx_name = doc["current-context"]
+            ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
+            cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
+            user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
+        except (KeyError, StopIteration, TypeError) as exc:
+            raise ConfigError(
+                f"kubeconfig {path} has no usable current context", path=path
+            ) from exc
+        base = Path(path).parent
+        return cls(
+            server=cluster["server"].rstrip("/"),
+            ca_file=_file_or_data(cluster, "certificate-authority", base),
+            cert_file=_file_or_data(user, "client-certificate", base),
+            key_file=_file_or_data(user, "client-key", base),
+            token=user.get("token"),
+            insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if self.insecure:
+            return False
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file and self.key_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+
+def _file_or_data(section: Mapping[str, Any], key: str, base: Path) -> str | None:
+    if key in section:
+        p = Path(section[key])
+        return str(p if p.is_absolute() else base / p)
+    data = section.get(f"{key}-data")
+    if data is None:
+        return None
+    fd, name = tempfile.mkstemp(prefix="alnair-kube-", suffix=".pem")
+    with os.fdopen(fd, "wb") as f:
+        f.write(base64.b64decode(data))
+    return name
+
+
+class KubeClient:
+    """Async Kubernetes REST client. Use as `async with KubeClient.from_config(...) as kube:`."""
+
+    def __init__(self, config: KubeConfig, *, max_connections: int = 256, timeout_s: float = 30):
+        self.config = config
+        headers = {"Accept": "application/json", "User-Agent": "alnair/0.1"}
+        if config.token:
+            headers["Authorization"] = f"Bearer {config.token}"
+        self.http = httpx.AsyncClient(
+            base_url=config.server,
+            verify=config.ssl_context(),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None, **kw: Any) -> KubeClient:
+        return cls(KubeConfig.load(kubeconfig), **kw)
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        content = None
+        if body is not None:
+            content = body if isinstance(body, bytes | str) else json.dumps(body)
+        try:
+            resp = await self.http.request(
+                method,
+                path,
+                content=content,
+                params={k: v for k, v in (params or {}).items() if v is not None},
+                headers={"Content-Type": content_type} if content is not None else None,
+            )
+        except httpx.TransportError as exc:
+            raise Unavailable(f"API server unreachable: {exc!r}", path=path) from exc
+        _raise_for(resp, path)
+        if not resp.content:
+            return {}
+        result: Obj = resp.json()
+        return result
+
+    # --- verbs ---------------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
+        return await self.request("GET", res.path(namespace, name))
+
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        resource_version: str | None = None,
+    ) -> Obj:
+        """List (all pages merged); returns the List object with metadata.resourceVersion."""
+        params: dict[str, Any] = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit or 2000,
+            "resourceVersion": resource_version,
+        }
+        result = await self.request("GET", res.path(namespace), params=params)
+        items: list[Obj] = list(result.get("items", []))
+        while result.get("metadata", {}).get("continue"):
+            params["continue"] = result["metadata"]["continue"]
+            params.pop("resourceVersion", None)
+            result = await self.request("GET", res.path(namespace), params=params)
+            items.extend(result.get("items", []))
+        result["items"] = items
+        return result
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: int = 300,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Yield (type, object) from a watch; BOOKMARKs update nothing but the version.
+
+        Raises `Gone` when the version is too old (the caller relists) and returns when the
+        server closes the stream (the caller resumes from the last version it saw).
+        """
+        params: dict[str, Any] = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_s,
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+        }
+        path = res.path(namespace)
+        try:
+            async with self.http.stream(
+                "GET",
+                path,
+                params={k: v for k, v in params.items() if v is not None},
+                timeout=httpx.Timeout(timeout_s + 30, connect=5.0),
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    _raise_for(resp, path)
+                async for line in resp.aiter_lines():
+                    if not line:
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        status = ev.get("object", {})
+                        code = int(status.get("code", 500))
+                        if code == 410:
+                            raise Gone(410, "Expired", status.get("message", ""), path)
+                        raise ApiError(code, status.get("reason", ""), str(status), path)
+                    yield ev["type"], ev["object"]
+        except httpx.TransportError as exc:
+            raise Unavailable(f"watch broken: {exc!r}", path=path) from exc
+
+    async def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
+        ns = namespace or body.get("metadata", {}).get("namespace")
+        return await self.request("POST", res.path(ns), body=body)
+
+    async def replace(self, res: Resource, body: Obj, sub: str = "") -> Obj:
+        meta = body["metadata"]
+        path = res.path(meta.get("namespace"), meta["name"], sub)
+        return await self.request("PUT", path, body=body)
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: PatchType = "merge",
+        sub: str = "",
+        field_manager: str | None = None,
+        force: bool = False,
+    ) -> Obj:
+        params: dict[str, Any] = {"fieldManager": field_manager}
+        if patch_type == "apply":
+            params["force"] = "true" if force else None
+            params["fieldManager"] = field_manager or "alnair"
+        return await self.request(
+            "PATCH",
+            res.path(namespace, name, sub),
+            body=patch,
+            params=params,
+            content_type=_PATCH_CT[patch_type],
+        )
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_s: int | None = None,
+        propagation: str | None = None,
+        preconditions_uid: str | None = None,
+    ) -> Obj:
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        if propagation:
+            body["propagationPolicy"] = propagation
+        if preconditions_uid:
+            body["preconditions"] = {"uid": preconditions_uid}
+        return await self.request("DELETE", res.path(namespace, name), body=body)
+
+    async def apply(self, body: Obj, *, field_manager: str = "alnair", force: bool = True) -> Obj:
+        """Server-side apply of a manifest whose kind is in KIND_RESOURCES."""
+        res = KIND_RESOURCES.get(body.get("kind", ""))
+        if res is None:
+            raise ConfigError(f"no REST mapping for kind {body.get('kind')!r}")
+        meta = body["metadata"]
+        return await self.patch(
+            res,
+            meta["name"],
+            json.dumps(body),
+            meta.get("namespace") if res.namespaced else None,
+            patch_type="apply",
+            field_manager=field_manager,
+            force=force,
+        )
+
+    async def bind(self, namespace: str, name: str, node: str, uid: str | None = None) -> Obj:
+        """Bind a pod to a node through the Binding subresource (what kube-scheduler does)."""
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if uid:
+            body["metadata"]["uid"] = uid
+        return await self.request("POST", PODS.path(namespace, name, "binding"), body=body)
+
+    async def event(
+        self,
+        involved: Obj,
+        *,
+        reason: str,
+        message: str,
+        type_: Literal["Normal", "Warning"] = "Normal",
+        component: str = "alnair",
+    ) -> Obj:
+        """Record a core/v1 Event about `involved` (shown by `kubectl describe`)."""
+        meta = involved["metadata"]
+        ns = meta.get("namespace") or "default"
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", "Pod"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": os.environ.get("HOSTNAME", component),
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+        }
+        return await self.create(EVENTS, body, ns)
+
+
+def resource_for(api_version: str, kind: str) -> Resource:
+    """The REST location of an owner reference (known kinds, else the lowercase plural guess)."""
+    known = KIND_RESOURCES.get(kind)
+    if known is not None:
+        return known
+    group, _, version = api_version.rpartition("/")
+    plural = kind.lower() + ("es" if kind.lower().endswith("s") else "s")
+    return Resource(group, version, plural)

@@ -1,0 +1,132 @@
+"""The resource model: the names Alnair reads and writes on Kubernetes objects.
+
+Pods ask for whole GPUs with `nvidia.com/gpu`, or for a fraction with `alnair.io/gpu-memory`
+(MiB) and `alnair.io/gpu-compute` (percent of one GPU's SMs); `alnair.io/gpu-model` restricts the
+GPU type. Nodes carry the GPU facts as labels (written by the profiler, as GPU feature discovery
+does). The scheduler writes its decision as pod annotations before binding, and the device
+plugin honours them. Keeping every name here means a typo is an import error, not a silent miss.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Final
+
+from alnair.common.errors import InvalidValueError
+
+SCHEDULER_NAME: Final = "alnair"
+DOMAIN: Final = "alnair.io"
+
+# Extended resources requested by pods and advertised by nodes.
+GPU: Final = "nvidia.com/gpu"
+"""Whole GPUs, an integer count."""
+GPU_MEMORY: Final = "alnair.io/gpu-memory"
+"""Fractional GPU: memory in MiB on one GPU."""
+GPU_COMPUTE: Final = "alnair.io/gpu-compute"
+"""Fractional GPU: percent of one GPU's streaming multiprocessors (1-100)."""
+GPU_MODEL_REQUEST: Final = "alnair.io/gpu-model"
+"""Pod annotation or node-selector value restricting the GPU model, `|`-separated alternatives."""
+
+# Node labels (written by the profiler agent).
+LABEL_GPU_MODEL: Final = "alnair.io/gpu-model"
+LABEL_GPU_MEMORY_MIB: Final = "alnair.io/gpu-memory-mib"
+LABEL_GPU_COUNT: Final = "alnair.io/gpu-count"
+LABEL_GPU_COMPUTE_CAPABILITY: Final = "alnair.io/gpu-compute-capability"
+LABEL_KWOK_NODE: Final = "type"
+ANN_KWOK_NODE: Final = "kwok.x-k8s.io/node"
+"""KWOK manages nodes carrying this annotation with value `fake`."""
+
+# Pod annotations: the scheduler's decision, read by the device plugin and the profiler.
+ANN_GPU_INDICES: Final = "alnair.io/gpu-indices"
+"""Comma-separated indices of the GPUs chosen on the node."""
+ANN_GPU_UUIDS: Final = "alnair.io/gpu-uuids"
+ANN_GPU_MILLI: Final = "alnair.io/gpu-milli"
+"""Milli-GPU granted on each chosen GPU (1000 for whole GPUs)."""
+ANN_SCHEDULED_BY: Final = "alnair.io/scheduled-by"
+ANN_DURATION: Final = "alnair.io/duration"
+"""How long a simulated (KWOK) pod runs before it succeeds, as a Go duration ("90s", "1m30s").
+
+KWOK's stage reads it with `durationFrom` and parses it with Go's time.ParseDuration, so the value
+needs its unit: write it with `duration_value(seconds)`."""
+ANN_DURATION_S: Final = ANN_DURATION
+"""Alias of ANN_DURATION (the value still carries its unit)."""
+
+# Model information used by the profiler's records and the predictor (names from the seeds).
+ANN_MODEL_NAME: Final = "alnair.io/model-name"
+ANN_DATA_SIZE: Final = "alnair.io/data-size"
+ANN_EPOCH: Final = "alnair.io/epoch"
+ANN_BATCH_SIZE: Final = "alnair.io/batch-size"
+
+# Gang scheduling (the shape upstream scheduler-plugins and Kubeflow use).
+POD_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+POD_GROUP_API_GROUP: Final = "scheduling.x-k8s.io"
+POD_GROUP_VERSION: Final = "v1alpha1"
+POD_GROUP_PLURAL: Final = "podgroups"
+
+ALNAIR_API_GROUP: Final = "alnair.io"
+ALNAIR_API_VERSION: Final = "v1alpha1"
+
+MILLI_PER_GPU: Final = 1000
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_SUFFIX = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: str | int | float, field: str = "quantity") -> Decimal:
+    """Parse a Kubernetes resource quantity ("500m", "2Gi", "1e3") into a Decimal."""
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise InvalidValueError(field, value, "not a Kubernetes quantity")
+    number = Decimal(m.group(1))
+    if m.group(2):
+        number *= Decimal(10) ** int(m.group(2)[1:])
+    return number * _SUFFIX[m.group(3) or ""]
+
+
+def cpu_milli(value: str | int | float) -> int:
+    """CPU quantity in millicores (rounded up, as the kubelet does)."""
+    return int((parse_quantity(value, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def memory_mib(value: str | int | float) -> int:
+    """Memory quantity in MiB (rounded up)."""
+    q = parse_quantity(value, "memory") / (Decimal(2) ** 20)
+    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def duration_value(seconds: float) -> str:
+    """The ANN_DURATION value for `seconds` ("12.5s")."""
+    if seconds < 0:
+        raise InvalidValueError(ANN_DURATION, seconds, "must not be negative")
+    return f"{seconds:g}s"
+
+
+def parse_indices(value: str, field: str = ANN_GPU_INDICES) -> list[int]:
+    """Parse a comma-separated GPU index list ("0,3") as the scheduler writes it."""
+    out: list[int] = []
+    for raw in value.split(","):
+        part = raw.strip()
+        if not part.isdigit():
+            raise InvalidValueError(field, value, "expected comma-separated GPU indices")
+        out.append(int(part))
+    return out

@@ -1,0 +1,36 @@
+"""Settings every service shares, read from the environment with the `ALNAIR_` prefix.
+
+Each service subclasses `ServiceSettings` with its own prefix (`ALNAIR_SCHEDULER_` and so on)
+while the connection settings below stay under plain `ALNAIR_` so one ConfigMap serves all.
+Units are in the field names (`timeout_s`, `port`), and every field says what it is for.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    """Connections and identity shared by all services (env prefix `ALNAIR_`)."""
+
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_", extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+    )
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL")
+    kubeconfig: str | None = Field(
+        default=None,
+        description="kubeconfig path; unset means in-cluster service account, then ~/.kube/config",
+    )
+    cluster: str = Field(default="default", description="name of this cluster in job events")
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_json: bool = Field(default=True, description="JSON log lines (false: human-readable)")
+
+
+class ServiceSettings(CommonSettings):
+    """Base for one service's settings: adds its HTTP listener."""
+
+    http_host: str = Field(default="0.0.0.0", description="address the HTTP API listens on")
+    http_port: int = Field(default=8080, ge=0, le=65535, description="HTTP API port (0: any)")

@@ -1,0 +1,53 @@
+"""Long-lived asyncio tasks, always started through one guard that names them and logs their end.
+
+A background task that dies silently is the worst kind of outage: the service looks alive and
+does nothing. `spawn` names every task, logs its exit (normal, cancelled, or with the traceback),
+keeps a strong reference so the event loop cannot garbage-collect it, and can call `on_death` so
+the owner may stop the service (crash-only) instead of running half-broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_running: set[asyncio.Task[Any]] = set()
+
+
+def spawn(
+    coro: Coroutine[Any, Any, Any],
+    *,
+    name: str,
+    on_death: Callable[[BaseException], None] | None = None,
+) -> asyncio.Task[Any]:
+    """Start `coro` as a named task whose end is always logged."""
+    task = asyncio.create_task(coro, name=name)
+    _running.add(task)
+
+    def _done(t: asyncio.Task[Any]) -> None:
+        _running.discard(t)
+        if t.cancelled():
+            log.debug("task cancelled", extra={"task": name})
+            return
+        exc = t.exception()
+        if exc is None:
+            log.info("task finished", extra={"task": name})
+            return
+        log.error("task died", extra={"task": name}, exc_info=exc)
+        if on_death is not None:
+            on_death(exc)
+
+    task.add_done_callback(_done)
+    return task
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]], timeout_s: float = 5.0) -> None:
+    """Cancel `tasks` and wait for them to finish (bounded)."""
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
