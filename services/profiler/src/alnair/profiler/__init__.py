@@ -1,1 +1,2 @@
-"""Alnair Profiler: the node agent that reads GPUs (NVML or simulated) and the aggregator that folds pod metrics into jobs."""
+"""Alnair Profiler: the node agent that reads GPUs (NVML or simulated) and the aggregator
+that folds pod metrics into jobs and keeps their execution records."""

@@ -1,0 +1,212 @@
+"""From a GPU process id to its pod, and a pod's CPU, memory and IO from cgroup v2.
+
+NVML reports GPU processes by host pid. The kubelet puts every container in a cgroup whose
+path names the pod uid, so `/proc/<pid>/cgroup` tells us the pod without asking the
+container runtime. The path depends on the cgroup version, the kubelet's cgroup driver and
+the runtime:
+
+- cgroup v2, systemd driver: `0::/kubepods.slice/kubepods-burstable.slice/
+  kubepods-burstable-pod<uid with _>.slice/cri-containerd-<id>.scope` (containerd),
+  `.../crio-<id>.scope` (CRI-O), `.../docker-<id>.scope` (dockershim / cri-dockerd);
+- cgroup v2, cgroupfs driver: `0::/kubepods/burstable/pod<uid>/<id>`;
+- cgroup v1: one line per hierarchy (`4:memory:/kubepods/...`), same names per driver.
+
+Guaranteed pods have no QoS level in the path; kind and some distributions nest everything
+under `kubelet.slice/kubelet-kubepods.slice`. A process outside Kubernetes has none of these
+and maps to no pod (`None`), which is a status, not an error.
+
+Pod-level counters come from the pod's cgroup v2 directory (the kubelet aggregates all
+containers there): `cpu.stat` usage_usec, `memory.current`, `io.stat` rbytes/wbytes.
+Rates need two readings; `rates()` is the pure part.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_POD_RE = re.compile(rf"pod({_UID})(?:\.slice)?$")
+_CONTAINER_RE = re.compile(
+    r"^(?:(?P<prefix>cri-containerd|crio|docker|cri-o)-)?(?P<id>[0-9a-f]{64})(?:\.scope)?$"
+)
+_RUNTIME_BY_PREFIX = {
+    "cri-containerd": "containerd",
+    "crio": "cri-o",
+    "cri-o": "cri-o",
+    "docker": "docker",
+}
+
+
+@dataclass(frozen=True)
+class PodCgroup:
+    """Where a process sits: its pod, container and the pod's cgroup directory."""
+
+    pod_uid: str
+    container_id: str | None
+    runtime: str | None
+    cgroup_version: int
+    # Path of the pod-level cgroup relative to the cgroup mount, e.g.
+    # "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice".
+    pod_cgroup_path: str
+
+
+def _parse_path(path: str, version: int) -> PodCgroup | None:
+    parts = [p for p in path.split("/") if p]
+    for i, part in enumerate(parts):
+        match = _POD_RE.search(part)
+        if match is None:
+            continue
+        uid = match.group(1).replace("_", "-")
+        container_id: str | None = None
+        runtime: str | None = None
+        if i + 1 < len(parts):
+            cmatch = _CONTAINER_RE.match(parts[i + 1])
+            if cmatch is not None:
+                container_id = cmatch.group("id")
+                prefix = cmatch.group("prefix")
+                runtime = _RUNTIME_BY_PREFIX[prefix] if prefix else None
+        return PodCgroup(
+            pod_uid=uid,
+            container_id=container_id,
+            runtime=runtime,
+            cgroup_version=version,
+            pod_cgroup_path="/".join(parts[: i + 1]),
+        )
+    return None
+
+
+def parse_proc_cgroup(text: str) -> PodCgroup | None:
+    """The pod a process belongs to, from the text of `/proc/<pid>/cgroup`.
+
+    Prefers the unified (v2) line; on v1 uses the first hierarchy that names a pod (they all
+    name the same pod, but a controller may be unmounted). None when no line names a pod.
+    """
+    v1_paths: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hierarchy, controllers, path = fields
+        if hierarchy == "0" and controllers == "":
+            found = _parse_path(path, 2)
+            if found is not None:
+                return found
+        else:
+            v1_paths.append(path)
+    for path in v1_paths:
+        found = _parse_path(path, 1)
+        if found is not None:
+            return found
+    return None
+
+
+def pod_of_pid(pid: int, proc_root: Path = Path("/proc")) -> PodCgroup | None:
+    """`parse_proc_cgroup` for a live pid; None when the process is gone or not in a pod."""
+    try:
+        text = (proc_root / str(pid) / "cgroup").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return parse_proc_cgroup(text)
+
+
+@dataclass(frozen=True)
+class CgroupCounters:
+    """Cumulative counters of one cgroup v2 directory at one instant."""
+
+    ts: float
+    cpu_usage_usec: int
+    memory_bytes: int
+    io_read_bytes: int
+    io_write_bytes: int
+
+
+@dataclass(frozen=True)
+class CgroupRates:
+    """What a pod did between two readings."""
+
+    cpu_util_cores: float
+    mem_used_mib: float
+    io_read_bps: float
+    io_write_bps: float
+
+
+def parse_cpu_stat(text: str) -> int:
+    """usage_usec from a cgroup v2 `cpu.stat` (0 when the line is missing)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value.strip())
+    return 0
+
+
+def parse_io_stat(text: str) -> tuple[int, int]:
+    """Total (rbytes, wbytes) over all devices from a cgroup v2 `io.stat`."""
+    read = write = 0
+    for line in text.splitlines():
+        for item in line.split()[1:]:
+            key, _, value = item.partition("=")
+            if key == "rbytes":
+                read += int(value)
+            elif key == "wbytes":
+                write += int(value)
+    return read, write
+
+
+def read_counters(cgroup_dir: Path, ts: float) -> CgroupCounters | None:
+    """Read a pod's cgroup v2 counters; None when the cgroup is gone (pod ended)."""
+    try:
+        cpu = parse_cpu_stat((cgroup_dir / "cpu.stat").read_text())
+        memory = int((cgroup_dir / "memory.current").read_text().strip() or 0)
+        io_path = cgroup_dir / "io.stat"
+        # io.stat is absent when the io controller is not delegated; that is no IO we can see.
+        read, write = parse_io_stat(io_path.read_text()) if io_path.exists() else (0, 0)
+    except FileNotFoundError:
+        return None
+    return CgroupCounters(ts, cpu, memory, read, write)
+
+
+def rates(prev: CgroupCounters, cur: CgroupCounters) -> CgroupRates:
+    """Rates between two readings of the same cgroup.
+
+    Counters that went backwards (the cgroup was recreated under the same path) count as
+    zero activity rather than a negative rate; memory is a level, not a counter.
+    """
+    dt = cur.ts - prev.ts
+    mem_mib = cur.memory_bytes / (1024 * 1024)
+    if dt <= 0:
+        return CgroupRates(0.0, mem_mib, 0.0, 0.0)
+    return CgroupRates(
+        cpu_util_cores=max(0, cur.cpu_usage_usec - prev.cpu_usage_usec) / 1e6 / dt,
+        mem_used_mib=mem_mib,
+        io_read_bps=max(0, cur.io_read_bytes - prev.io_read_bytes) / dt,
+        io_write_bps=max(0, cur.io_write_bytes - prev.io_write_bytes) / dt,
+    )
+
+
+class PodCgroupMeter:
+    """Keeps the previous reading per pod so each call yields rates since the last one."""
+
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+        self._root = cgroup_root
+        self._prev: dict[str, CgroupCounters] = {}
+
+    def measure(self, pod_uid: str, pod_cgroup_path: str, ts: float) -> CgroupRates | None:
+        """Rates since the previous call for this pod; None on the first call or if gone."""
+        cur = read_counters(self._root / pod_cgroup_path, ts)
+        if cur is None:
+            self._prev.pop(pod_uid, None)
+            return None
+        prev = self._prev.get(pod_uid)
+        self._prev[pod_uid] = cur
+        return None if prev is None else rates(prev, cur)
+
+    def forget_except(self, live_pod_uids: set[str]) -> None:
+        """Drop state of pods no longer seen, so memory does not grow with pod churn."""
+        for uid in list(self._prev):
+            if uid not in live_pod_uids:
+                del self._prev[uid]

@@ -1,0 +1,211 @@
+"""Execution records: what a finished job was, where it ran and what it used, in Redis.
+
+The predictor learns from these, so the format is a contract with it:
+hash `alnair:record:<namespace>/<job-name>/<uid>` whose fields are all strings (model_name,
+batch_size, data_size, epoch, gpu_model, gpu_count, submit_ts, start_ts, end_ts,
+duration_s, steps, throughput_steps_per_s, peak_gpu_mem_mib, mean_gpu_util_pct, outcome;
+the two optional ones are left out when unknown), and sorted set `alnair:records` with
+score end_ts and the hash key as member.
+
+A record is written exactly once per job uid, whoever tries and however often: the
+aggregator may see a completion twice (a watch restarts, the aggregator restarts mid-job).
+The check and both writes run in one Lua script, which Redis executes atomically, so there
+is no window in which a crash leaves a guard without a record or a record without its
+index entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Literal, cast
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_PREFIX = "alnair:record:"
+RECORDS_INDEX = "alnair:records"
+
+Outcome = Literal["succeeded", "failed"]
+
+# KEYS[1] record hash, KEYS[2] index; ARGV[1] end_ts score, ARGV[2..] field/value pairs.
+_WRITE_ONCE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+return 1
+"""
+
+
+class ExecutionRecord(BaseModel):
+    """One finished job, in the shape the predictor reads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    job_name: str
+    uid: str
+    model_name: str = Field(description="Model trained, from the alnair.io/model-name annotation.")
+    batch_size: str = Field(default="", description="Batch size annotation, as given.")
+    data_size: str = Field(default="", description="Data size annotation, as given.")
+    epoch: str = Field(default="", description="Epoch count annotation, as given.")
+    gpu_model: str = Field(description="GPU model the job ran on (node label).")
+    gpu_count: int = Field(ge=0, description="GPUs the job used.")
+    submit_ts: float = Field(description="Job creation, unix seconds.")
+    start_ts: float = Field(description="Job start, unix seconds.")
+    end_ts: float = Field(description="Job completion or failure, unix seconds.")
+    steps: int | None = Field(default=None, description="Training steps, when known.")
+    throughput_steps_per_s: float | None = Field(default=None, description="Measured steps/s.")
+    peak_gpu_mem_mib: float = Field(ge=0, description="Highest memory used on any one GPU.")
+    mean_gpu_util_pct: float = Field(ge=0, description="Mean GPU utilization over samples.")
+    outcome: Outcome
+
+    @property
+    def key(self) -> str:
+        return record_key(self.namespace, self.job_name, self.uid)
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.end_ts - self.start_ts)
+
+    def to_fields(self) -> dict[str, str]:
+        fields = {
+            "model_name": self.model_name,
+            "batch_size": self.batch_size,
+            "data_size": self.data_size,
+            "epoch": self.epoch,
+            "gpu_model": self.gpu_model,
+            "gpu_count": str(self.gpu_count),
+            "submit_ts": _num(self.submit_ts),
+            "start_ts": _num(self.start_ts),
+            "end_ts": _num(self.end_ts),
+            "duration_s": _num(self.duration_s),
+            "peak_gpu_mem_mib": _num(self.peak_gpu_mem_mib),
+            "mean_gpu_util_pct": _num(self.mean_gpu_util_pct),
+            "outcome": self.outcome,
+        }
+        if self.steps is not None:
+            fields["steps"] = str(self.steps)
+        if self.throughput_steps_per_s is not None:
+            fields["throughput_steps_per_s"] = _num(self.throughput_steps_per_s)
+        return fields
+
+    @staticmethod
+    def from_fields(key: str, fields: Mapping[str, str]) -> ExecutionRecord:
+        namespace, job_name, uid = parse_record_key(key)
+        steps = fields.get("steps")
+        throughput = fields.get("throughput_steps_per_s")
+        return ExecutionRecord(
+            namespace=namespace,
+            job_name=job_name,
+            uid=uid,
+            model_name=fields.get("model_name", ""),
+            batch_size=fields.get("batch_size", ""),
+            data_size=fields.get("data_size", ""),
+            epoch=fields.get("epoch", ""),
+            gpu_model=fields.get("gpu_model", ""),
+            gpu_count=int(fields.get("gpu_count", "0")),
+            submit_ts=float(fields.get("submit_ts", "0")),
+            start_ts=float(fields.get("start_ts", "0")),
+            end_ts=float(fields.get("end_ts", "0")),
+            steps=int(steps) if steps else None,
+            throughput_steps_per_s=float(throughput) if throughput else None,
+            peak_gpu_mem_mib=float(fields.get("peak_gpu_mem_mib", "0")),
+            mean_gpu_util_pct=float(fields.get("mean_gpu_util_pct", "0")),
+            outcome=cast(Outcome, fields.get("outcome", "failed")),
+        )
+
+
+def _num(value: float) -> str:
+    # repr-like but without exponent noise for typical magnitudes, so the predictor's
+    # float() and a human reading redis-cli both get the same number.
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+class BadRecordKeyError(ValueError):
+    """A key that is not `alnair:record:<ns>/<name>/<uid>`."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"not an execution record key: {key!r} (want {RECORD_PREFIX}<ns>/<name>/<uid>)"
+        )
+        self.key = key
+
+
+def record_key(namespace: str, job_name: str, uid: str) -> str:
+    return f"{RECORD_PREFIX}{namespace}/{job_name}/{uid}"
+
+
+def parse_record_key(key: str) -> tuple[str, str, str]:
+    if not key.startswith(RECORD_PREFIX):
+        raise BadRecordKeyError(key)
+    parts = key[len(RECORD_PREFIX) :].split("/")
+    if len(parts) != 3 or not all(parts):
+        raise BadRecordKeyError(key)
+    return parts[0], parts[1], parts[2]
+
+
+class RecordStore:
+    """Reads and writes execution records in Redis."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+        self._write_once = client.register_script(_WRITE_ONCE)
+
+    async def write_once(self, record: ExecutionRecord) -> bool:
+        """Store the record unless one exists for this job uid; True when this call wrote it."""
+        flat: list[str] = []
+        for name, value in record.to_fields().items():
+            flat += [name, value]
+        written = await self._write_once(
+            keys=[record.key, RECORDS_INDEX], args=[record.end_ts, *flat]
+        )
+        return bool(written)
+
+    async def get(self, namespace: str, job_name: str, uid: str) -> ExecutionRecord | None:
+        key = record_key(namespace, job_name, uid)
+        fields = await self._redis.hgetall(key)
+        return ExecutionRecord.from_fields(key, _decode(fields)) if fields else None
+
+    async def find(self, namespace: str, job_name: str) -> list[ExecutionRecord]:
+        """Records of every run of a job name (one per uid), oldest first."""
+        prefix = record_key(namespace, job_name, "")
+        keys = [_text(k) for k in await self._redis.zrange(RECORDS_INDEX, 0, -1)]
+        out = []
+        for key in keys:
+            if key.startswith(prefix):
+                fields = await self._redis.hgetall(key)
+                if fields:
+                    out.append(ExecutionRecord.from_fields(key, _decode(fields)))
+        return out
+
+    async def query(
+        self, model: str | None = None, gpu: str | None = None, limit: int = 1000
+    ) -> list[ExecutionRecord]:
+        """Most recent records first, filtered by model name and GPU model (exact match)."""
+        keys = [_text(k) for k in await self._redis.zrevrange(RECORDS_INDEX, 0, -1)]
+        out: list[ExecutionRecord] = []
+        for key in keys:
+            fields = _decode(await self._redis.hgetall(key))
+            if not fields:
+                continue
+            if model is not None and fields.get("model_name") != model:
+                continue
+            if gpu is not None and fields.get("gpu_model") != gpu:
+                continue
+            out.append(ExecutionRecord.from_fields(key, fields))
+            if len(out) >= limit:
+                break
+        return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decode(fields: Mapping[object, object]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in fields.items()}
