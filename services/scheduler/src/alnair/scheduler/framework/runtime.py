@@ -1,0 +1,222 @@
+"""The Framework: runs one pod through a profile's plugins and explains the outcome.
+
+`Framework(profile).schedule(pod, snapshot, rng)` returns a `ScheduleResult`: the chosen node and
+GPUs (a `Placement`), or the reasons no node fits, plus the per-node scores for explanation. It
+never changes the snapshot; the caller decides what to do with the placement:
+
+- the simulator calls `snapshot.assume(pod, placement)` at once (pods never fail to bind);
+- the live binder (issue 4) does the same before its asynchronous Binding, like the upstream
+  scheduler cache, and calls `snapshot.forget(pod.key)` if the Binding fails. It builds the
+  snapshot from the API server's nodes (capacity, `alnair.io/gpu-model` label) and bound pods
+  (requests, `alnair.io/gpu-indices` annotation) with `ClusterSnapshot.build`, keeps it current
+  from watch events with assume/forget, and writes `ScheduleResult.message()` into the pod's
+  condition and Event when the status is UNSCHEDULABLE. Bind plugins run only there.
+
+Node selection follows upstream `selectHost`: the highest weighted sum of normalized scores
+wins, and ties are broken uniformly at random with the cycle's generator (so a seeded run
+replays exactly).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from alnair.scheduler.framework.interface import (
+    CycleState,
+    FilterPlugin,
+    GpuSelector,
+    NormalizeScorePlugin,
+    PermitPlugin,
+    PostFilterPlugin,
+    PreFilterPlugin,
+    PreScorePlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
+from alnair.scheduler.framework.status import Code, Status, unschedulable
+from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, Placement, PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScore:
+    plugin: ScorePlugin
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The plugins enabled at each extension point, in order (a scheduler profile)."""
+
+    name: str
+    filter: Sequence[FilterPlugin]
+    score: Sequence[WeightedScore]
+    gpu_selector: GpuSelector
+    pre_filter: Sequence[PreFilterPlugin] = ()
+    post_filter: Sequence[PostFilterPlugin] = ()
+    pre_score: Sequence[PreScorePlugin] = ()
+    reserve: Sequence[ReservePlugin] = ()
+    permit: Sequence[PermitPlugin] = ()
+
+
+@dataclass
+class ScheduleResult:
+    """What happened to one pod, with enough detail to explain it."""
+
+    status: Status
+    placement: Placement | None = None
+    nodes_total: int = 0
+    feasible: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Snapshot indices of the nodes that passed Filter."""
+    scores: FloatArray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    """Weighted total score of each feasible node (aligned with `feasible`)."""
+    plugin_scores: dict[str, FloatArray] = field(default_factory=dict)
+    """Normalized score per Score plugin (aligned with `feasible`)."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """How many nodes each Filter reason rejected."""
+    node_reasons: dict[int, str] = field(default_factory=dict)
+    """Filter reason per rejected node index (only with `explain=True`)."""
+
+    def message(self) -> str:
+        """The sentence users read on the pod, in the upstream shape."""
+        if self.placement is not None:
+            gpus = self.placement.annotation_indices()
+            where = self.placement.node_name + (f" (GPUs {gpus})" if gpus else "")
+            return f"placed on {where}"
+        parts = ", ".join(
+            f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        text = f"0/{self.nodes_total} nodes are available"
+        text += f": {parts}." if parts else "."
+        if self.status.reason and self.status.code is not Code.UNSCHEDULABLE:
+            text += f" {self.status}"
+        return text
+
+
+class Framework:
+    """Runs pods through one `Profile`."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    def schedule(
+        self,
+        pod: PodRequest,
+        snapshot: ClusterSnapshot,
+        rng: np.random.Generator,
+        *,
+        explain: bool = False,
+    ) -> ScheduleResult:
+        """Choose a node and GPUs for `pod` on `snapshot` (which is not modified)."""
+        profile = self.profile
+        state = CycleState(rng=rng)
+        total = len(snapshot)
+
+        for pre in profile.pre_filter:
+            status = pre.pre_filter(pod, snapshot, state)
+            if not status.ok:
+                return ScheduleResult(status.with_plugin(pre.NAME), nodes_total=total)
+
+        nodes = np.arange(total, dtype=np.int64)
+        reasons: Counter[str] = Counter()
+        node_reasons: dict[int, str] = {}
+        for plug in profile.filter:
+            if nodes.size == 0:
+                break
+            verdict = plug.filter(pod, snapshot, state, nodes)
+            failed = ~verdict.passed
+            if failed.any():
+                unexplained = failed.copy()
+                for reason, mask in verdict.failures:
+                    hit = unexplained & mask
+                    count = int(hit.sum())
+                    if count:
+                        reasons[reason] += count
+                        if explain:
+                            node_reasons.update((int(n), reason) for n in nodes[hit])
+                        unexplained &= ~mask
+                rest = int(unexplained.sum())
+                if rest:
+                    reasons[plug.NAME] += rest
+                    if explain:
+                        node_reasons.update((int(n), plug.NAME) for n in nodes[unexplained])
+                nodes = nodes[verdict.passed]
+
+        if nodes.size == 0:
+            status = unschedulable("no node fits", "Filter")
+            counts = dict(reasons)
+            for post in profile.post_filter:
+                answer = post.post_filter(pod, snapshot, state, counts)
+                if answer.code is not Code.UNSCHEDULABLE:
+                    status = answer.with_plugin(post.NAME)
+                    break
+            return ScheduleResult(
+                status, nodes_total=total, reasons=counts, node_reasons=node_reasons
+            )
+
+        for pre_score in profile.pre_score:
+            status = pre_score.pre_score(pod, snapshot, state, nodes)
+            if not status.ok:
+                return ScheduleResult(status.with_plugin(pre_score.NAME), nodes_total=total)
+
+        totals = np.zeros(nodes.size, dtype=np.float64)
+        per_plugin: dict[str, FloatArray] = {}
+        for weighted in profile.score:
+            raw = weighted.plugin.score(pod, snapshot, state, nodes)
+            if isinstance(weighted.plugin, NormalizeScorePlugin):
+                raw = weighted.plugin.normalize_score(pod, state, raw)
+            per_plugin[weighted.plugin.NAME] = raw
+            totals += weighted.weight * raw
+
+        best = np.flatnonzero(totals == totals.max())
+        pick = int(best[0]) if best.size == 1 else int(best[rng.integers(best.size)])
+        node = int(nodes[pick])
+
+        gpus: tuple[int, ...] = ()
+        if pod.num_gpu:
+            chosen = profile.gpu_selector.select_gpus(pod, snapshot, state, node)
+            if chosen is None:
+                return ScheduleResult(
+                    unschedulable("no GPU fits on the chosen node", profile.gpu_selector.NAME),
+                    nodes_total=total,
+                )
+            gpus = chosen
+        placement = Placement(
+            node=node, node_name=snapshot.names[node], gpu_indices=gpus, gpu_milli=pod.gpu_milli
+        )
+
+        reserved: list[ReservePlugin] = []
+        for res in profile.reserve:
+            status = res.reserve(pod, snapshot, state, placement)
+            if not status.ok:
+                for done in reversed(reserved):
+                    done.unreserve(pod, snapshot, state, placement)
+                return ScheduleResult(status.with_plugin(res.NAME), nodes_total=total)
+            reserved.append(res)
+        final = Status()
+        for permit in profile.permit:
+            status = permit.permit(pod, snapshot, state, placement)
+            if status.code is Code.WAIT:
+                final = status.with_plugin(permit.NAME)
+            elif not status.ok:
+                for done in reversed(reserved):
+                    done.unreserve(pod, snapshot, state, placement)
+                return ScheduleResult(status.with_plugin(permit.NAME), nodes_total=total)
+
+        return ScheduleResult(
+            final,
+            placement=placement,
+            nodes_total=total,
+            feasible=nodes,
+            scores=totals,
+            plugin_scores=per_plugin,
+            reasons=dict(reasons),
+            node_reasons=node_reasons,
+        )

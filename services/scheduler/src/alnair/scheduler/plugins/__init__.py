@@ -1,0 +1,1 @@
+"""Scheduling plugins: filters, the placement policies, and the registry that names them."""

@@ -1,0 +1,128 @@
+"""The registry: every placement policy by name, as a profile of plugins.
+
+One explicit list (no discovery magic), as upstream scheduler-plugins keeps it. Each policy is
+the default filters (CPU/memory fit, GPU model, GPU fit) plus one Score plugin and the GPU
+selector that policy implies. Policies that measure fragmentation need the workload's typical
+pods, so building a profile takes the workload (the trace in the simulator, recent pods live).
+
+Names are case-insensitive and accept the paper's spellings (`DotProd`, `BestFit`, `FGD`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from alnair.common.errors import InvalidValueError
+from alnair.scheduler.framework.interface import GpuSelector, PreScorePlugin, ScorePlugin
+from alnair.scheduler.framework.runtime import Framework, Profile, WeightedScore
+from alnair.scheduler.placement import BestFitGpu, RandomGpu, WorstFitGpu
+from alnair.scheduler.plugins.allocation import BinpackScore, SpreadScore
+from alnair.scheduler.plugins.alnair_policy import AlnairScore
+from alnair.scheduler.plugins.best_fit import BestFitScore
+from alnair.scheduler.plugins.dot_product import DotProductScore
+from alnair.scheduler.plugins.fgd import FGDScore
+from alnair.scheduler.plugins.fit import DEFAULT_FILTERS
+from alnair.scheduler.plugins.fragmentation import TypicalPods
+from alnair.scheduler.plugins.gpu_clustering import GpuClusteringScore
+from alnair.scheduler.plugins.gpu_packing import GpuPackingScore
+from alnair.scheduler.plugins.random_score import RandomScore
+from alnair.scheduler.snapshot import PodRequest
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    """Canonical name (the paper's where it has one)."""
+    summary: str
+    build: Callable[[Sequence[PodRequest]], Profile]
+    baseline: bool = False
+    """Published in the FGD paper, so `fgd_reference.csv` has its numbers."""
+
+
+def _profile(
+    name: str,
+    score: ScorePlugin,
+    selector: GpuSelector,
+    pre_score: Sequence[PreScorePlugin] = (),
+) -> Profile:
+    return Profile(
+        name=name,
+        filter=DEFAULT_FILTERS,
+        score=(WeightedScore(score),),
+        gpu_selector=selector,
+        pre_score=pre_score,
+    )
+
+
+def _random(_: Sequence[PodRequest]) -> Profile:
+    plugin = RandomScore()
+    return _profile("Random", plugin, RandomGpu(), pre_score=(plugin,))
+
+
+def _fgd(workload: Sequence[PodRequest]) -> Profile:
+    plugin = FGDScore(TypicalPods.from_pods(workload))
+    return _profile("FGD", plugin, plugin)
+
+
+def _alnair(workload: Sequence[PodRequest]) -> Profile:
+    plugin = AlnairScore(TypicalPods.from_pods(workload, with_memory=True))
+    return _profile("alnair", plugin, plugin)
+
+
+POLICIES: tuple[Policy, ...] = (
+    Policy("Random", "uniformly random feasible node and GPU", _random, baseline=True),
+    Policy(
+        "DotProd",
+        "Tetris dot product of free and requested CPU/GPU",
+        lambda _: _profile("DotProd", DotProductScore(), BestFitGpu()),
+        baseline=True,
+    ),
+    Policy(
+        "GpuClustering",
+        "keep pods of one GPU kind together",
+        lambda _: _profile("GpuClustering", GpuClusteringScore(), BestFitGpu()),
+        baseline=True,
+    ),
+    Policy(
+        "GpuPacking",
+        "shared GPUs first, then used nodes, then idle nodes",
+        lambda _: _profile("GpuPacking", GpuPackingScore(), BestFitGpu()),
+        baseline=True,
+    ),
+    Policy(
+        "BestFit",
+        "least CPU and GPU left after placement",
+        lambda _: _profile("BestFit", BestFitScore(), BestFitGpu()),
+        baseline=True,
+    ),
+    Policy("FGD", "fragmentation gradient descent (ATC'23)", _fgd, baseline=True),
+    Policy(
+        "binpack",
+        "most allocated CPU, memory and GPU",
+        lambda _: _profile("binpack", BinpackScore(), BestFitGpu()),
+    ),
+    Policy(
+        "spread",
+        "least allocated CPU, memory and GPU",
+        lambda _: _profile("spread", SpreadScore(), WorstFitGpu()),
+    ),
+    Policy("alnair", "exact, memory-aware fragmentation descent with packing ties", _alnair),
+)
+
+_ALIASES = {"dotproduct": "DotProd", "dot": "DotProd", "best-fit": "BestFit"}
+
+
+def policy(name: str) -> Policy:
+    """The policy called `name` (case-insensitive; the paper's spellings work)."""
+    wanted = _ALIASES.get(name.lower(), name).lower()
+    for candidate in POLICIES:
+        if candidate.name.lower() == wanted:
+            return candidate
+    known = ", ".join(p.name for p in POLICIES)
+    raise InvalidValueError("policy", name, f"unknown policy (known: {known})")
+
+
+def framework(name: str, workload: Sequence[PodRequest]) -> Framework:
+    """A Framework running the named policy, tuned to `workload`'s typical pods."""
+    return Framework(policy(name).build(workload))
