@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PY ?= python3
-UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+UV := $(PY) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -13,8 +13,8 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
 setup-python:
-	@command -v uv >/dev/null 2>&1 || [ -x "$(UV)" ] || $(PY) -m pip install --user --quiet uv
-	@$(UV) sync --all-packages --frozen 2>/dev/null || $(UV) sync --all-packages
+	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv
+	@$(UV) sync --all-packages --quiet
 	@$(BIN)/python -m alnair.deviceplugin.protos >/dev/null 2>&1 || true
 
 setup-native:

@@ -91,9 +91,13 @@ GOMOD
   cat > main.go <<'GO'
 package main
 
-import "go.etcd.io/etcd/server/v3/etcdmain"
+import (
+	"os"
 
-func main() { etcdmain.Main(nil) }
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
 GO
   # etcd's server module pins its siblings at the same version; resolve them to published tags.
   local sib

@@ -69,6 +69,33 @@ ALNAIR_API_VERSION: Final = "v1alpha1"
 
 MILLI_PER_GPU: Final = 1000
 
+GPU_MODEL_MEMORY_MIB: Final[dict[str, int]] = {
+    # Usable memory as NVML reports it; G1-G3 are the Alibaba trace's undisclosed models.
+    "K80": 11441,
+    "P100": 16280,
+    "T4": 15360,
+    "V100M16": 16160,
+    "V100M32": 32510,
+    "A10": 22731,
+    "A100": 40960,
+    "A100M80": 81920,
+    "H100": 81559,
+    "G1": 16384,
+    "G2": 16384,
+    "G3": 32768,
+}
+GPU_MODEL_COMPUTE_CAPABILITY: Final[dict[str, str]] = {
+    "K80": "3.7",
+    "P100": "6.0",
+    "T4": "7.5",
+    "V100M16": "7.0",
+    "V100M32": "7.0",
+    "A10": "8.6",
+    "A100": "8.0",
+    "A100M80": "8.0",
+    "H100": "9.0",
+}
+
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
     "": Decimal(1),

@@ -1,0 +1,435 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, KWOK.
+
+This is what envtest and KWOK's own clusters run. The API server has RBAC on (our RBAC
+manifests are really exercised) and trusts a throwaway CA; `kubeconfig` authenticates as a
+`system:masters` admin. The controller manager runs every controller (Job, StatefulSet, garbage
+collection, node lifecycle). KWOK plays the kubelet of every node annotated
+`kwok.x-k8s.io/node: fake` with the stages in `kwok-stages.yaml` (Running at once; Succeeded after
+the pod's `alnair.io/duration`). CRDs are applied from the same manifests that ship in
+`deploy/kustomize/crds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from alnair.common import resources as r
+from alnair.common.errors import ConfigError, InvalidValueError
+from alnair.common.kube import CRDS, NODES, KubeClient, NotFound, Obj
+from alnair.common.localstack.certs import Pki, make_pki
+from alnair.common.localstack.procs import ManagedProcess, free_port
+
+K8S_VERSION = os.environ.get("ALNAIR_K8S_VERSION", "v1.36.3")
+ETCD_VERSION = os.environ.get("ALNAIR_ETCD_VERSION", "v3.6.16")
+KWOK_VERSION = os.environ.get("ALNAIR_KWOK_VERSION", "v0.8.0")
+STAGES = Path(__file__).with_name("kwok-stages.yaml")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ALNAIR_CACHE_DIR", Path.home() / ".cache" / "alnair"))
+
+
+def binary(name: str) -> Path:
+    """A control-plane binary built by hack/build-control-plane.sh."""
+    folder = {
+        "etcd": f"etcd-{ETCD_VERSION}",
+        "kwok": f"kwok-{KWOK_VERSION}",
+    }.get(name, f"k8s-{K8S_VERSION}")
+    path = cache_dir() / "bin" / folder / name
+    if not path.exists():
+        raise ConfigError(
+            f"{path} is missing: run `make setup` (hack/build-control-plane.sh)", binary=name
+        )
+    return path
+
+
+def repo_root(start: Path | None = None) -> Path | None:
+    """The checkout holding deploy/kustomize (walking up from `start` or the cwd)."""
+    here = (start or Path.cwd()).resolve()
+    for d in [here, *here.parents]:
+        if (d / "deploy" / "kustomize" / "crds").is_dir():
+            return d
+    return None
+
+
+# --- GPU nodes ----------------------------------------------------------------------------
+
+_SPEC = re.compile(r"^\s*(\d+)\s*x\s*([A-Za-z0-9]+)(?::(\d+))?\s*$")
+
+
+@dataclass(frozen=True)
+class GpuNodeSpec:
+    """`count` nodes, each with `gpus` GPUs of `model`."""
+
+    count: int
+    model: str
+    gpus: int = 8
+    cpu: int | None = None
+    memory_gib: int | None = None
+
+    @property
+    def memory_mib_per_gpu(self) -> int:
+        return r.GPU_MODEL_MEMORY_MIB[self.model]
+
+
+def parse_node_specs(text: str) -> list[GpuNodeSpec]:
+    """Parse "50x V100M32, 2x T4:4" (nodes x model[:GPUs per node], default 8 GPUs)."""
+    specs: list[GpuNodeSpec] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        m = _SPEC.match(part)
+        if not m:
+            raise InvalidValueError("node spec", part.strip(), "expected '<N>x <MODEL>[:<GPUs>]'")
+        model = m.group(2)
+        if model not in r.GPU_MODEL_MEMORY_MIB:
+            known = ", ".join(sorted(r.GPU_MODEL_MEMORY_MIB))
+            raise InvalidValueError("GPU model", model, f"known models: {known}")
+        specs.append(GpuNodeSpec(int(m.group(1)), model, int(m.group(3) or 8)))
+    return specs
+
+
+def gpu_node_manifest(
+    name: str, spec: GpuNodeSpec, extra_labels: dict[str, str] | None = None
+) -> Obj:
+    """A Node that KWOK will manage, already advertising its GPUs."""
+    cpu = spec.cpu or max(8, 12 * spec.gpus)
+    mem_gib = spec.memory_gib or max(64, 96 * spec.gpus)
+    mem_per_gpu = spec.memory_mib_per_gpu
+    capacity = {
+        "cpu": str(cpu),
+        "memory": f"{mem_gib}Gi",
+        "pods": "256",
+        r.GPU: str(spec.gpus),
+        r.GPU_MEMORY: str(mem_per_gpu * spec.gpus),
+        r.GPU_COMPUTE: str(100 * spec.gpus),
+    }
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        r.LABEL_GPU_MODEL: spec.model,
+        r.LABEL_GPU_MEMORY_MIB: str(mem_per_gpu),
+        r.LABEL_GPU_COUNT: str(spec.gpus),
+        **(
+            {r.LABEL_GPU_COMPUTE_CAPABILITY: cc}
+            if (cc := r.GPU_MODEL_COMPUTE_CAPABILITY.get(spec.model))
+            else {}
+        ),
+        **(extra_labels or {}),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {r.ANN_KWOK_NODE: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+class ControlPlane:
+    """Start with `start()`, use `kubeconfig`/`client()`, stop with `stop()` (or a `with`)."""
+
+    def __init__(self, workdir: Path | None = None, *, kwok: bool = True) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-k8s-"))
+        self.with_kwok = kwok
+        self.etcd_port = free_port()
+        self.etcd_peer_port = free_port()
+        self.api_port = free_port()
+        self.procs: dict[str, ManagedProcess] = {}
+        self.pki: Pki | None = None
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self._node_seq = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 120.0) -> ControlPlane:
+        t0 = time.monotonic()
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.pki = pki = make_pki(self.workdir / "pki")
+        etcd = ManagedProcess(
+            "etcd",
+            [
+                str(binary("etcd")),
+                "--data-dir", str(self.workdir / "etcd"),
+                "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+                "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+                "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+                "--initial-cluster", f"default=http://127.0.0.1:{self.etcd_peer_port}",
+                "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
+                "--log-level", "warn",
+            ],
+            logs,
+        )  # fmt: skip
+        self.procs["etcd"] = etcd
+        etcd.start()
+        etcd.wait_ready(
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1).status_code == 200
+            ),
+            30,
+        )
+        api = ManagedProcess(
+            "kube-apiserver",
+            [
+                str(binary("kube-apiserver")),
+                "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
+                "--bind-address", "127.0.0.1",
+                "--advertise-address", "127.0.0.1",
+                "--secure-port", str(self.api_port),
+                "--tls-cert-file", str(pki.serving_cert),
+                "--tls-private-key-file", str(pki.serving_key),
+                "--client-ca-file", str(pki.ca_cert),
+                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file", str(pki.sa_pub),
+                "--service-account-signing-key-file", str(pki.sa_key),
+                "--service-cluster-ip-range", "10.0.0.0/24",
+                "--authorization-mode", "RBAC",
+                "--disable-admission-plugins", "ServiceAccount",
+                "--endpoint-reconciler-type", "none",
+                "--allow-privileged=true",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--enable-priority-and-fairness=false",
+                "--event-ttl", "1h",
+                "--v", "1",
+            ],
+            logs,
+        )  # fmt: skip
+        self.procs["kube-apiserver"] = api
+        api.start()
+        self._write_kubeconfig()
+        tls = ssl.create_default_context(cafile=str(pki.ca_cert))
+        tls.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+
+        def ready() -> bool:
+            resp = httpx.get(f"{self.server}/readyz", verify=tls, timeout=2)
+            return resp.status_code == 200
+
+        api.wait_ready(ready, timeout_s)
+        asyncio.run(self._bootstrap())
+        kcm = ManagedProcess(
+            "kube-controller-manager",
+            [
+                str(binary("kube-controller-manager")),
+                "--kubeconfig", str(self.kubeconfig),
+                "--leader-elect=false",
+                "--controllers", "*",
+                "--root-ca-file", str(pki.ca_cert),
+                "--service-account-private-key-file", str(pki.sa_key),
+                "--use-service-account-credentials=false",
+                "--kube-api-qps", "1000", "--kube-api-burst", "2000",
+                "--node-monitor-grace-period", "300s",
+                "--secure-port", "0",
+                "--concurrent-job-syncs", "20",
+                "--concurrent-gc-syncs", "20",
+                "--v", "1",
+            ],
+            logs,
+        )  # fmt: skip
+        self.procs["kube-controller-manager"] = kcm
+        kcm.start()
+        if self.with_kwok:
+            kwok = ManagedProcess(
+                "kwok",
+                [
+                    str(binary("kwok")),
+                    "--kubeconfig", str(self.kubeconfig),
+                    "--manage-all-nodes=false",
+                    "--manage-nodes-with-annotation-selector", f"{r.ANN_KWOK_NODE}=fake",
+                    "--cidr", "10.128.0.0/10",
+                    "--node-ip", "10.255.0.1",
+                    "--config", str(STAGES),
+                ],
+                logs,
+            )  # fmt: skip
+            self.procs["kwok"] = kwok
+            kwok.start()
+        time.sleep(0.2)
+        for p in self.procs.values():
+            if not p.alive():
+                raise ConfigError(f"{p.name} exited: {p.tail()}", name=p.name)
+        self.start_s = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        for name in ("kwok", "kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart_component(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.stop()
+        proc.start()
+
+    def _write_kubeconfig(self) -> None:
+        assert self.pki is not None
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "alnair-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(self.pki.admin_cert),
+                        "client-key": str(self.pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "alnair-local", "context": {"cluster": "alnair-local", "user": "admin"}}
+            ],
+            "current-context": "alnair-local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc))
+
+    def client(self, **kw: Any) -> KubeClient:
+        return KubeClient.from_config(str(self.kubeconfig), **kw)
+
+    async def _bootstrap(self) -> None:
+        async with self.client() as kube:
+            await apply_crds(kube)
+
+    # --- helpers for tests and the demo ----------------------------------------------------
+
+    async def create_gpu_nodes(
+        self,
+        spec: str | list[GpuNodeSpec],
+        *,
+        kube: KubeClient | None = None,
+        prefix: str = "gpu",
+        wait_ready: bool = True,
+        concurrency: int = 32,
+    ) -> list[str]:
+        """Create KWOK GPU nodes ("50x V100M32, 2x T4:4") and wait until they are Ready."""
+        specs = parse_node_specs(spec) if isinstance(spec, str) else spec
+        own = kube is None
+        client = kube or self.client()
+        try:
+            manifests: list[Obj] = []
+            for s in specs:
+                for _ in range(s.count):
+                    self._node_seq += 1
+                    name = f"{prefix}-{s.model.lower()}-{self._node_seq:04d}"
+                    manifests.append(gpu_node_manifest(name, s))
+            sem = asyncio.Semaphore(concurrency)
+
+            async def create(m: Obj) -> None:
+                async with sem:
+                    await client.create(NODES, m)
+
+            await asyncio.gather(*(create(m) for m in manifests))
+            names = [m["metadata"]["name"] for m in manifests]
+            if wait_ready:
+                await wait_nodes_ready(client, set(names))
+            return names
+        finally:
+            if own:
+                await client.close()
+
+
+def _ready_and_untainted(node: Obj) -> bool:
+    conds = node.get("status", {}).get("conditions", [])
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    taints = node.get("spec", {}).get("taints", []) or []
+    blocking = [t for t in taints if t.get("key", "").startswith("node.kubernetes.io/")]
+    return ready and not blocking
+
+
+async def wait_nodes_ready(kube: KubeClient, names: set[str], timeout_s: float = 180) -> None:
+    """Wait (by watching, not polling) until every node in `names` is Ready without taints."""
+    pending = set(names)
+    deadline = time.monotonic() + timeout_s
+    listing = await kube.list(NODES)
+    for n in listing["items"]:
+        if _ready_and_untainted(n):
+            pending.discard(n["metadata"]["name"])
+    rv = listing["metadata"]["resourceVersion"]
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"{len(pending)} nodes not Ready: {sorted(pending)[:5]}")
+        async with asyncio.timeout(remaining):
+            async for _type, node in kube.watch(NODES, resource_version=rv, timeout_s=60):
+                rv = node["metadata"]["resourceVersion"]
+                if _ready_and_untainted(node):
+                    pending.discard(node["metadata"]["name"])
+                if not pending:
+                    break
+
+
+def load_manifests(path: Path) -> list[Obj]:
+    docs: list[Obj] = []
+    files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    for f in files:
+        docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
+    return docs
+
+
+async def apply_crds(kube: KubeClient, crd_dir: Path | None = None, timeout_s: float = 30) -> None:
+    """Apply every CRD shipped in deploy/kustomize/crds and wait until each is Established."""
+    if crd_dir is None:
+        root = repo_root() or repo_root(Path(__file__))
+        if root is None:
+            return
+        crd_dir = root / "deploy" / "kustomize" / "crds"
+    docs = [d for d in load_manifests(crd_dir) if d.get("kind") == "CustomResourceDefinition"]
+    for doc in docs:
+        await kube.apply(doc, field_manager="alnair-localstack")
+    deadline = time.monotonic() + timeout_s
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        while True:
+            try:
+                crd = await kube.get(CRDS, name)
+            except NotFound:
+                crd = {}
+            conds = crd.get("status", {}).get("conditions", [])
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established")
+            await asyncio.sleep(0.1)

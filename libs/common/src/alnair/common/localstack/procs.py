@@ -1,0 +1,165 @@
+"""Child processes with readiness checks, plus the nats and redis servers built on them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from alnair.common.errors import ConfigError, TemporaryError
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def find_binary(name: str, env_var: str | None = None) -> str:
+    """`name` from $env_var, the running virtualenv's bin/, or PATH."""
+    if env_var and os.environ.get(env_var):
+        return os.environ[env_var]
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(f"{name} not found: run `make setup` (or set {env_var})", binary=name)
+    return found
+
+
+class ManagedProcess:
+    """A child process whose output goes to a log file, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(
+        self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+    ):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_dir / f"{name}.log"
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(self.env or {})},
+            start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise TemporaryError(
+                    f"{self.name} exited during start-up: {self.tail()}", name=self.name
+                )
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.05)
+        raise TemporaryError(
+            f"{self.name} not ready after {timeout_s}s: {self.tail()}", name=self.name
+        )
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=timeout_s)
+
+
+class NatsServer:
+    """nats-server with JetStream on a free port; `restart()` keeps the port and the store."""
+
+    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-nats-"))
+        self.port = port or free_port()
+        self.store = self.workdir / "jetstream"
+        self._proc: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> NatsServer:
+        argv = [
+            find_binary("nats-server", "ALNAIR_NATS_SERVER"),
+            "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
+        ]  # fmt: skip
+        self._proc = ManagedProcess("nats-server", argv, self.workdir)
+        self._proc.start()
+        self._proc.wait_ready(lambda: port_open(self.port), 30)
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class RedisServer:
+    """redis-server on a free port with an append-only file in its own directory."""
+
+    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-redis-"))
+        self.port = port or free_port()
+        self._proc: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        argv = [
+            find_binary("redis-server", "ALNAIR_REDIS_SERVER"),
+            "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
+            "--appendonly", "yes", "--save", "", "--protected-mode", "no",
+        ]  # fmt: skip
+        self._proc = ManagedProcess("redis-server", argv, self.workdir)
+        self._proc.start()
+        self._proc.wait_ready(lambda: port_open(self.port), 30)
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()

@@ -1,0 +1,73 @@
+"""Fixtures that start real servers on loopback: nats-server (JetStream), redis-server, and a
+Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, KWOK).
+
+Servers come from `alnair.common.localstack`, the same code `make dev-up` and the demo use.
+The control plane is started once per session (about 4 s) and shared; each test gets its own
+namespace. nats and redis are cheap, so each test gets fresh ones.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from alnair.common.kube import NAMESPACES, KubeClient
+from alnair.common.localstack import ControlPlane, NatsServer, RedisServer
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    (tmp_path / "nats").mkdir()
+    srv = NatsServer(tmp_path / "nats").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    workdir = tmp_path_factory.mktemp("k8s")
+    cp = ControlPlane(workdir).start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+        if os.environ.get("ALNAIR_KEEP_LOGS"):
+            print(f"control-plane logs kept in {workdir / 'logs'}")
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
+    async with control_plane.client() as client:
+        yield client
+
+
+@pytest.fixture
+async def namespace(kube: KubeClient) -> AsyncIterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    await kube.create(
+        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    yield name
+    await kube.delete(NAMESPACES, name)

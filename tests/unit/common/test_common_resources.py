@@ -1,0 +1,89 @@
+"""The resource model: quantities, annotations, node specs, kubeconfig parsing."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alnair.common import resources as r
+from alnair.common.errors import ConfigError, InvalidValueError
+from alnair.common.kube import PODS, QUEUES, KubeConfig, resource_for
+from alnair.common.localstack.controlplane import gpu_node_manifest, parse_node_specs
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("500m", Decimal("0.5")), ("2", Decimal(2)), ("1Gi", Decimal(2**30)), ("1e3", Decimal(1000))],
+)
+def test_parse_quantity(text: str, value: Decimal) -> None:
+    assert r.parse_quantity(text) == value
+
+
+def test_cpu_and_memory_round_up() -> None:
+    assert r.cpu_milli("1.0001") == 1001
+    assert r.memory_mib("1536Ki") == 2
+    assert r.memory_mib("32Gi") == 32768
+
+
+def test_bad_quantity_names_the_value() -> None:
+    with pytest.raises(InvalidValueError, match="'12 cores'"):
+        r.parse_quantity("12 cores", "cpu")
+
+
+def test_indices_and_durations() -> None:
+    assert r.parse_indices("0, 3,7") == [0, 3, 7]
+    with pytest.raises(InvalidValueError, match="alnair.io/gpu-indices"):
+        r.parse_indices("0,x")
+    assert r.duration_value(90) == "90s"
+    assert r.duration_value(2.5) == "2.5s"
+
+
+def test_node_specs_and_manifest() -> None:
+    specs = parse_node_specs("2x V100M32, 3x T4:4")
+    assert [(s.count, s.model, s.gpus) for s in specs] == [(2, "V100M32", 8), (3, "T4", 4)]
+    node = gpu_node_manifest("n1", specs[1])
+    cap = node["status"]["capacity"]
+    assert cap[r.GPU] == "4"
+    assert cap[r.GPU_COMPUTE] == "400"
+    assert node["metadata"]["labels"][r.LABEL_GPU_MODEL] == "T4"
+    assert node["metadata"]["annotations"][r.ANN_KWOK_NODE] == "fake"
+    with pytest.raises(InvalidValueError, match="'Z80'"):
+        parse_node_specs("1x Z80")
+    with pytest.raises(InvalidValueError, match="node spec"):
+        parse_node_specs("lots of GPUs")
+
+
+def test_resource_paths() -> None:
+    assert PODS.path("ns", "p", "binding") == "/api/v1/namespaces/ns/pods/p/binding"
+    assert QUEUES.path(None, "team-a") == "/apis/alnair.io/v1alpha1/queues/team-a"
+    assert resource_for("kubeflow.org/v1", "PyTorchJob").path("ns") == (
+        "/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs"
+    )
+
+
+def test_kubeconfig_relative_paths_and_errors(tmp_path: Path) -> None:
+    doc = {
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {"server": "https://x:6443/", "certificate-authority": "ca.crt"},
+            }
+        ],
+        "users": [{"name": "u", "user": {"token": "t0k"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kc"
+    path.write_text(yaml.safe_dump(doc))
+    cfg = KubeConfig.load(str(path))
+    assert cfg.server == "https://x:6443"
+    assert cfg.ca_file == str(tmp_path / "ca.crt")
+    assert cfg.token == "t0k"
+    path.write_text(yaml.safe_dump({**doc, "current-context": "missing"}))
+    with pytest.raises(ConfigError, match="no usable current context"):
+        KubeConfig.load(str(path))
+    with pytest.raises(ConfigError, match="cannot read kubeconfig"):
+        KubeConfig.load(str(tmp_path / "nope"))
