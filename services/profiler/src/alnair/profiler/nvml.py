@@ -56,7 +56,8 @@ def load_nvml() -> ModuleType:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise BackendUnavailableError("nvml", f"NVML init failed: {exc}") from exc
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 def _text(value: object) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field
@@ -207,5 +207,5 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _decode(fields: Mapping[object, object]) -> dict[str, str]:
+def _decode(fields: Mapping[Any, Any]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in fields.items()}

@@ -1,0 +1,354 @@
+"""The node agent: samples GPUs at 1 Hz and tells the rest of the system what it saw.
+
+Per node it serves (one for `nvml`, many for `sim`) the agent
+- publishes a PodMetric per (pod, GPU) every sample period on `alnair.metrics.pod.<node>`
+  (core NATS: a lost sample is harmless and the next one follows within a second), with the
+  device's utilization split between the pods sharing it (see `aggregation`);
+- keeps the node's GpuInventory in the `gpu-inventory` KV bucket, rewritten only when it
+  changes (new GPUs, health flips), so readers watch the key instead of polling;
+- publishes GpuHealthChanged when the backend reports a fault or a recovery;
+- labels the node with GPU model, memory, count and compute capability, as GPU feature
+  discovery does, patching only when a label differs.
+
+The sample period is the one timer in the profiler, and legitimately so: utilization is a
+continuous quantity that nothing announces. Everything else (which pods run where, node
+changes, health) arrives as watch events or backend events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.js.kv import KeyValue
+
+from alnair.common import resources as res
+from alnair.common.bus import Bus
+from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink, PodMetric
+from alnair.common.kube import NODES, KubeClient, NotFound
+from alnair.profiler.aggregation import pod_shares
+from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
+from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
+from alnair.profiler.metrics import ProfilerMetrics
+
+log = logging.getLogger(__name__)
+
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def label_value(text: str) -> str:
+    """A valid label value: allowed characters only, at most 63, alphanumeric at both ends."""
+    return _LABEL_VALUE.sub("-", text)[:63].strip("-._")
+
+
+def node_labels(inv: NodeInventory) -> dict[str, str]:
+    """The GPU feature labels for a node (empty when it has no GPU)."""
+    if not inv.gpus:
+        return {}
+    first = inv.gpus[0]
+    return {
+        res.LABEL_GPU_MODEL: label_value(first.model),
+        res.LABEL_GPU_MEMORY_MIB: str(first.memory_mib),
+        res.LABEL_GPU_COUNT: str(len(inv.gpus)),
+        res.LABEL_GPU_COMPUTE_CAPABILITY: label_value(first.compute_capability),
+    }
+
+
+def _link(word: str) -> GpuLink:
+    if word.startswith("NV"):
+        return GpuLink.NVLINK
+    try:
+        return GpuLink(word)
+    except ValueError:
+        return GpuLink.SYS
+
+
+def inventory_event(inv: NodeInventory) -> GpuInventory:
+    return GpuInventory(
+        node=inv.node,
+        gpus=[
+            GpuDevice(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                compute_capability=g.compute_capability,
+                numa_node=g.numa_node,
+                healthy=g.healthy,
+            )
+            for g in inv.gpus
+        ],
+        topology=[[_link(w) for w in row] for row in inv.links],
+    )
+
+
+@dataclass
+class PodDirectory:
+    """Pods known to run on the agent's node(s), by uid (fed by a pod watch)."""
+
+    pods: dict[str, PodRef] = field(default_factory=dict)
+
+    def upsert(self, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in {"Succeeded", "Failed"}:
+            self.pods.pop(uid, None)
+            return
+        self.pods[uid] = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")), uid)
+
+    def remove(self, pod: Mapping[str, Any]) -> None:
+        self.pods.pop(str(pod.get("metadata", {}).get("uid", "")), None)
+
+
+def pod_metrics(
+    sample: NodeSample,
+    pods: Mapping[str, PodRef],
+    pod_of: Mapping[int, str],
+    usage: Mapping[str, CgroupRates] | None = None,
+) -> list[PodMetric]:
+    """The PodMetric events for one node sample.
+
+    One event per (pod, GPU) the pod has processes on; CPU/memory/IO are the pod's and repeat
+    on each of its GPU events (the aggregator counts them once per pod and tick). Pods the
+    sample knows (sim) that use no GPU get one event without a GPU. Pods whose uid we cannot
+    name (a pod created an instant ago, before the watch told us) are skipped this round.
+    """
+    directory = {**pods, **sample.pods}
+    ts = _dt(sample.ts)
+    out: list[PodMetric] = []
+    seen: set[str] = set()
+
+    def pod_usage(uid: str) -> dict[str, float]:
+        sim = sample.pod_usage.get(uid)
+        if sim is not None:
+            return {
+                "cpu_util_cores": sim.cpu_util_cores,
+                "mem_used_mib": sim.mem_used_mib,
+                "io_read_bps": sim.io_read_bps,
+                "io_write_bps": sim.io_write_bps,
+            }
+        real = (usage or {}).get(uid)
+        if real is not None:
+            return {
+                "cpu_util_cores": real.cpu_util_cores,
+                "mem_used_mib": real.mem_used_mib,
+                "io_read_bps": real.io_read_bps,
+                "io_write_bps": real.io_write_bps,
+            }
+        return {}
+
+    for gpu in sample.gpus:
+        for share in pod_shares(gpu, pod_of):
+            ref = directory.get(share.pod_uid)
+            if ref is None:
+                continue
+            seen.add(share.pod_uid)
+            out.append(
+                PodMetric(
+                    node=sample.node,
+                    namespace=ref.namespace,
+                    pod=ref.name,
+                    pod_uid=ref.uid,
+                    gpu_uuid=share.gpu_uuid,
+                    gpu_index=share.gpu_index,
+                    gpu_util_pct=min(100.0, share.gpu_util_pct),
+                    gpu_mem_used_mib=share.mem_used_mib,
+                    sm_util_pct=min(100.0, share.sm_util_pct),
+                    ts=ts,
+                    **pod_usage(share.pod_uid),
+                )
+            )
+    for uid, ref in sample.pods.items():
+        if uid not in seen:
+            out.append(
+                PodMetric(
+                    node=sample.node,
+                    namespace=ref.namespace,
+                    pod=ref.name,
+                    pod_uid=uid,
+                    ts=ts,
+                    **pod_usage(uid),
+                )
+            )
+    return out
+
+
+def _dt(ts: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class Agent:
+    """Samples a backend and publishes what it sees; one per process."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        bus: Bus,
+        kube: KubeClient | None,
+        metrics: ProfilerMetrics,
+        *,
+        source: str = "alnair/profiler-agent",
+        label_nodes: bool = True,
+        proc_root: Path = Path("/proc"),
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.bus = bus
+        self.kube = kube
+        self.metrics = metrics
+        self.source = source
+        self.label_nodes = label_nodes
+        self.proc_root = proc_root
+        self.clock = clock
+        self.directory = PodDirectory()
+        self.meter = PodCgroupMeter(cgroup_root)
+        self._kv: KeyValue | None = None
+        self._published: dict[str, GpuInventory] = {}
+        self._node_labels: dict[str, dict[str, str]] = {}
+        self.last_sample: dict[str, list[PodMetric]] = {}
+
+    # -- inventory and labels ---------------------------------------------------------
+    async def sync_node(self, node: str, current_labels: Mapping[str, str] | None = None) -> None:
+        """Publish the node's inventory and fix its labels, if either changed."""
+        inv = self.backend.inventory(node)
+        event = inventory_event(inv)
+        before = self._published.get(node)
+        if before is None or before.model_dump(exclude={"ts"}) != event.model_dump(exclude={"ts"}):
+            if self._kv is None:
+                self._kv = await self.bus.kv(GpuInventory.BUCKET)
+            await self._kv.put(event.kv_key(), event.model_dump_json().encode())
+            self._published[node] = event
+            for gpu in inv.gpus:
+                self.metrics.gpu_healthy.labels(node, gpu.uuid).set(1 if gpu.healthy else 0)
+            log.info("inventory published", extra={"node": node, "gpus": len(inv.gpus)})
+        if self.label_nodes and self.kube is not None:
+            await self._label(node, node_labels(inv), current_labels)
+
+    async def _label(
+        self, node: str, wanted: dict[str, str], current: Mapping[str, str] | None
+    ) -> None:
+        assert self.kube is not None
+        if current is None:
+            current = self._node_labels.get(node)
+        if current is None:
+            try:
+                obj = await self.kube.get(NODES, node)
+            except NotFound:
+                return
+            current = obj.get("metadata", {}).get("labels") or {}
+        missing = {k: v for k, v in wanted.items() if current.get(k) != v}
+        self._node_labels[node] = {**current, **wanted}
+        if missing:
+            await self.kube.patch(NODES, node, {"metadata": {"labels": missing}})
+            log.info("node labelled", extra={"node": node, "labels": missing})
+
+    def forget_node(self, node: str) -> None:
+        self._published.pop(node, None)
+        self._node_labels.pop(node, None)
+
+    # -- sampling ---------------------------------------------------------------------
+    def _pid_map(self, sample: NodeSample) -> tuple[dict[int, str], dict[str, str]]:
+        """pid -> pod uid for the processes in the sample, and pod uid -> pod cgroup path."""
+        pids: dict[int, str] = {}
+        cgroup_paths: dict[str, str] = {}
+        for gpu in sample.gpus:
+            for proc in gpu.processes:
+                if proc.pid is None or proc.pod_uid is not None or proc.pid in pids:
+                    continue
+                found = pod_of_pid(proc.pid, self.proc_root)
+                if found is not None:
+                    pids[proc.pid] = found.pod_uid
+                    if found.cgroup_version == 2:
+                        cgroup_paths[found.pod_uid] = found.pod_cgroup_path
+        return pids, cgroup_paths
+
+    async def sample_once(self) -> list[PodMetric]:
+        """Sample every node, publish the pod metrics, update gauges; returns what was sent."""
+        now = self.clock()
+        sent: list[PodMetric] = []
+        live: set[tuple[str, str]] = set()
+        for node in list(self.backend.nodes()):
+            try:
+                sample = self.backend.sample(node, now)
+            except KeyError:
+                continue  # the node went away between nodes() and sample()
+            pid_map, cgroup_paths = self._pid_map(sample)
+            usage: dict[str, CgroupRates] = {}
+            for uid, path in cgroup_paths.items():
+                rates = self.meter.measure(uid, path, now)
+                if rates is not None:
+                    usage[uid] = rates
+            metrics = pod_metrics(sample, self.directory.pods, pid_map, usage)
+            for gpu in sample.gpus:
+                self.metrics.gpu_util.labels(node, gpu.uuid).set(gpu.util_pct)
+                self.metrics.gpu_mem.labels(node, gpu.uuid).set(gpu.mem_used_mib)
+            for metric in metrics:
+                await self.bus.publish(metric, source=self.source)
+                self.metrics.observe_pod(metric)
+                live.add((metric.namespace, metric.pod))
+            self.metrics.samples.labels(node).inc(len(metrics))
+            self.last_sample[node] = metrics
+            sent += metrics
+        for key in self.metrics.pods() - live:
+            self.metrics.forget_pod(*key)
+        self.meter.forget_except({m.pod_uid for m in sent})
+        return sent
+
+    async def run_sampler(self, interval_s: float = 1.0) -> None:
+        """Sample on a fixed cadence (not drifting with the time a sample takes)."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            try:
+                await self.sample_once()
+            except Exception:
+                # A bad sample (NATS reconnecting, a GPU query failing) must not stop the agent.
+                log.exception("sample failed")
+            next_at += interval_s
+            delay = next_at - loop.time()
+            if delay < 0:
+                next_at = loop.time()  # we fell behind: skip, do not burst
+                delay = 0
+            await asyncio.sleep(delay)
+
+    # -- health -----------------------------------------------------------------------
+    async def on_health(self, signal: HealthSignal) -> None:
+        event = GpuHealthChanged(
+            node=signal.node,
+            gpu_index=signal.gpu_index,
+            gpu_uuid=signal.gpu_uuid,
+            healthy=signal.healthy,
+            reason=signal.reason,
+            xid=signal.xid,
+        )
+        await self.bus.publish(event, source=self.source)
+        self.metrics.health_changes.labels(str(signal.healthy).lower()).inc()
+        self.metrics.gpu_healthy.labels(signal.node, signal.gpu_uuid).set(
+            1 if signal.healthy else 0
+        )
+        log.warning(
+            "GPU health changed",
+            extra={
+                "node": signal.node,
+                "gpu": signal.gpu_index,
+                "healthy": signal.healthy,
+                "reason": signal.reason,
+            },
+        )
+        with contextlib.suppress(KeyError):  # the node left while its GPU was failing
+            await self.sync_node(signal.node)
+
+    async def run_health(self) -> None:
+        async for signal in self.backend.health_signals():
+            await self.on_health(signal)

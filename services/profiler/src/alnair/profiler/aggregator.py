@@ -1,0 +1,481 @@
+"""The aggregator: folds pod metrics into the jobs that own the pods, and records finished jobs.
+
+Pod metrics arrive at 1 Hz per (pod, GPU). For each pod the aggregator finds the owner that
+stands for "the job" by walking controller ownerReferences (Pod -> Job; Pod -> StatefulSet
+-> ElasticJob; Pod -> ReplicaSet -> Deployment; any CRD), stopping at a batch Job (a CronJob
+is a schedule of jobs, not one). It keeps per-pod summaries (count, sum, max of each series,
+see `aggregation.Stat`) in Redis, updated by one Lua script per sample so a sample is folded
+atomically, and so an aggregator restart mid-job loses nothing already folded.
+
+Completion is learned from watches on the owner kinds (Jobs, ElasticJobs, TrialJobs, more by
+settings), never by polling. When an owner finishes the aggregator, in this order,
+1. annotates the owner with max/mean GPU, CPU and memory use;
+2. writes the execution record (exactly once per uid, see `records`);
+3. publishes the JobEvent `completed`/`failed` with the event id `<uid>.<phase>`, so
+   JetStream drops a second copy if a crash repeats the step;
+4. marks the job done in Redis, after which later watch events (including the relist after a
+   restart, which replays every finished Job) change nothing.
+Every step is idempotent, so a crash between any two is repaired by the next watch event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from alnair.common import resources as res
+from alnair.common.bus import Bus
+from alnair.common.errors import TemporaryError
+from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
+from alnair.common.kube import (
+    NODES,
+    PODS,
+    KubeClient,
+    NotFound,
+    Resource,
+    Unavailable,
+    resource_for,
+)
+from alnair.profiler.aggregation import SERIES, Profile, Stat, owner_annotations
+from alnair.profiler.metrics import ProfilerMetrics
+from alnair.profiler.records import ExecutionRecord, Outcome, RecordStore, record_key
+
+log = logging.getLogger(__name__)
+
+ANN_STEPS = "alnair.io/steps"
+P = "alnair:"
+
+# KEYS[1] pod stats hash, KEYS[2] owner GPU set.
+# ARGV[1] ts, ARGV[2] gpu id ("" without GPU), ARGV[3..5] GPU series, ARGV[6..7] pod series.
+_FOLD = """
+local function upd(name, v)
+  redis.call('HINCRBY', KEYS[1], name .. ':count', 1)
+  redis.call('HINCRBYFLOAT', KEYS[1], name .. ':sum', v)
+  local m = redis.call('HGET', KEYS[1], name .. ':max')
+  if (not m) or tonumber(v) > tonumber(m) then
+    redis.call('HSET', KEYS[1], name .. ':max', v)
+  end
+end
+local ts = tonumber(ARGV[1])
+redis.call('HSETNX', KEYS[1], 'first_ts', ARGV[1])
+local last = redis.call('HGET', KEYS[1], 'last_ts')
+if (not last) or ts > tonumber(last) then
+  redis.call('HSET', KEYS[1], 'last_ts', ARGV[1])
+end
+if ARGV[2] ~= '' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  upd('gpu_util_pct', ARGV[3])
+  upd('gpu_mem_used_mib', ARGV[4])
+  upd('sm_util_pct', ARGV[5])
+end
+-- A pod on several GPUs reports CPU and memory once per GPU: count them once per tick.
+local pod_ts = redis.call('HGET', KEYS[1], 'pod_ts')
+if (not pod_ts) or ts > tonumber(pod_ts) then
+  redis.call('HSET', KEYS[1], 'pod_ts', ARGV[1])
+  upd('cpu_util_cores', ARGV[6])
+  upd('mem_used_mib', ARGV[7])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The object that stands for a pod's job."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    for ref in refs:
+        if ref.get("controller"):
+            return cast(Mapping[str, Any], ref)
+    return refs[0] if len(refs) == 1 else None
+
+
+async def resolve_owner(kube: KubeClient, pod: Mapping[str, Any], max_depth: int = 5) -> OwnerRef:
+    """Walk controller ownerReferences up from a pod to the object that is the job."""
+    meta = pod.get("metadata", {})
+    ns = str(meta.get("namespace", ""))
+    current = OwnerRef("v1", "Pod", ns, str(meta.get("name", "")), str(meta.get("uid", "")))
+    obj: Mapping[str, Any] = pod
+    for _ in range(max_depth):
+        ref = controller_of(obj)
+        if ref is None:
+            break
+        current = OwnerRef(
+            str(ref.get("apiVersion", "")),
+            str(ref.get("kind", "")),
+            ns,
+            str(ref.get("name", "")),
+            str(ref.get("uid", "")),
+        )
+        if current.kind == "Job" and current.api_version.startswith("batch/"):
+            break
+        try:
+            obj = await kube.get(resource_for(current.api_version, current.kind), current.name, ns)
+        except NotFound:
+            break
+    return current
+
+
+def finished(obj: Mapping[str, Any]) -> tuple[Outcome, float | None] | None:
+    """Whether an owner object is done, how, and when (None: still running)."""
+    status = obj.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if str(cond.get("status")) != "True":
+            continue
+        kind = cond.get("type")
+        when = _ts(cond.get("lastTransitionTime"))
+        if kind in {"Complete", "Succeeded", "Completed"}:
+            return "succeeded", _ts(status.get("completionTime")) or when
+        if kind == "Failed":
+            return "failed", when
+    phase = status.get("phase")
+    if phase in {"Succeeded", "Completed"}:
+        return "succeeded", _ts(status.get("completionTime"))
+    if phase == "Failed":
+        return "failed", None
+    return None
+
+
+def _ts(text: object) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+def template_gpus(obj: Mapping[str, Any]) -> int:
+    """GPUs a workload asks for: per-pod template GPUs times parallelism (0 when unknown)."""
+    spec = obj.get("spec") or {}
+    template = (spec.get("template") or {}).get("spec") or {}
+    per_pod = 0
+    for container in template.get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(res.GPU) or (
+            resources.get("requests") or {}
+        ).get(res.GPU)
+        if value is not None:
+            per_pod += int(str(value))
+    width = spec.get("parallelism", spec.get("replicas", 1))
+    return per_pod * int(width or 1)
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str:
+    ann = obj.get("metadata", {}).get("annotations") or {}
+    if key in ann:
+        return str(ann[key])
+    tmpl = ((obj.get("spec") or {}).get("template") or {}).get("metadata", {}).get(
+        "annotations"
+    ) or {}
+    return str(tmpl.get(key, ""))
+
+
+def profile_from_hash(fields: Mapping[str, str]) -> Profile:
+    stats = {}
+    for series in SERIES:
+        count = int(float(fields.get(f"{series}:count", "0")))
+        if count:
+            stats[series] = Stat(
+                count,
+                float(fields.get(f"{series}:sum", "0")),
+                float(fields.get(f"{series}:max", "0")),
+            )
+    return Profile(stats)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Aggregator:
+    """Pod metrics in, owner annotations, execution records and job events out."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        kube: KubeClient,
+        redis: aioredis.Redis,
+        metrics: ProfilerMetrics,
+        *,
+        cluster: str = "default",
+        source: str = "alnair/profiler-aggregator",
+        cache_size: int = 10000,
+    ) -> None:
+        self.bus = bus
+        self.kube = kube
+        self.redis = redis
+        self.metrics = metrics
+        self.cluster = cluster
+        self.source = source
+        self.records = RecordStore(redis)
+        self._fold = redis.register_script(_FOLD)
+        self._owners: OrderedDict[str, OwnerRef] = OrderedDict()
+        self._cache_size = cache_size
+        self.latest: OrderedDict[tuple[str, str], dict[str, PodMetric]] = OrderedDict()
+        self._kv: KeyValue | None = None
+        self._node_models: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- pod metrics ------------------------------------------------------------------
+    async def owner_of(self, metric: PodMetric) -> OwnerRef | None:
+        cached = self._owners.get(metric.pod_uid)
+        if cached is not None:
+            return cached
+        stored = await self.redis.hgetall(f"{P}pod:{metric.pod_uid}:meta")
+        if stored:
+            meta = {_text(k): _text(v) for k, v in stored.items()}
+            owner = OwnerRef(
+                meta["owner_api_version"],
+                meta["owner_kind"],
+                meta["namespace"],
+                meta["owner_name"],
+                meta["owner_uid"],
+            )
+        else:
+            try:
+                pod = await self.kube.get(PODS, metric.pod, metric.namespace)
+            except NotFound:
+                return None  # gone before we could ask whose it was
+            if str(pod.get("metadata", {}).get("uid")) != metric.pod_uid:
+                return None  # a new pod with the old name
+            owner = await resolve_owner(self.kube, pod)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(
+                f"{P}pod:{metric.pod_uid}:meta",
+                mapping={
+                    "namespace": metric.namespace,
+                    "name": metric.pod,
+                    "node": metric.node,
+                    "owner_api_version": owner.api_version,
+                    "owner_kind": owner.kind,
+                    "owner_name": owner.name,
+                    "owner_uid": owner.uid,
+                },
+            )
+            pipe.sadd(f"{P}owner:{owner.uid}:pods", metric.pod_uid)
+            pipe.sadd(f"{P}owner:{owner.uid}:nodes", metric.node)
+            pipe.set(f"{P}owner-by-name:{owner.namespace}/{owner.name}", owner.uid)
+            pipe.hset(
+                f"{P}owner:{owner.uid}:meta",
+                mapping={"kind": owner.kind, "name": owner.name, "namespace": owner.namespace},
+            )
+            await pipe.execute()
+        self._owners[metric.pod_uid] = owner
+        while len(self._owners) > self._cache_size:
+            self._owners.popitem(last=False)
+        return owner
+
+    async def on_pod_metric(
+        self, metric: PodMetric, _envelope: Envelope[PodMetric] | None = None
+    ) -> None:
+        """Fold one sample into its pod's summary (and the live view)."""
+        self.metrics.received.inc()
+        key = (metric.namespace, metric.pod)
+        self.latest.setdefault(key, {})[metric.gpu_uuid or ""] = metric
+        self.latest.move_to_end(key)
+        while len(self.latest) > self._cache_size:
+            self.latest.popitem(last=False)
+        self.metrics.observe_pod(metric)
+        try:
+            owner = await self.owner_of(metric)
+        except Unavailable as exc:
+            # Samples are plentiful: skipping one while the API server is away costs little.
+            log.info(
+                "owner lookup failed, sample skipped", extra={"pod": metric.pod, "error": str(exc)}
+            )
+            return
+        if owner is None:
+            return
+        gpu_id = f"{metric.node}/{metric.gpu_uuid}" if metric.gpu_uuid else ""
+        await self._fold(
+            keys=[f"{P}pod:{metric.pod_uid}:stats", f"{P}owner:{owner.uid}:gpus"],
+            args=[
+                metric.ts.timestamp(),
+                gpu_id,
+                metric.gpu_util_pct,
+                metric.gpu_mem_used_mib,
+                metric.sm_util_pct,
+                metric.cpu_util_cores,
+                metric.mem_used_mib,
+            ],
+        )
+
+    # -- profiles ---------------------------------------------------------------------
+    async def pod_profile(self, pod_uid: str) -> tuple[Profile, dict[str, str]]:
+        fields = {
+            _text(k): _text(v)
+            for k, v in (await self.redis.hgetall(f"{P}pod:{pod_uid}:stats")).items()
+        }
+        return profile_from_hash(fields), fields
+
+    async def owner_profile(self, owner_uid: str) -> tuple[Profile, list[dict[str, str]]]:
+        pods = sorted(_text(p) for p in await self.redis.smembers(f"{P}owner:{owner_uid}:pods"))
+        profiles = []
+        raw = []
+        for uid in pods:
+            profile, fields = await self.pod_profile(uid)
+            profiles.append(profile)
+            raw.append({"pod_uid": uid, **fields})
+        return Profile.fold(profiles), raw
+
+    async def owner_uid_by_name(self, namespace: str, name: str) -> str | None:
+        uid = await self.redis.get(f"{P}owner-by-name:{namespace}/{name}")
+        return _text(uid) if uid is not None else None
+
+    async def gpu_model(self, owner_uid: str) -> str:
+        nodes = sorted(_text(n) for n in await self.redis.smembers(f"{P}owner:{owner_uid}:nodes"))
+        for node in nodes:
+            if node in self._node_models:
+                return self._node_models[node]
+            model = await self._model_of(node)
+            if model:
+                self._node_models[node] = model
+                return model
+        return ""
+
+    async def _model_of(self, node: str) -> str:
+        try:
+            if self._kv is None:
+                self._kv = await self.bus.kv(GpuInventory.BUCKET)
+            entry = await self._kv.get(node)
+            if entry.value:
+                inv = GpuInventory.model_validate_json(entry.value)
+                if inv.gpus:
+                    return inv.gpus[0].model
+        except KeyNotFoundError:
+            pass
+        try:
+            obj = await self.kube.get(NODES, node)
+        except NotFound:
+            return ""
+        return str((obj.get("metadata", {}).get("labels") or {}).get(res.LABEL_GPU_MODEL, ""))
+
+    # -- completion -------------------------------------------------------------------
+    async def on_owner_event(self, kind: str, obj: dict[str, Any], resource: Resource) -> None:
+        if kind == "DELETED":
+            return
+        done = finished(obj)
+        if done is None:
+            return
+        uid = str(obj.get("metadata", {}).get("uid", ""))
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        async with lock:
+            await self.finalize(obj, resource, done[0], done[1])
+        self._locks.pop(uid, None)
+
+    async def finalize(
+        self, obj: Mapping[str, Any], resource: Resource, outcome: Outcome, end_ts: float | None
+    ) -> ExecutionRecord | None:
+        """Annotate, record, announce, in that order; each step safe to repeat."""
+        meta = obj.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        ns = str(meta.get("namespace", ""))
+        name = str(meta.get("name", ""))
+        done_key = f"{P}done:{uid}"
+        if await self.redis.exists(done_key):
+            return None
+        pods = await self.redis.scard(f"{P}owner:{uid}:pods")
+        if not pods:
+            return None  # never profiled (finished before we ever saw it run): nothing to say
+        profile, pod_fields = await self.owner_profile(uid)
+        annotations = owner_annotations(profile)
+        current = meta.get("annotations") or {}
+        if any(current.get(k) != v for k, v in annotations.items()):
+            # Deleted already (ttlSecondsAfterFinished)? The record still matters.
+            with contextlib.suppress(NotFound):
+                await self.kube.patch(
+                    resource, name, {"metadata": {"annotations": annotations}}, ns or None
+                )
+        first_seen = min(
+            (float(f.get("first_ts", "inf")) for f in pod_fields), default=float("inf")
+        )
+        created = _ts(meta.get("creationTimestamp")) or time.time()
+        start = _ts((obj.get("status") or {}).get("startTime")) or (
+            first_seen if first_seen != float("inf") else created
+        )
+        last_seen = max((float(f.get("last_ts", "0")) for f in pod_fields), default=0.0)
+        end = end_ts or last_seen or time.time()
+        steps_text = _annotation(obj, ANN_STEPS)
+        steps = int(steps_text) if steps_text.isdigit() else None
+        gpus = template_gpus(obj) or int(await self.redis.scard(f"{P}owner:{uid}:gpus"))
+        record = ExecutionRecord(
+            namespace=ns,
+            job_name=name,
+            uid=uid,
+            model_name=_annotation(obj, res.ANN_MODEL_NAME),
+            batch_size=_annotation(obj, res.ANN_BATCH_SIZE),
+            data_size=_annotation(obj, res.ANN_DATA_SIZE),
+            epoch=_annotation(obj, res.ANN_EPOCH),
+            gpu_model=await self.gpu_model(uid),
+            gpu_count=gpus,
+            submit_ts=created,
+            start_ts=start,
+            end_ts=max(end, start),
+            steps=steps,
+            throughput_steps_per_s=(steps / (end - start)) if steps and end > start else None,
+            peak_gpu_mem_mib=profile.get("gpu_mem_used_mib").max,
+            mean_gpu_util_pct=profile.get("gpu_util_pct").mean,
+            outcome=outcome,
+        )
+        if await self.records.write_once(record):
+            self.metrics.records.inc()
+            log.info("execution record written", extra={"key": record.key, "outcome": outcome})
+        phase = JobPhase.COMPLETED if outcome == "succeeded" else JobPhase.FAILED
+        event = JobEvent(
+            phase=phase,
+            cluster=self.cluster,
+            namespace=ns,
+            kind=str(obj.get("kind") or _kind_of(resource)),
+            name=name,
+            uid=uid,
+            detail={
+                "record": record_key(ns, name, uid),
+                "duration_s": record.duration_s,
+                "peak_gpu_mem_mib": record.peak_gpu_mem_mib,
+                "mean_gpu_util_pct": record.mean_gpu_util_pct,
+                "gpu_model": record.gpu_model,
+                "gpu_count": record.gpu_count,
+                "annotations": annotations,
+            },
+        )
+        try:
+            await self.bus.publish(event, source=self.source, event_id=f"{uid}.{phase.value}")
+        except TemporaryError:
+            log.warning("job event not published yet; next watch event retries", extra={"uid": uid})
+            return record
+        self.metrics.completions.labels(outcome).inc()
+        await self.redis.set(done_key, "1")
+        pod_uids = {_text(p) for p in await self.redis.smembers(f"{P}owner:{uid}:pods")}
+        for key, by_gpu in list(self.latest.items()):
+            if any(m.pod_uid in pod_uids for m in by_gpu.values()):
+                self.metrics.forget_pod(*key)
+        for pod_uid in pod_uids:
+            self._owners.pop(pod_uid, None)
+        return record
+
+
+def _kind_of(resource: Resource) -> str:
+    known = {
+        "jobs": "Job",
+        "elasticjobs": "ElasticJob",
+        "trialjobs": "TrialJob",
+        "statefulsets": "StatefulSet",
+    }
+    return known.get(resource.plural, resource.plural)

@@ -1,0 +1,311 @@
+"""Wiring and lifespan of the profiler's processes: the node agent and the aggregator.
+
+`start_agent` / `start_aggregator` connect what the process needs (NATS, the API server,
+Redis), start its long-lived tasks through `alnair.common.tasks.spawn` (named, their death
+logged and fatal) and its HTTP server, and return a handle whose `stop()` undoes all of it in
+reverse. Tests use these directly; `serve` runs one until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from alnair.common.bus import Bus
+from alnair.common.errors import ConfigError
+from alnair.common.events import GpuInventory
+from alnair.common.kube import NODES, PODS, KubeClient
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import cancel_all, spawn
+from alnair.profiler.agent import Agent
+from alnair.profiler.aggregator import Aggregator
+from alnair.profiler.api import create_app
+from alnair.profiler.gpu import GpuBackend
+from alnair.profiler.handlers import subscribe_pod_metrics
+from alnair.profiler.metrics import ProfilerMetrics
+from alnair.profiler.settings import ProfilerSettings
+from alnair.profiler.sim import SimBackend
+from alnair.profiler.watching import parse_resource, watch_resource
+from alnair.profiler.workloads import ThroughputTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    """A started profiler process (agent or aggregator)."""
+
+    role: str
+    metrics: ProfilerMetrics
+    bus: Bus
+    kube: KubeClient
+    server: uvicorn.Server
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    agent: Agent | None = None
+    aggregator: Aggregator | None = None
+    redis: aioredis.Redis | None = None
+    backend: GpuBackend | None = None
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def http_port(self) -> int:
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await cancel_all(self.tasks)
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+        await self.bus.close()
+        await self.kube.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+
+async def _start_http(
+    app: FastAPI, host: str, port: int, tasks: list[asyncio.Task[Any]]
+) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, lifespan="off", access_log=False
+    )
+    server = uvicorn.Server(config)
+    tasks.append(spawn(server.serve(), name="profiler.http"))
+    while not server.started:
+        if tasks[-1].done():
+            raise ConfigError(f"HTTP server did not start on {host}:{port}", host=host, port=port)
+        await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once, at startup
+    return server
+
+
+def _fatal(running_died: asyncio.Event) -> Any:
+    def on_death(_exc: BaseException) -> None:
+        running_died.set()
+
+    return on_death
+
+
+async def start_agent(
+    settings: ProfilerSettings, registry: CollectorRegistry | None = None
+) -> Running:
+    metrics = ProfilerMetrics(registry)
+    bus = await Bus.connect(settings.nats_url, name=f"profiler-agent-{settings.node_name or 'sim'}")
+    kube = KubeClient.from_config(settings.kubeconfig)
+    tasks: list[asyncio.Task[Any]] = []
+    died = asyncio.Event()
+    backend: GpuBackend
+    if settings.backend == "sim":
+        table = ThroughputTable.load(settings.gavel_path) if settings.gavel_path.exists() else None
+        if table is None:
+            log.warning(
+                "Gavel data missing: sim uses assumed loads only",
+                extra={"path": str(settings.gavel_path)},
+            )
+        sim = SimBackend(table)
+        backend = sim
+    else:
+        if not settings.node_name:
+            raise ConfigError(
+                "the nvml agent needs its node name (ALNAIR_PROFILER_NODE_NAME or NODE_NAME)"
+            )
+        from alnair.profiler.nvml import NvmlBackend
+
+        backend = NvmlBackend(settings.node_name, recover_after_s=settings.nvml_recover_after_s)
+    agent = Agent(
+        backend,
+        bus,
+        kube,
+        metrics,
+        source=f"{settings.source}-agent",
+        label_nodes=settings.label_nodes,
+        proc_root=settings.proc_root,
+        cgroup_root=settings.cgroup_root,
+    )
+    if isinstance(backend, SimBackend):
+        await _feed_sim(backend, agent, kube, settings, tasks, died)
+    else:
+        node = settings.node_name or ""
+        await agent.sync_node(node)
+
+        async def on_pod(kind: str, obj: dict[str, Any]) -> None:
+            if kind == "DELETED":
+                agent.directory.remove(obj)
+            else:
+                agent.directory.upsert(obj)
+
+        async def on_pods(items: list[dict[str, Any]]) -> None:
+            agent.directory.pods.clear()
+            for item in items:
+                agent.directory.upsert(item)
+
+        ready = asyncio.Event()
+        tasks.append(
+            spawn(
+                watch_resource(
+                    kube, PODS, on_pod, on_pods, field_selector=f"spec.nodeName={node}", ready=ready
+                ),
+                name="profiler.agent.watch-pods",
+                on_death=_fatal(died),
+            )
+        )
+        await ready.wait()
+    tasks.append(
+        spawn(
+            agent.run_sampler(settings.sample_interval_s),
+            name="profiler.agent.sampler",
+            on_death=_fatal(died),
+        )
+    )
+    tasks.append(spawn(agent.run_health(), name="profiler.agent.health", on_death=_fatal(died)))
+    inventory = await bus.kv(GpuInventory.BUCKET)
+    server = await _start_http(
+        create_app(metrics, inventory), settings.http_host, settings.http_port, tasks
+    )
+    return Running(
+        "agent", metrics, bus, kube, server, tasks, agent=agent, backend=backend, died=died
+    )
+
+
+async def _feed_sim(
+    sim: SimBackend,
+    agent: Agent,
+    kube: KubeClient,
+    settings: ProfilerSettings,
+    tasks: list[asyncio.Task[Any]],
+    died: asyncio.Event,
+) -> None:
+    """Drive the sim backend from node and pod watches (nodes first, so pods find GPUs)."""
+
+    async def on_node(kind: str, obj: dict[str, Any]) -> None:
+        name = str(obj.get("metadata", {}).get("name", ""))
+        if kind == "DELETED":
+            sim.remove_node(name)
+            agent.forget_node(name)
+            return
+        if sim.upsert_node(obj) is not None:
+            await agent.sync_node(name, obj.get("metadata", {}).get("labels") or {})
+
+    async def on_nodes(items: list[dict[str, Any]]) -> None:
+        names = {str(i.get("metadata", {}).get("name", "")) for i in items}
+        for gone in set(sim.nodes()) - names:
+            sim.remove_node(gone)
+            agent.forget_node(gone)
+        for item in items:
+            await on_node("ADDED", item)
+
+    async def on_pod(kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            sim.remove_pod(str(obj.get("metadata", {}).get("uid", "")))
+        else:
+            sim.upsert_pod(obj, time.time())
+
+    async def on_pods(items: list[dict[str, Any]]) -> None:
+        live = {str(i.get("metadata", {}).get("uid", "")) for i in items}
+        for ref in sim.running_pods():
+            if ref.uid not in live:
+                sim.remove_pod(ref.uid)
+        for item in items:
+            await on_pod("ADDED", item)
+
+    nodes_ready = asyncio.Event()
+    tasks.append(
+        spawn(
+            watch_resource(
+                kube,
+                NODES,
+                on_node,
+                on_nodes,
+                label_selector=settings.sim_node_selector,
+                ready=nodes_ready,
+            ),
+            name="profiler.sim.watch-nodes",
+            on_death=_fatal(died),
+        )
+    )
+    await nodes_ready.wait()
+    pods_ready = asyncio.Event()
+    tasks.append(
+        spawn(
+            watch_resource(kube, PODS, on_pod, on_pods, ready=pods_ready),
+            name="profiler.sim.watch-pods",
+            on_death=_fatal(died),
+        )
+    )
+    await pods_ready.wait()
+
+
+async def start_aggregator(
+    settings: ProfilerSettings, registry: CollectorRegistry | None = None
+) -> Running:
+    metrics = ProfilerMetrics(registry)
+    bus = await Bus.connect(settings.nats_url, name="profiler-aggregator")
+    kube = KubeClient.from_config(settings.kubeconfig)
+    redis = aioredis.from_url(settings.redis_url)
+    tasks: list[asyncio.Task[Any]] = []
+    died = asyncio.Event()
+    aggregator = Aggregator(
+        bus, kube, redis, metrics, cluster=settings.cluster, source=f"{settings.source}-aggregator"
+    )
+    await subscribe_pod_metrics(bus, aggregator, settings.durable)
+    for spec in settings.owner_kinds:
+        resource = parse_resource(spec)
+
+        async def on_owner(kind: str, obj: dict[str, Any], resource: Any = resource) -> None:
+            await aggregator.on_owner_event(kind, obj, resource)
+
+        tasks.append(
+            spawn(
+                watch_resource(kube, resource, on_owner, retry_s=5.0),
+                name=f"profiler.aggregator.watch-{resource.plural}",
+                on_death=_fatal(died),
+            )
+        )
+    inventory = await bus.kv(GpuInventory.BUCKET)
+    server = await _start_http(
+        create_app(metrics, inventory, aggregator), settings.http_host, settings.http_port, tasks
+    )
+    return Running(
+        "aggregator",
+        metrics,
+        bus,
+        kube,
+        server,
+        tasks,
+        aggregator=aggregator,
+        redis=redis,
+        died=died,
+    )
+
+
+async def serve(settings: ProfilerSettings) -> None:
+    """Run the configured role until SIGTERM/SIGINT or until a vital task dies."""
+    setup_logging(settings.log_level, settings.log_json)
+    start = start_agent if settings.role == "agent" else start_aggregator
+    running = await start(settings)
+    log.info("profiler started", extra={"role": settings.role, "port": running.http_port})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(running.died.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    await running.stop()
+    if running.died.is_set():
+        raise SystemExit(1)  # crash-only: let Kubernetes restart us rather than run half-broken

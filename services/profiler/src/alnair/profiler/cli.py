@@ -1,0 +1,63 @@
+"""`alnair profiler ...`: run the agent or the aggregator, or read execution records.
+
+alnair profiler run [agent|aggregator] [--backend sim|nvml]
+alnair profiler records [--model M] [--gpu G] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+
+from alnair.profiler.records import RecordStore
+from alnair.profiler.settings import ProfilerSettings
+
+
+async def _records(
+    settings: ProfilerSettings, model: str | None, gpu: str | None, limit: int
+) -> int:
+    client = aioredis.from_url(settings.redis_url)
+    try:
+        found = await RecordStore(client).query(model=model, gpu=gpu, limit=limit)
+    finally:
+        await client.aclose()
+    for record in found:
+        print(json.dumps(record.model_dump(mode="json") | {"key": record.key}))
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="alnair profiler")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the node agent or the aggregator")
+    run.add_argument(
+        "role", nargs="?", choices=["agent", "aggregator"], help="default: ALNAIR_PROFILER_ROLE"
+    )
+    run.add_argument("--backend", choices=["nvml", "sim"], help="agent GPU backend")
+    rec = sub.add_parser("records", help="print execution records as JSON lines, newest first")
+    rec.add_argument("--model", help="only records of this model name")
+    rec.add_argument("--gpu", help="only records on this GPU model")
+    rec.add_argument("--limit", type=int, default=100)
+    args = parser.parse_args(list(argv))
+    try:
+        settings = ProfilerSettings()
+    except ValidationError as exc:
+        print(f"alnair profiler: bad settings: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd == "records":
+        return asyncio.run(_records(settings, args.model, args.gpu, args.limit))
+    updates: dict[str, str] = {}
+    if args.role:
+        updates["role"] = args.role
+    if args.backend:
+        updates["backend"] = args.backend
+    from alnair.profiler.app import serve
+
+    asyncio.run(serve(settings.model_copy(update=updates)))
+    return 0

@@ -1,0 +1,98 @@
+"""Settings of the profiler's two processes (env prefix `ALNAIR_PROFILER_`).
+
+The same image runs as the node agent (DaemonSet, one per GPU node, `nvml` backend) or, for
+KWOK clusters and demos, as one `sim` agent serving every fake GPU node; and as the
+aggregator (a Deployment). Connection settings also answer to the plain `ALNAIR_` names so one
+ConfigMap serves every service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from alnair.common.settings import ServiceSettings
+from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
+
+
+def _both(name: str) -> AliasChoices:
+    return AliasChoices(f"ALNAIR_PROFILER_{name}", f"ALNAIR_{name}")
+
+
+class ProfilerSettings(ServiceSettings):
+    """Everything the agent and the aggregator read from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_PROFILER_", extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=_both("NATS_URL"),
+        description="NATS server URL(s), comma-separated",
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=_both("REDIS_URL"),
+        description="Redis URL (aggregator: pod summaries and execution records)",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        validation_alias=_both("KUBECONFIG"),
+        description="kubeconfig path; unset means in-cluster service account",
+    )
+    cluster: str = Field(
+        default="default",
+        validation_alias=_both("CLUSTER"),
+        description="cluster name in job events",
+    )
+    log_level: str = Field(
+        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
+    )
+    log_json: bool = Field(
+        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
+    )
+
+    role: Literal["agent", "aggregator"] = Field(
+        default="agent", description="which process this is: node agent or aggregator"
+    )
+    backend: Literal["nvml", "sim"] = Field(
+        default="nvml", description="agent GPU backend: real GPUs (nvml) or simulated (sim)"
+    )
+    node_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ALNAIR_PROFILER_NODE_NAME", "NODE_NAME"),
+        description="node the nvml agent runs on (from the downward API)",
+    )
+    sim_node_selector: str | None = Field(
+        default=None,
+        description="label selector of the nodes the sim agent serves (unset: every GPU node)",
+    )
+    sample_interval_s: float = Field(
+        default=1.0, gt=0, description="period of pod-metric samples (1 Hz by design)"
+    )
+    label_nodes: bool = Field(
+        default=True, description="write GPU model/memory/count/compute-capability node labels"
+    )
+    gavel_path: Path = Field(
+        default=DEFAULT_GAVEL_PATH,
+        description="Gavel throughputs.json used by the sim backend for throughput and slowdown",
+    )
+    proc_root: Path = Field(default=Path("/proc"), description="host /proc (nvml agent)")
+    cgroup_root: Path = Field(
+        default=Path("/sys/fs/cgroup"), description="host cgroup v2 mount (nvml agent)"
+    )
+    nvml_recover_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="quiet time after a GPU fault before it may count as healthy",
+    )
+    owner_kinds: list[str] = Field(
+        default=["batch/v1/jobs", "alnair.io/v1alpha1/elasticjobs", "alnair.io/v1alpha1/trialjobs"],
+        description="group/version/plural of owners whose completion the aggregator watches",
+    )
+    durable: str = Field(
+        default="profiler-aggregator", description="queue group / durable name of the aggregator"
+    )
+    source: str = Field(default="alnair/profiler", description="CloudEvents source of our events")
