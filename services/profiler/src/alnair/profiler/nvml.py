@@ -244,6 +244,8 @@ class NvmlBackend:
                 except n.NVMLError_Timeout:
                     continue
                 except n.NVMLError:
+                    # A failing wait would otherwise spin; the stop flag still ends us promptly.
+                    self._stop.wait(1.0)
                     continue
                 uuid = _text(n.nvmlDeviceGetUUID(data.device))
                 index = self._uuids.index(uuid) if uuid in self._uuids else -1

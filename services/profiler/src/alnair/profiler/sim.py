@@ -120,7 +120,7 @@ def node_inventory(node: Mapping[str, Any]) -> NodeInventory | None:
     cc = labels.get(res.LABEL_GPU_COMPUTE_CAPABILITY, known[1] if known else "7.0")
     nvlink = known[2] if known else False
     unhealthy = parse_index_list(annotations.get(ANN_SIM_UNHEALTHY, ""))
-    half = max(1, count // 2)
+    half = _numa_half(count)
     gpus = tuple(
         GpuInfo(
             index=i,
@@ -136,10 +136,15 @@ def node_inventory(node: Mapping[str, Any]) -> NodeInventory | None:
     return NodeInventory(node=name, gpus=gpus, links=sim_links(count, nvlink))
 
 
+def _numa_half(count: int) -> int:
+    """GPUs below this index sit on NUMA node 0; small nodes keep all GPUs on one socket."""
+    return count // 2 if count >= 4 else count
+
+
 def sim_links(count: int, nvlink: bool) -> tuple[tuple[str, ...], ...]:
     """A DGX-like topology: NVLink between all GPUs of NVLink models; otherwise PCIe,
     PHB within a NUMA half and SYS across halves."""
-    half = max(1, count // 2)
+    half = _numa_half(count)
     rows = []
     for i in range(count):
         row = []
