@@ -68,22 +68,22 @@ class FakeTimeout(FakeNVMLError):
 @dataclass
 class Proc:
     pid: int
-    usedGpuMemory: int  # noqa: N815  (pynvml's field name)
+    usedGpuMemory: int
 
 
 @dataclass
 class UtilSample:
     pid: int
-    timeStamp: int  # noqa: N815
-    smUtil: int  # noqa: N815
-    memUtil: int = 0  # noqa: N815
+    timeStamp: int
+    smUtil: int
+    memUtil: int = 0
 
 
 @dataclass
 class Event:
     device: int
-    eventType: int  # noqa: N815
-    eventData: int  # noqa: N815
+    eventType: int
+    eventData: int
 
 
 def fake_nvml(events: list[Event]) -> types.ModuleType:
