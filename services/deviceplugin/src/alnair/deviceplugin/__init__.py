@@ -1,1 +1,2 @@
-"""Alnair Device plugin: the kubelet device plugin for whole and fractional GPUs, and the vGPU registry."""
+"""Alnair device plugin: the kubelet device plugin for whole and fractional GPUs, and the
+node's vGPU registry that the intercept shim registers with."""
