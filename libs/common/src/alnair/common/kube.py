@@ -404,8 +404,19 @@ class KubeClient:
             force=force,
         )
 
-    async def bind(self, namespace: str, name: str, node: str, uid: str | None = None) -> Obj:
-        """Bind a pod to a node through the Binding subresource (what kube-scheduler does)."""
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> Obj:
+        """Bind a pod to a node through the Binding subresource (what kube-scheduler does).
+
+        The API server copies the Binding's annotations onto the pod in the same write, so a
+        scheduler's decision (the chosen GPUs) lands atomically with the binding.
+        """
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -414,6 +425,8 @@ class KubeClient:
         }
         if uid:
             body["metadata"]["uid"] = uid
+        if annotations:
+            body["metadata"]["annotations"] = dict(annotations)
         return await self.request("POST", PODS.path(namespace, name, "binding"), body=body)
 
     async def event(

@@ -1,0 +1,65 @@
+"""HTTP API: why is my pod pending, what is queued, metrics, health.
+
+- `GET /v1/pods/{namespace}/{name}/explain`: the request as the scheduler reads it, per-node
+  filter reasons, the best node scores per plugin, and the sentence shown on the pod.
+- `GET /v1/queue`: pending pods in scheduling order with their state and last message.
+- `GET /metrics`, `/healthz`, `/readyz` (ready once the caches synced).
+Errors are RFC 7807 problem responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from alnair.common.kube import NotFound
+from alnair.common.metrics import CONTENT_TYPE_LATEST, render
+from alnair.scheduler.live.binder import Scheduler
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra},
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def build_api(scheduler: Scheduler) -> FastAPI:
+    app = FastAPI(title="alnair-scheduler", version="0.1.0")
+
+    @app.exception_handler(NotFound)
+    async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
+        return problem(404, "Not Found", exc.api_message)
+
+    @app.get("/v1/pods/{namespace}/{name}/explain")
+    async def explain(namespace: str, name: str) -> dict[str, Any]:
+        return scheduler.explain(namespace, name)
+
+    @app.get("/v1/queue")
+    async def queue() -> dict[str, Any]:
+        return {
+            "depth": scheduler.queue.depth(),
+            "cache": scheduler.cache.stats(),
+            "pods": scheduler.queue.snapshot(),
+        }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for name, value in scheduler.queue.depth().items():
+            scheduler.metrics.queue_depth.labels(queue=name).set(value)
+        return Response(render(scheduler.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=None)
+    async def readyz() -> dict[str, str] | JSONResponse:
+        if not scheduler.pods.synced.is_set():
+            return problem(503, "Not Ready", "caches not synced yet")
+        return {"status": "ready", "leading": str(scheduler.scheduling.is_set()).lower()}
+
+    return app

@@ -1,0 +1,94 @@
+"""Wiring and lifespan of the scheduler service.
+
+Start order: Kubernetes client -> informers synced -> NATS subscriptions -> HTTP API; then the
+replica campaigns for the leader Lease and runs scheduling cycles only while it leads. Every
+replica keeps its caches warm, so a failover only waits for the lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from alnair.common.bus import Bus
+from alnair.common.kube import KubeClient
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import spawn
+from alnair.scheduler import handlers
+from alnair.scheduler.api import build_api
+from alnair.scheduler.leader import LeaderElector
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.metrics import SchedulerMetrics
+from alnair.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: SchedulerSettings) -> int:
+    kube = KubeClient.from_config(
+        settings.kubeconfig, max_connections=settings.max_binds_in_flight + 32
+    )
+    metrics = SchedulerMetrics()
+    scheduler = Scheduler(kube, settings, metrics)
+    await scheduler.start_watching()
+    bus: Bus | None = None
+    if settings.nats_enabled:
+        bus = await Bus.connect(settings.nats_url, name=f"scheduler-{settings.identity}")
+        await handlers.subscribe(bus, scheduler, settings.identity)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_api(scheduler),
+            host=settings.http_host,
+            port=settings.http_port,
+            log_config=None,
+            access_log=False,
+        )
+    )
+    http = spawn(server.serve(), name="scheduler.http")
+    elector: LeaderElector | None = None
+    try:
+        if settings.leader_elect:
+            elector = LeaderElector(
+                kube,
+                name=settings.lease_name,
+                namespace=settings.lease_namespace,
+                identity=settings.identity,
+                lease_duration_s=settings.lease_duration_s,
+                renew_deadline_s=settings.renew_deadline_s,
+            )
+            campaign = spawn(elector.run(), name="scheduler.leader")
+            await elector.is_leader.wait()
+            metrics.leader.set(1)
+            loop = spawn(scheduler.run(), name="scheduler.loop")
+            lost = asyncio.ensure_future(elector.lost.wait())
+            await asyncio.wait({loop, lost, http}, return_when=asyncio.FIRST_COMPLETED)
+            campaign.cancel()
+            if elector.lost.is_set():
+                log.error("leadership lost; exiting so a follower takes over")
+                return 1
+        else:
+            metrics.leader.set(1)
+            await scheduler.run()
+    finally:
+        server.should_exit = True
+        await scheduler.stop()
+        if elector is not None:
+            await elector.release()
+        if bus is not None:
+            await bus.close()
+        await kube.close()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await http
+    return 0
+
+
+def main() -> int:
+    settings = SchedulerSettings()
+    setup_logging(settings.log_level, settings.log_json)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0

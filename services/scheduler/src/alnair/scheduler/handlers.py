@@ -1,0 +1,42 @@
+"""NATS subscriptions of the scheduler: GPU health, measured use, and job completions.
+
+- GpuHealthChanged (durable `scheduler-health`): unhealthy GPUs are withheld from placement and
+  come back when healthy; a GPU coming back drains the unschedulable pool.
+- PodMetric (core NATS, a queue group per replica so every replica sees every sample): the
+  latest GPU utilization per (node, GPU) feeds the GpuUtilization score.
+- JobEvent completed/failed (durable `scheduler-jobs`): room may have freed; drain the pool.
+"""
+
+from __future__ import annotations
+
+from alnair.common.bus import Bus, Subscription
+from alnair.common.events import (
+    Envelope,
+    GpuHealthChanged,
+    JobEvent,
+    JobPhase,
+    PodMetric,
+    subject_token,
+)
+from alnair.scheduler.live.binder import Scheduler
+
+
+async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subscription]:
+    async def on_health(ev: GpuHealthChanged, env: Envelope[GpuHealthChanged]) -> None:
+        scheduler.on_gpu_health(ev.node, ev.gpu_index, ev.healthy)
+
+    async def on_metric(ev: PodMetric, env: Envelope[PodMetric]) -> None:
+        if ev.gpu_index is not None:
+            scheduler.on_gpu_util(ev.node, ev.gpu_index, ev.gpu_util_pct)
+
+    async def on_job(ev: JobEvent, env: Envelope[JobEvent]) -> None:
+        if ev.phase in (JobPhase.COMPLETED, JobPhase.FAILED):
+            scheduler.on_job_finished()
+
+    return [
+        await bus.subscribe(
+            GpuHealthChanged, on_health, durable=f"scheduler-health-{subject_token(identity)}"
+        ),
+        await bus.subscribe(PodMetric, on_metric, durable=f"scheduler-{subject_token(identity)}"),
+        await bus.subscribe(JobEvent, on_job, durable=f"scheduler-jobs-{subject_token(identity)}"),
+    ]

@@ -1,0 +1,334 @@
+"""The scheduler cache: the live cluster as a `ClusterSnapshot`, kept current by watch events.
+
+One owner (the scheduler's event handlers, on one event loop) changes it; scheduling cycles read
+it between changes. Nodes and their capacity come from Node objects (allocatable CPU, memory,
+`nvidia.com/gpu`, the `alnair.io/gpu-model` label); consumption comes from every pod bound to a
+node and not finished, placed on the GPUs its `alnair.io/gpu-indices` annotation names (pods
+bound by someone else get the first free GPUs, as the device plugin would hand them out), plus
+the pods this scheduler has assumed while their Binding is in flight ("assumed pods", as in
+upstream's cache, so two cycles never give away the same GPU).
+
+A change in the set of nodes or their capacity rebuilds the snapshot (rare); everything else is
+an incremental assume/forget. Unhealthy GPUs are withheld: their free milli-GPU is parked in
+`withheld` so no plugin can place on them, and returned when the GPU is healthy again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from alnair.common import resources as r
+from alnair.common.errors import InvalidValueError
+from alnair.common.kube import Obj
+from alnair.scheduler.live.pods import LivePod, parse_pod, placement_annotations
+from alnair.scheduler.snapshot import (
+    MAX_GPUS_PER_NODE,
+    BoolArray,
+    ClusterSnapshot,
+    FloatArray,
+    IntArray,
+    NodeSpec,
+    Placement,
+    PodRequest,
+)
+
+log = logging.getLogger(__name__)
+
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass(slots=True)
+class LiveSnapshot(ClusterSnapshot):
+    """A ClusterSnapshot plus what only a live cluster has (taints, health, measured use)."""
+
+    taints: list[tuple[Obj, ...]] = field(default_factory=list)
+    labels: list[dict[str, str]] = field(default_factory=list)
+    unhealthy: BoolArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.bool_))
+    withheld: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
+    gpu_util: FloatArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float64))
+
+    def copy(self) -> LiveSnapshot:
+        base = ClusterSnapshot.copy(self)
+        return LiveSnapshot(
+            names=base.names,
+            models=base.models,
+            model_id=base.model_id,
+            cpu_cap=base.cpu_cap,
+            mem_cap=base.mem_cap,
+            gpu_count=base.gpu_count,
+            cpu_free=base.cpu_free,
+            mem_free=base.mem_free,
+            gpu_free=base.gpu_free,
+            affinity=base.affinity,
+            generation=base.generation,
+            placed=base.placed,
+            _index=base._index,
+            taints=self.taints,
+            labels=self.labels,
+            unhealthy=self.unhealthy,
+            withheld=self.withheld.copy(),
+            gpu_util=self.gpu_util,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    spec: NodeSpec
+    taints: tuple[Obj, ...]
+    labels: dict[str, str]
+
+
+def node_info(node: Obj) -> NodeInfo:
+    meta, status = node["metadata"], node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    labels = dict(meta.get("labels") or {})
+    gpus = int(r.parse_quantity(alloc.get(r.GPU, 0), r.GPU))
+    taints = [
+        t
+        for t in (node.get("spec") or {}).get("taints") or []
+        if t.get("effect") in BLOCKING_EFFECTS
+    ]
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+    conds = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    if not ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints):
+        taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    spec = NodeSpec(
+        name=meta["name"],
+        cpu_milli=r.cpu_milli(alloc.get("cpu", 0)),
+        memory_mib=r.memory_mib(alloc.get("memory", 0)),
+        gpu_count=min(gpus, MAX_GPUS_PER_NODE),
+        gpu_model=labels.get(r.LABEL_GPU_MODEL, "") if gpus else "",
+    )
+    return NodeInfo(spec=spec, taints=tuple(taints), labels=labels)
+
+
+class SchedulerCache:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeInfo] = {}
+        self.bound: dict[str, tuple[LivePod, str, Obj]] = {}
+        """uid -> (request, node name, pod object) for pods running on a node."""
+        self.assumed: dict[str, tuple[LivePod, Placement]] = {}
+        self.unhealthy: set[tuple[str, int]] = set()
+        self.util: dict[tuple[str, int], float] = {}
+        self._snap: LiveSnapshot | None = None
+        self.rebuilds = 0
+
+    # --- reading -------------------------------------------------------------------------
+
+    def snapshot(self) -> LiveSnapshot:
+        if self._snap is None:
+            self._snap = self._build()
+        return self._snap
+
+    def gpu_memory_table(self) -> dict[str, int]:
+        table = dict(r.GPU_MODEL_MEMORY_MIB)
+        for info in self.nodes.values():
+            mem = info.labels.get(r.LABEL_GPU_MEMORY_MIB)
+            if info.spec.gpu_model and mem and mem.isdigit():
+                table[info.spec.gpu_model] = int(mem)
+        return table
+
+    def is_placed(self, uid: str) -> bool:
+        return uid in self.assumed or uid in self.bound
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def upsert_node(self, node: Obj) -> bool:
+        """Returns True when the node is new or gained room (pods may now fit)."""
+        info = node_info(node)
+        old = self.nodes.get(info.spec.name)
+        self.nodes[info.spec.name] = info
+        if old is None or old.spec != info.spec:
+            self._snap = None
+            return True
+        if old.taints != info.taints or old.labels != info.labels:
+            if self._snap is not None:
+                i = self._snap.node_index(info.spec.name)
+                self._snap.taints[i] = info.taints
+                self._snap.labels[i] = info.labels
+                self._snap.generation[i] += 1
+            return len(info.taints) < len(old.taints) or old.labels != info.labels
+        return False
+
+    def delete_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self._snap = None
+
+    # --- pods ----------------------------------------------------------------------------
+
+    def add_bound(self, pod: Obj) -> None:
+        """Account a pod that the API server shows bound to a node (idempotent)."""
+        uid = pod["metadata"]["uid"]
+        node = pod["spec"]["nodeName"]
+        if uid in self.bound:
+            return
+        try:
+            req = parse_pod(pod, self.gpu_memory_table())
+        except InvalidValueError:
+            # Bound by someone else with a request we cannot read: count CPU/memory only.
+            req = LivePod(name=pod["metadata"]["name"], cpu_milli=0, memory_mib=0, uid=uid)
+        assumed = self.assumed.pop(uid, None)
+        self.bound[uid] = (req, node, pod)
+        if assumed is not None and assumed[1].node_name == node:
+            return  # our own bind landed: the snapshot already holds it
+        snap = self._snap
+        if snap is None:
+            return
+        if assumed is not None:
+            self._forget(snap, uid)
+        self._place_bound(snap, req, node, pod)
+
+    def remove_pod(self, uid: str) -> bool:
+        """A pod finished or was deleted; returns True if it held resources."""
+        held = self.bound.pop(uid, None) is not None
+        held = self.assumed.pop(uid, None) is not None or held
+        if held and self._snap is not None and uid in self._snap.placed:
+            self._forget(self._snap, uid)
+        return held
+
+    def assume(self, pod: LivePod, placement: Placement) -> None:
+        snap = self.snapshot()
+        snap.assume(pod, placement)
+        self.assumed[pod.key] = (pod, placement)
+
+    def forget(self, uid: str) -> None:
+        """Undo an assume (a failed bind, a released gang)."""
+        if self.assumed.pop(uid, None) is None:
+            return
+        if self._snap is not None and uid in self._snap.placed:
+            self._forget(self._snap, uid)
+
+    # --- GPU health and measured use --------------------------------------------------
+
+    def set_gpu_health(self, node: str, gpu: int, healthy: bool) -> bool:
+        """Returns True when a GPU came back (pods waiting for GPUs may now fit)."""
+        key = (node, gpu)
+        was_unhealthy = key in self.unhealthy
+        if healthy == (not was_unhealthy):
+            return False
+        if healthy:
+            self.unhealthy.discard(key)
+        else:
+            self.unhealthy.add(key)
+        snap = self._snap
+        if snap is not None and node in snap._index:
+            i = snap.node_index(node)
+            if gpu < snap.gpu_free.shape[1]:
+                snap.unhealthy[i, gpu] = not healthy
+                if healthy:
+                    snap.gpu_free[i, gpu] += snap.withheld[i, gpu]
+                    snap.withheld[i, gpu] = 0
+                else:
+                    self._withhold(snap, i, gpu)
+                snap.generation[i] += 1
+        return healthy
+
+    def set_gpu_util(self, node: str, gpu: int, pct: float) -> None:
+        self.util[(node, gpu)] = pct
+        snap = self._snap
+        if snap is not None and node in snap._index and gpu < snap.gpu_util.shape[1]:
+            snap.gpu_util[snap.node_index(node), gpu] = pct
+
+    # --- internals -----------------------------------------------------------------------
+
+    @staticmethod
+    def _withhold(snap: LiveSnapshot, i: int, gpu: int) -> None:
+        snap.withheld[i, gpu] += snap.gpu_free[i, gpu]
+        snap.gpu_free[i, gpu] = 0
+
+    def _forget(self, snap: LiveSnapshot, uid: str) -> None:
+        _pod, placement = snap.forget(uid)
+        for g in placement.gpu_indices:
+            if snap.unhealthy[placement.node, g]:
+                self._withhold(snap, placement.node, g)
+
+    def _place_bound(self, snap: LiveSnapshot, req: LivePod, node: str, pod: Obj) -> None:
+        if node not in snap._index:
+            return  # the node is unknown yet; the rebuild that adds it places the pod
+        i = snap.node_index(node)
+        gpus: tuple[int, ...] = ()
+        milli = req.gpu_milli
+        ann = placement_annotations(pod)
+        if req.num_gpu:
+            if ann is not None and len(ann[0]) == req.num_gpu:
+                gpus = tuple(ann[0])
+            else:
+                gpus = self._first_fit(snap, req, i)
+        placement = Placement(node=i, node_name=node, gpu_indices=gpus, gpu_milli=milli)
+        # Capacity that the API server already granted is a fact: account it even when it
+        # over-commits our view (an external binder), clamping at zero instead of refusing.
+        self._force_assume(snap, req, placement)
+
+    @staticmethod
+    def _first_fit(snap: LiveSnapshot, req: PodRequest, i: int) -> tuple[int, ...]:
+        count = int(snap.gpu_count[i])
+        order = np.argsort(-(snap.gpu_free[i, :count] + snap.withheld[i, :count]), kind="stable")
+        return tuple(int(g) for g in order[: req.num_gpu])
+
+    def _force_assume(self, snap: LiveSnapshot, req: PodRequest, placement: Placement) -> None:
+        if snap.fits(req, placement) is None:
+            snap.assume(req, placement)
+            return
+        n = placement.node
+        log.warning(
+            "bound pod over-commits the node in our view",
+            extra={"pod": req.key, "node": placement.node_name},
+        )
+        snap.cpu_free[n] -= req.cpu_milli
+        snap.mem_free[n] -= req.memory_mib
+        for g in placement.gpu_indices:
+            if g < snap.gpu_count[n]:
+                take = min(req.gpu_milli, int(snap.gpu_free[n, g]))
+                snap.gpu_free[n, g] -= take
+        snap.generation[n] += 1
+        snap.placed[req.key] = (req, placement)
+
+    def _build(self) -> LiveSnapshot:
+        infos = sorted(self.nodes.values(), key=lambda i: i.spec.name)
+        snap = LiveSnapshot.build([i.spec for i in infos])
+        assert isinstance(snap, LiveSnapshot)
+        width = snap.gpu_free.shape[1]
+        snap.taints = [i.taints for i in infos]
+        snap.labels = [i.labels for i in infos]
+        snap.unhealthy = np.zeros((len(infos), width), dtype=np.bool_)
+        snap.withheld = np.zeros((len(infos), width), dtype=np.int64)
+        snap.gpu_util = np.zeros((len(infos), width), dtype=np.float64)
+        for (node, gpu), pct in self.util.items():
+            if node in snap._index and gpu < width:
+                snap.gpu_util[snap.node_index(node), gpu] = pct
+        for req, node, pod in self.bound.values():
+            self._place_bound(snap, req, node, pod)
+        for uid, (req, placement) in list(self.assumed.items()):
+            if placement.node_name not in snap._index:
+                del self.assumed[uid]
+                continue
+            moved = Placement(
+                node=snap.node_index(placement.node_name),
+                node_name=placement.node_name,
+                gpu_indices=placement.gpu_indices,
+                gpu_milli=placement.gpu_milli,
+            )
+            self.assumed[uid] = (req, moved)
+            self._force_assume(snap, req, moved)
+        for node, gpu in self.unhealthy:
+            if node in snap._index and gpu < width:
+                i = snap.node_index(node)
+                snap.unhealthy[i, gpu] = True
+                self._withhold(snap, i, gpu)
+        self.rebuilds += 1
+        return snap
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "nodes": len(self.nodes),
+            "bound_pods": len(self.bound),
+            "assumed_pods": len(self.assumed),
+            "unhealthy_gpus": len(self.unhealthy),
+            "rebuilds": self.rebuilds,
+        }

@@ -1,0 +1,104 @@
+"""Plugins that only make sense on a live cluster; pure functions of (pod, LiveSnapshot).
+
+- `TaintToleration`: nodes that are not Ready, cordoned, or carry a NoSchedule/NoExecute taint
+  the pod does not tolerate are filtered out (upstream's TaintToleration + NodeUnschedulable).
+- `NodeSelector`: the pod's `nodeSelector` labels must all match.
+- `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
+  "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
+- `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
+  room, like Alnair's UtilSched: for a fraction, the GPU it would share; for whole GPUs, the
+  node's busiest GPU (hot neighbours share PCIe and power).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from alnair.scheduler.framework.interface import CycleState, NodeVerdicts
+from alnair.scheduler.live.cache import LiveSnapshot
+from alnair.scheduler.live.pods import LivePod
+from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
+
+
+def _live(snapshot: ClusterSnapshot) -> LiveSnapshot | None:
+    return snapshot if isinstance(snapshot, LiveSnapshot) else None
+
+
+class TaintToleration:
+    NAME: ClassVar[str] = "TaintToleration"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        passed = np.ones(nodes.size, dtype=np.bool_)
+        if live is None:
+            return NodeVerdicts(passed=passed)
+        tolerations = pod.tolerations if isinstance(pod, LivePod) else ()
+        not_ready = np.zeros(nodes.size, dtype=np.bool_)
+        for k, n in enumerate(nodes):
+            for taint in live.taints[int(n)]:
+                if not any(t.tolerates(taint) for t in tolerations):
+                    passed[k] = False
+                    not_ready[k] = taint.get("key", "").startswith("node.kubernetes.io/")
+                    break
+        return NodeVerdicts(
+            passed=passed,
+            failures=(("node not ready or cordoned", not_ready), ("untolerated taint", ~passed)),
+        )
+
+
+class NodeSelector:
+    NAME: ClassVar[str] = "NodeSelector"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        selector = pod.node_selector if isinstance(pod, LivePod) else ()
+        if live is None or not selector:
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        passed = np.array(
+            [all(live.labels[int(n)].get(k) == v for k, v in selector) for n in nodes],
+            dtype=np.bool_,
+        )
+        return NodeVerdicts(passed=passed, failures=(("node selector mismatch", ~passed),))
+
+
+class GpuHealth:
+    NAME: ClassVar[str] = "GpuHealth"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        if live is None or pod.num_gpu == 0 or not live.unhealthy.any():
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        healthy_fit = (live.gpu_free[nodes] >= pod.gpu_milli).sum(axis=1)
+        with_sick = (live.gpu_free[nodes] + live.withheld[nodes] >= pod.gpu_milli).sum(axis=1)
+        sick = (healthy_fit < pod.num_gpu) & (with_sick >= pod.num_gpu)
+        return NodeVerdicts(passed=~sick, failures=(("GPU unhealthy", sick),))
+
+
+class GpuUtilization:
+    """Score: 100 for idle GPUs down to 0 for saturated ones (measured, not requested)."""
+
+    NAME: ClassVar[str] = "GpuUtilization"
+
+    def score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> FloatArray:
+        live = _live(snapshot)
+        if live is None or pod.num_gpu == 0:
+            return np.zeros(nodes.size, dtype=np.float64)
+        util = live.gpu_util[nodes]
+        if pod.is_fractional:
+            fits = live.gpu_free[nodes] >= pod.gpu_milli
+            busy = np.where(fits, util, np.inf).min(axis=1)
+            busy = np.where(np.isfinite(busy), busy, 100.0)
+        else:
+            busy = util.max(axis=1)
+        scores: FloatArray = np.clip(100.0 - busy, 0.0, 100.0)
+        return scores

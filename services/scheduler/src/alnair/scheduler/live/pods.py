@@ -1,0 +1,171 @@
+"""From a Kubernetes Pod to what the scheduler reasons about (`LivePod`), with clear errors.
+
+Requests are summed over containers (init containers count with their maximum, as upstream).
+Whole GPUs come from `nvidia.com/gpu`. A fraction comes from `alnair.io/gpu-compute` (percent of
+one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory` (MiB): memory is converted into
+milli-GPU against the smallest GPU memory among the models the pod accepts, so a fraction never
+asks for less than its memory needs on any GPU it may land on. Asking for both whole and
+fractional GPUs, a fraction over one GPU, or an unknown GPU model is an `InvalidPodError` that
+names the field and value; the binder records it as an Event on the pod.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from alnair.common import resources as r
+from alnair.common.errors import InvalidValueError
+from alnair.common.kube import Obj
+from alnair.scheduler.snapshot import PodRequest
+
+
+class InvalidPodError(InvalidValueError):
+    """The pod's request cannot be scheduled as written (not a capacity problem)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Obj) -> bool:
+        if self.effect and self.effect != taint.get("effect"):
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.get("key")
+        return self.key == taint.get("key") and self.value == taint.get("value", "")
+
+
+@dataclass(frozen=True, slots=True)
+class LivePod(PodRequest):
+    """A PodRequest with what only a live cluster has: priority, gang, placement constraints."""
+
+    priority: int = 0
+    gang: str | None = None
+    """`<namespace>/<podgroup>` when the pod belongs to a gang."""
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    created: float = 0.0
+    """Creation time (epoch seconds): queue order and creation-to-bound latency."""
+
+
+def _containers_requests(spec: Obj) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+
+    def requests_of(c: Obj) -> dict[str, Any]:
+        res = c.get("resources") or {}
+        merged = dict(res.get("limits") or {})
+        merged.update(res.get("requests") or {})  # requests win; limits default them
+        return merged
+
+    for c in spec.get("containers") or []:
+        for name, q in requests_of(c).items():
+            total[name] = total.get(name, 0) + r.parse_quantity(q, f"{c.get('name')}.{name}")
+    for c in spec.get("initContainers") or []:
+        for name, q in requests_of(c).items():
+            v = r.parse_quantity(q, f"{c.get('name')}.{name}")
+            total[name] = max(total.get(name, 0), v)
+    return total
+
+
+def _ts(value: str | None) -> float:
+    if not value:
+        return 0.0
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod:
+    """The scheduler's view of `pod`; raises InvalidPodError naming what is wrong."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    name, ns = meta["name"], meta.get("namespace", "default")
+    try:
+        req = _containers_requests(spec)
+    except InvalidValueError as exc:
+        raise InvalidPodError(exc.field, exc.value, exc.reason) from exc
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    selector = dict(spec.get("nodeSelector") or {})
+
+    models_text = annotations.get(r.GPU_MODEL_REQUEST) or selector.pop(r.LABEL_GPU_MODEL, "")
+    models = frozenset(m.strip() for m in models_text.split("|") if m.strip())
+    memory_table = gpu_memory_mib or r.GPU_MODEL_MEMORY_MIB
+    unknown = sorted(m for m in models if m not in memory_table)
+    if unknown:
+        raise InvalidPodError(r.GPU_MODEL_REQUEST, models_text, f"unknown GPU model {unknown[0]}")
+
+    whole = req.get(r.GPU, 0)
+    compute = req.get(r.GPU_COMPUTE, 0)
+    memory = req.get(r.GPU_MEMORY, 0)
+    if whole != int(whole) or whole < 0:
+        raise InvalidPodError(r.GPU, str(whole), "whole GPUs must be a non-negative integer")
+    num_gpu, gpu_milli = int(whole), (r.MILLI_PER_GPU if whole else 0)
+    if compute or memory:
+        if whole:
+            raise InvalidPodError(
+                r.GPU, str(whole), f"ask for whole GPUs or a fraction ({r.GPU_COMPUTE}), not both"
+            )
+        if not 0 <= compute <= 100:
+            raise InvalidPodError(r.GPU_COMPUTE, str(compute), "percent of one GPU: 1-100")
+        candidates = [memory_table[m] for m in models] or list(memory_table.values())
+        smallest = min(candidates)
+        if memory > max(candidates):
+            raise InvalidPodError(
+                r.GPU_MEMORY, f"{memory}", f"more than one GPU holds ({max(candidates)} MiB)"
+            )
+        from_memory = math.ceil(float(memory) * r.MILLI_PER_GPU / smallest)
+        num_gpu = 1
+        gpu_milli = max(math.ceil(float(compute) * 10), from_memory, 1)
+        gpu_milli = min(gpu_milli, r.MILLI_PER_GPU)
+
+    tolerations = tuple(
+        Toleration(
+            key=t.get("key", ""),
+            operator=t.get("operator", "Equal"),
+            value=t.get("value", ""),
+            effect=t.get("effect", ""),
+        )
+        for t in spec.get("tolerations") or []
+    )
+    group = labels.get(r.POD_GROUP_LABEL)
+    try:
+        return LivePod(
+            name=name,
+            namespace=ns,
+            uid=meta.get("uid", ""),
+            cpu_milli=math.ceil(float(req.get("cpu", 0)) * 1000),
+            memory_mib=math.ceil(float(req.get("memory", 0)) / 2**20),
+            num_gpu=num_gpu,
+            gpu_milli=gpu_milli,
+            gpu_models=models,
+            priority=int(spec.get("priority") or 0),
+            gang=f"{ns}/{group}" if group else None,
+            tolerations=tolerations,
+            node_selector=tuple(sorted(selector.items())),
+            created=_ts(meta.get("creationTimestamp")),
+        )
+    except InvalidValueError as exc:
+        raise InvalidPodError(exc.field, exc.value, exc.reason) from exc
+
+
+def placement_annotations(pod: Obj) -> tuple[list[int], int] | None:
+    """GPU indices and milli-GPU the scheduler wrote on a bound pod, if any."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if r.ANN_GPU_INDICES not in ann:
+        return None
+    indices = r.parse_indices(ann[r.ANN_GPU_INDICES]) if ann[r.ANN_GPU_INDICES] else []
+    milli = int(ann.get(r.ANN_GPU_MILLI, r.MILLI_PER_GPU))
+    return indices, milli
+
+
+def is_terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in {"Succeeded", "Failed"}
+
+
+def wants_us(pod: Obj, scheduler_name: str) -> bool:
+    spec = pod.get("spec") or {}
+    return spec.get("schedulerName") == scheduler_name

@@ -1,0 +1,122 @@
+"""PostFilter: choose the fewest, lowest-priority pods whose eviction lets a pod fit.
+
+A pure function of (pod, snapshot, gang sizes). For every node that only failed for lack of
+room (not for taints, selectors or GPU model), victims are the pods of lower priority placed
+there. Gangs are kept whole: evicting a member of a gang that would then drop below its
+`minMember` means evicting the whole gang (every member, on every node), counted as such.
+Victims are removed lowest priority first until the pod fits, then given back one by one
+(highest priority first) while it still fits, as upstream's reprieve does. The node whose
+victim set has the lowest highest-priority, then the fewest pods, then the lowest priority sum
+wins.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from alnair.scheduler.live.pods import LivePod
+from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
+
+
+@dataclass(frozen=True)
+class Nomination:
+    node_name: str
+    victims: tuple[str, ...]
+    """Keys (uids) of the pods to evict."""
+    highest_priority: int
+
+    def describe(self) -> str:
+        return f"preempting {len(self.victims)} pod(s) on {self.node_name}"
+
+
+def _priority(req: PodRequest) -> int:
+    return req.priority if isinstance(req, LivePod) else 0
+
+
+def select_victims(
+    pod: LivePod,
+    snapshot: ClusterSnapshot,
+    candidate_nodes: list[int],
+    gang_min_member: dict[str, int],
+) -> Nomination | None:
+    by_node: dict[int, list[tuple[PodRequest, Placement]]] = defaultdict(list)
+    gang_members: dict[str, list[tuple[PodRequest, Placement]]] = defaultdict(list)
+    for req, placement in snapshot.placed.values():
+        by_node[placement.node].append((req, placement))
+        if isinstance(req, LivePod) and req.gang:
+            gang_members[req.gang].append((req, placement))
+
+    best: tuple[tuple[int, int, int], Nomination] | None = None
+    for n in candidate_nodes:
+        lower = [(q, p) for q, p in by_node.get(n, []) if _priority(q) < pod.priority]
+        if not lower:
+            continue
+        units: dict[str, list[tuple[PodRequest, Placement]]] = {}
+        for q, p in lower:
+            gang = q.gang if isinstance(q, LivePod) else None
+            if gang and len(gang_members[gang]) - 1 < gang_min_member.get(gang, 1):
+                members = gang_members[gang]
+                if any(_priority(m) >= pod.priority for m, _ in members):
+                    continue  # the gang cannot go whole: do not touch any member
+                units[f"gang:{gang}"] = members
+            else:
+                units[q.key] = [(q, p)]
+        order = sorted(
+            units.items(), key=lambda kv: (max(_priority(q) for q, _ in kv[1]), len(kv[1]))
+        )
+        chosen: list[str] = []
+        for unit_key, _members in order:
+            chosen.append(unit_key)
+            if _fits_without(pod, snapshot, n, [m for k in chosen for m in units[k]]):
+                break
+        else:
+            continue
+        # Reprieve: give back the most important victims that are not needed after all.
+        for unit_key in sorted(chosen, key=lambda k: -max(_priority(q) for q, _ in units[k])):
+            trial = [k for k in chosen if k != unit_key]
+            if _fits_without(pod, snapshot, n, [m for k in trial for m in units[k]]):
+                chosen = trial
+        victims = [m for k in chosen for m in units[k]]
+        cost = (
+            max(_priority(q) for q, _ in victims),
+            len(victims),
+            sum(_priority(q) for q, _ in victims),
+        )
+        nomination = Nomination(
+            node_name=snapshot.names[n],
+            victims=tuple(q.key for q, _ in victims),
+            highest_priority=cost[0],
+        )
+        if best is None or cost < best[0]:
+            best = (cost, nomination)
+    return best[1] if best else None
+
+
+def _fits_without(
+    pod: PodRequest,
+    snapshot: ClusterSnapshot,
+    n: int,
+    victims: list[tuple[PodRequest, Placement]],
+) -> bool:
+    cpu = int(snapshot.cpu_free[n])
+    mem = int(snapshot.mem_free[n])
+    count = int(snapshot.gpu_count[n])
+    gpus = snapshot.gpu_free[n, :count].copy()
+    sick = getattr(snapshot, "unhealthy", None)
+    for q, p in victims:
+        if p.node != n:
+            continue
+        cpu += q.cpu_milli
+        mem += q.memory_mib
+        for g in p.gpu_indices:
+            # A victim's share of an unhealthy GPU is withheld, not freed.
+            if g < count and not (sick is not None and sick[n, g]):
+                gpus[g] += q.gpu_milli
+    if cpu < pod.cpu_milli or mem < pod.memory_mib:
+        return False
+    if pod.num_gpu == 0:
+        return True
+    return int(np.count_nonzero(gpus >= pod.gpu_milli)) >= pod.num_gpu

@@ -1,0 +1,210 @@
+"""The scheduling queue: priority order, backoff, and an unschedulable pool drained by events.
+
+Three places a pending pod can be (as upstream's PriorityQueue):
+- active: a heap ordered by priority (high first), then by gang (members of one PodGroup stay
+  together, oldest group first, so two gangs never interleave their reservations), then age;
+- backoff: failed recently; a timer per pod (its own deadline, not a polling loop) returns it to
+  active after 1 s, doubling per attempt up to `max_backoff_s`;
+- unschedulable: nothing fits now. Only an event that can make it fit moves it back: a pod
+  finishing or deleted, a node added or freed of a taint, a GPU healthy again, a job completed.
+
+If such an event arrives while a pod is in its scheduling cycle, the pod goes to backoff instead
+of the unschedulable pool (the `move_seq` check), so no wake-up is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from alnair.common.kube import Obj
+from alnair.scheduler.live.pods import LivePod
+
+
+@dataclass
+class QueuedPod:
+    uid: str
+    obj: Obj
+    request: LivePod | None
+    attempts: int = 0
+    added: float = field(default_factory=time.time)
+    last_message: str = ""
+    popped_seq: int = 0
+
+    @property
+    def key(self) -> str:
+        meta = self.obj["metadata"]
+        return f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+    def sort_key(self, gang_ts: dict[str, float]) -> tuple[Any, ...]:
+        req = self.request
+        prio = req.priority if req else 0
+        created = req.created if req else self.added
+        gang = req.gang if req else None
+        group_ts = gang_ts.get(gang, created) if gang else created
+        return (-prio, group_ts, gang or "", created, self.key)
+
+
+class SchedulingQueue:
+    def __init__(self, initial_backoff_s: float = 1.0, max_backoff_s: float = 10.0) -> None:
+        self.pods: dict[str, QueuedPod] = {}
+        self._heap: list[tuple[tuple[Any, ...], int, str]] = []
+        self._in_heap: set[str] = set()
+        self._backoff: dict[str, asyncio.TimerHandle] = {}
+        self.unschedulable: set[str] = set()
+        self.in_flight: set[str] = set()
+        self.gang_ts: dict[str, float] = {}
+        self.move_seq = 0
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def __len__(self) -> int:
+        return len(self.pods)
+
+    def depth(self) -> dict[str, int]:
+        return {
+            "active": len(self._in_heap),
+            "backoff": len(self._backoff),
+            "unschedulable": len(self.unschedulable),
+            "in_flight": len(self.in_flight),
+        }
+
+    # --- producers -------------------------------------------------------------------------
+
+    def add(self, uid: str, obj: Obj, request: LivePod | None) -> None:
+        """A pending pod appeared or changed: (re)consider it now."""
+        entry = self.pods.get(uid)
+        if entry is None:
+            entry = QueuedPod(uid=uid, obj=obj, request=request)
+            self.pods[uid] = entry
+        else:
+            entry.obj, entry.request = obj, request
+        if uid in self.in_flight:
+            return
+        if uid in self.unschedulable:
+            self.unschedulable.discard(uid)
+        timer = self._backoff.pop(uid, None)
+        if timer is not None:
+            timer.cancel()
+        self._activate(entry)
+
+    def remove(self, uid: str) -> None:
+        self.pods.pop(uid, None)
+        self.unschedulable.discard(uid)
+        self._in_heap.discard(uid)
+        timer = self._backoff.pop(uid, None)
+        if timer is not None:
+            timer.cancel()
+
+    def move_all_to_active(self) -> int:
+        """A cluster event that can make pods fit: give every unschedulable pod another try."""
+        self.move_seq += 1
+        moved = 0
+        for uid in list(self.unschedulable):
+            self.unschedulable.discard(uid)
+            entry = self.pods.get(uid)
+            if entry is not None:
+                self._activate(entry)
+                moved += 1
+        return moved
+
+    # --- consumer ------------------------------------------------------------------------
+
+    async def pop(self) -> QueuedPod:
+        while True:
+            while self._heap:
+                _key, _seq, uid = heapq.heappop(self._heap)
+                if uid not in self._in_heap:
+                    continue  # stale heap entry
+                self._in_heap.discard(uid)
+                entry = self.pods.get(uid)
+                if entry is None:
+                    continue
+                entry.attempts += 1
+                entry.popped_seq = self.move_seq
+                self.in_flight.add(uid)
+                return entry
+            self._wake.clear()
+            await self._wake.wait()
+
+    def done(self, uid: str) -> None:
+        """The pod was bound (or will never be scheduled by us)."""
+        self.in_flight.discard(uid)
+        self.remove(uid)
+
+    def backoff(self, entry: QueuedPod) -> None:
+        """Try again later (bind failed, gang released, transient error)."""
+        self.in_flight.discard(entry.uid)
+        if entry.uid not in self.pods:
+            return
+        delay = min(self.initial_backoff_s * 2 ** max(entry.attempts - 1, 0), self.max_backoff_s)
+        loop = asyncio.get_running_loop()
+        old = self._backoff.pop(entry.uid, None)
+        if old is not None:
+            old.cancel()
+        self._backoff[entry.uid] = loop.call_later(delay, self._backoff_done, entry.uid)
+
+    def unschedulable_now(self, entry: QueuedPod) -> None:
+        """Nothing fits: park until an event may change that (or back off if one came)."""
+        self.in_flight.discard(entry.uid)
+        if entry.uid not in self.pods:
+            return
+        if self.move_seq != entry.popped_seq:
+            self.backoff(entry)
+            return
+        self.unschedulable.add(entry.uid)
+
+    def release(self, entry: QueuedPod) -> None:
+        """Hand a pod back without counting an attempt (e.g. it waits in a gang)."""
+        self.in_flight.discard(entry.uid)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _backoff_done(self, uid: str) -> None:
+        self._backoff.pop(uid, None)
+        entry = self.pods.get(uid)
+        if entry is not None and uid not in self.in_flight:
+            self._activate(entry)
+
+    def _activate(self, entry: QueuedPod) -> None:
+        self._in_heap.add(entry.uid)
+        heapq.heappush(self._heap, (entry.sort_key(self.gang_ts), next(self._seq), entry.uid))
+        self._wake.set()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The queue as the `/v1/queue` API shows it, in scheduling order."""
+        out: list[dict[str, Any]] = []
+        for uid, entry in self.pods.items():
+            where = (
+                "in_flight"
+                if uid in self.in_flight
+                else "active"
+                if uid in self._in_heap
+                else "backoff"
+                if uid in self._backoff
+                else "unschedulable"
+                if uid in self.unschedulable
+                else "waiting"
+            )
+            out.append(
+                {
+                    "pod": entry.key,
+                    "uid": uid,
+                    "state": where,
+                    "priority": entry.request.priority if entry.request else 0,
+                    "gang": entry.request.gang if entry.request else None,
+                    "attempts": entry.attempts,
+                    "message": entry.last_message,
+                    "_sort": entry.sort_key(self.gang_ts),
+                }
+            )
+        out.sort(key=lambda d: tuple(d["_sort"]))
+        for d in out:
+            del d["_sort"]
+        return out

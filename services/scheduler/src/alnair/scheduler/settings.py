@@ -1,0 +1,49 @@
+"""Scheduler settings (env prefix `ALNAIR_SCHEDULER_`; connections under `ALNAIR_`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from alnair.common.settings import ServiceSettings
+
+
+class SchedulerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_SCHEDULER_", extra="ignore")
+
+    scheduler_name: str = Field(
+        default="alnair", description="pods with this spec.schedulerName are ours"
+    )
+    policy: str = Field(
+        default="alnair",
+        description="placement policy (alnair, FGD, BestFit, DotProd, GpuPacking, "
+        "GpuClustering, binpack, spread, Random)",
+    )
+    utilization_weight: float = Field(
+        default=0.1, ge=0, description="weight of the measured-GPU-use score (0 disables it)"
+    )
+    workload_window: int = Field(
+        default=5000, ge=1, description="recent pods whose shapes tune fragmentation-aware policies"
+    )
+    max_binds_in_flight: int = Field(
+        default=256, ge=1, description="concurrent Binding requests to the API server"
+    )
+    event_writers: int = Field(default=16, ge=1, description="concurrent Event writers")
+    initial_backoff_s: float = Field(default=1.0, gt=0, description="first retry delay")
+    max_backoff_s: float = Field(default=10.0, gt=0, description="longest retry delay")
+    seed: int | None = Field(default=None, description="random seed for tie-breaking (tests)")
+    identity: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="this replica's name in the leader Lease and in pod annotations",
+    )
+    leader_elect: bool = Field(default=True, description="elect one active replica via a Lease")
+    lease_name: str = Field(default="alnair-scheduler", description="leader Lease name")
+    lease_namespace: str = Field(default="kube-system", description="leader Lease namespace")
+    lease_duration_s: float = Field(default=15.0, gt=0, description="leader Lease duration")
+    renew_deadline_s: float = Field(default=10.0, gt=0, description="give up leading after this")
+    nats_enabled: bool = Field(
+        default=True, description="subscribe to GPU health, pod metrics and job events on NATS"
+    )
