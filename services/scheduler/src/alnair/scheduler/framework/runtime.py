@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from alnair.common.errors import InvalidValueError
 from alnair.scheduler.framework.interface import (
     CycleState,
     FilterPlugin,
@@ -39,6 +40,10 @@ from alnair.scheduler.framework.interface import (
 )
 from alnair.scheduler.framework.status import Code, Status, unschedulable
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, Placement, PodRequest
+
+TIE_BREAKS = ("random", "first")
+"""How equal best scores are resolved: uniformly at random (upstream `selectHost`), or the
+first node in snapshot order (deterministic; the paper's simulator behaves this way)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +104,11 @@ class ScheduleResult:
 class Framework:
     """Runs pods through one `Profile`."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, *, tie_break: str = "random") -> None:
+        if tie_break not in TIE_BREAKS:
+            raise InvalidValueError("tie_break", tie_break, f"known: {', '.join(TIE_BREAKS)}")
         self.profile = profile
+        self.tie_break = tie_break
 
     @property
     def name(self) -> str:
@@ -176,7 +184,10 @@ class Framework:
             totals += weighted.weight * raw
 
         best = np.flatnonzero(totals == totals.max())
-        pick = int(best[0]) if best.size == 1 else int(best[rng.integers(best.size)])
+        if best.size == 1 or self.tie_break == "first":
+            pick = int(best[0])
+        else:
+            pick = int(best[rng.integers(best.size)])
         node = int(nodes[pick])
 
         gpus: tuple[int, ...] = ()

@@ -123,6 +123,6 @@ def policy(name: str) -> Policy:
     raise InvalidValueError("policy", name, f"unknown policy (known: {known})")
 
 
-def framework(name: str, workload: Sequence[PodRequest]) -> Framework:
+def framework(name: str, workload: Sequence[PodRequest], *, tie_break: str = "random") -> Framework:
     """A Framework running the named policy, tuned to `workload`'s typical pods."""
-    return Framework(policy(name).build(workload))
+    return Framework(policy(name).build(workload), tie_break=tie_break)
