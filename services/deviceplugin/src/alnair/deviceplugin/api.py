@@ -1,0 +1,69 @@
+"""HTTP API of the device plugin: health, Prometheus metrics, and what the node holds.
+
+`GET /v1/devices` lists each resource's devices and health as the kubelet sees them;
+`GET /v1/vgpus` lists the fractional grants with their live usage from the regions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Response
+
+from alnair.common.metrics import CONTENT_TYPE_LATEST, render
+from alnair.deviceplugin.metrics import DevicePluginMetrics
+from alnair.deviceplugin.registry import VgpuRegistry
+from alnair.deviceplugin.state import NodeDevices
+
+
+def create_app(
+    state: NodeDevices,
+    vgpus: VgpuRegistry,
+    metrics: DevicePluginMetrics,
+    resources: list[str],
+    memory_unit_mib: int,
+) -> FastAPI:
+    app = FastAPI(title="alnair-deviceplugin")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(render(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/devices")
+    async def list_devices() -> dict[str, Any]:
+        snap = state.snapshot
+        out: dict[str, Any] = {"node": snap.node, "resources": {}}
+        for resource in resources:
+            devices = snap.devices(resource, memory_unit_mib)
+            out["resources"][resource] = {
+                "total": len(devices),
+                "healthy": sum(d.healthy for d in devices),
+            }
+        out["gpus"] = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "healthy": snap.health.healthy(g.uuid),
+                "reason": (h.reason if (h := snap.health.get(g.uuid)) else ""),
+            }
+            for g in snap.gpus
+        ]
+        return out
+
+    @app.get("/v1/vgpus")
+    async def list_vgpus() -> list[dict[str, Any]]:
+        rows = []
+        for rec in vgpus.records():
+            usage = vgpus.usage(rec.vgpu_id)
+            row: dict[str, Any] = asdict(rec)
+            row["processes"] = len(vgpus.connections(rec.vgpu_id))
+            row["usage"] = asdict(usage.device(0)) if usage else None
+            rows.append(row)
+        return rows
+
+    return app

@@ -1,0 +1,183 @@
+"""Wiring and lifespan of the device plugin process.
+
+`start` connects NATS (health events, pod metrics, the inventory KV) and optionally the API
+server (to honour the scheduler's GPU choice), starts the vGPU registry, one gRPC endpoint per
+resource with its kubelet registration, and the HTTP API, all as named tasks whose death is
+logged and fatal (crash-only: the DaemonSet restarts the pod). It returns a handle whose
+`stop()` undoes everything in reverse. Tests call `start` directly; `serve` runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from alnair.common.bus import Bus
+from alnair.common.errors import ConfigError
+from alnair.common.events import GpuInventory
+from alnair.common.kube import KubeClient
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import cancel_all, spawn
+from alnair.deviceplugin.api import create_app
+from alnair.deviceplugin.devices import RESOURCES
+from alnair.deviceplugin.handlers import subscribe_health, subscribe_utilization, watch_inventory
+from alnair.deviceplugin.metrics import DevicePluginMetrics
+from alnair.deviceplugin.plugin import PluginConfig, PluginServer, ResourcePlugin
+from alnair.deviceplugin.pods import KubePods, NoPods, PodSource
+from alnair.deviceplugin.registry import VgpuRegistry
+from alnair.deviceplugin.settings import DevicePluginSettings
+from alnair.deviceplugin.state import NodeDevices
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    """A started device plugin."""
+
+    settings: DevicePluginSettings
+    state: NodeDevices
+    vgpus: VgpuRegistry
+    metrics: DevicePluginMetrics
+    plugins: dict[str, PluginServer]
+    bus: Bus | None
+    kube: KubeClient | None
+    server: uvicorn.Server | None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def http_port(self) -> int:
+        assert self.server is not None
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        await cancel_all(self.tasks)
+        await self.vgpus.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        if self.kube is not None:
+            await self.kube.close()
+
+
+async def start(
+    settings: DevicePluginSettings,
+    registry: CollectorRegistry | None = None,
+    *,
+    pods: PodSource | None = None,
+    connect_bus: bool = True,
+    http: bool = True,
+) -> Running:
+    """Start every part of the plugin; `pods` overrides the API-server lookup (tests)."""
+    if not settings.node_name:
+        raise ConfigError(
+            "the device plugin needs its node name (ALNAIR_DEVICEPLUGIN_NODE_NAME or NODE_NAME)"
+        )
+    unknown = [r for r in settings.resources if r not in RESOURCES]
+    if unknown:
+        raise ConfigError(
+            f"unknown resources {unknown}: choose from {', '.join(RESOURCES)}", resources=unknown
+        )
+    metrics = DevicePluginMetrics(registry)
+    state = NodeDevices(settings.node_name)
+    vgpus = VgpuRegistry(settings.layout())
+    restored = vgpus.load_records()
+    metrics.watch_vgpus(vgpus)
+    await vgpus.start()
+    running_died = asyncio.Event()
+
+    def on_death(_exc: BaseException) -> None:
+        running_died.set()
+
+    tasks: list[asyncio.Task[Any]] = []
+    kube: KubeClient | None = None
+    if pods is None:
+        if settings.use_pod_annotations:
+            kube = KubeClient.from_config(settings.kubeconfig)
+            pods = KubePods(kube, settings.node_name)
+        else:
+            pods = NoPods()
+    bus: Bus | None = None
+    if connect_bus:
+        bus = await Bus.connect(settings.nats_url, name=f"deviceplugin-{settings.node_name}")
+        kv = await bus.kv(GpuInventory.BUCKET)
+        tasks.append(
+            spawn(watch_inventory(kv, state), name="deviceplugin.inventory", on_death=on_death)
+        )
+        await subscribe_health(bus, state, metrics)
+        await subscribe_utilization(bus, settings.node_name, vgpus, metrics)
+
+    config = PluginConfig(
+        memory_unit_mib=settings.memory_unit_mib,
+        mode=settings.sharing_mode,
+        layout=settings.layout(),
+    )
+    plugins: dict[str, PluginServer] = {}
+    for resource in settings.resources:
+        plugin = ResourcePlugin(
+            resource, state, config=config, pods=pods, vgpus=vgpus, metrics=metrics
+        )
+        srv = PluginServer(
+            plugin,
+            Path(settings.kubelet_dir),
+            kubelet_socket=settings.kubelet_socket,
+            retry_max_s=settings.register_retry_max_s,
+        )
+        plugins[resource] = srv
+        tasks.append(spawn(srv.run(), name=f"deviceplugin.plugin.{resource}", on_death=on_death))
+
+    server: uvicorn.Server | None = None
+    if http:
+        app = create_app(state, vgpus, metrics, settings.resources, settings.memory_unit_mib)
+        config_http = uvicorn.Config(
+            app,
+            host=settings.http_host,
+            port=settings.http_port,
+            log_config=None,
+            lifespan="off",
+            access_log=False,
+        )
+        server = uvicorn.Server(config_http)
+        tasks.append(spawn(server.serve(), name="deviceplugin.http", on_death=on_death))
+        while not server.started:
+            if tasks[-1].done():
+                raise ConfigError(
+                    f"HTTP server did not start on {settings.http_host}:{settings.http_port}"
+                )
+            await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once
+    log.info(
+        "device plugin started",
+        extra={"node": settings.node_name, "resources": settings.resources, "restored": restored},
+    )
+    return Running(settings, state, vgpus, metrics, plugins, bus, kube, server, tasks, running_died)
+
+
+async def serve(settings: DevicePluginSettings) -> int:
+    """Run until SIGTERM/SIGINT or until a part dies (then exit non-zero)."""
+    setup_logging(settings.log_level, settings.log_json)
+    running = await start(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiters = [
+        asyncio.create_task(stop.wait(), name="deviceplugin.stop"),
+        asyncio.create_task(running.died.wait(), name="deviceplugin.died"),
+    ]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    died = running.died.is_set()
+    await running.stop()
+    return 1 if died else 0

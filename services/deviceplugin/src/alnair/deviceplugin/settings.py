@@ -1,0 +1,110 @@
+"""Settings of the device plugin (env prefix `ALNAIR_DEVICEPLUGIN_`).
+
+Runs as a DaemonSet on every GPU node, with the kubelet's device-plugin directory and the
+node's Alnair state directory mounted from the host. Connection settings also answer to the
+plain `ALNAIR_` names so one ConfigMap serves every service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from alnair.common.settings import ServiceSettings
+from alnair.deviceplugin.allocation import Layout
+from alnair.deviceplugin.devices import RESOURCES
+
+
+def _both(name: str) -> AliasChoices:
+    return AliasChoices(f"ALNAIR_DEVICEPLUGIN_{name}", f"ALNAIR_{name}")
+
+
+class DevicePluginSettings(ServiceSettings):
+    """Everything the device plugin reads from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_DEVICEPLUGIN_", extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=_both("NATS_URL"),
+        description="NATS server URL(s), comma-separated",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        validation_alias=_both("KUBECONFIG"),
+        description="kubeconfig path; unset means in-cluster service account",
+    )
+    log_level: str = Field(
+        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
+    )
+    log_json: bool = Field(
+        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
+    )
+    node_name: str = Field(
+        default="",
+        validation_alias=AliasChoices("ALNAIR_DEVICEPLUGIN_NODE_NAME", "NODE_NAME"),
+        description="this node's name (the downward API's spec.nodeName)",
+    )
+    kubelet_dir: Path = Field(
+        default=Path("/var/lib/kubelet/device-plugins"),
+        description="the kubelet's device-plugin directory (its socket and ours live here)",
+    )
+    kubelet_socket: str = Field(
+        default="kubelet.sock", description="file name of the kubelet's registration socket"
+    )
+    resources: list[str] = Field(
+        default_factory=lambda: list(RESOURCES),
+        description="resources to serve, out of nvidia.com/gpu, alnair.io/gpu-memory, "
+        "alnair.io/gpu-compute",
+    )
+    memory_unit_mib: int = Field(
+        default=1,
+        ge=1,
+        description="MiB per alnair.io/gpu-memory device; 1 keeps the resource in MiB as the "
+        "scheduler reads it, larger units keep the kubelet's device list small on big nodes",
+    )
+    sharing_mode: Literal["intercept", "mps"] = Field(
+        default="intercept",
+        description="how fractions are enforced: the LD_PRELOAD shim, or CUDA MPS limits",
+    )
+    shim_host_path: str = Field(
+        default="/usr/local/alnair/lib/libalnair-intercept.so",
+        description="the intercept shim on the host, mounted read-only into fractional pods",
+    )
+    shim_container_path: str = Field(
+        default="/usr/local/alnair/lib/libalnair-intercept.so",
+        description="where the shim appears inside the container (the LD_PRELOAD value)",
+    )
+    state_dir: str = Field(
+        default="/var/lib/alnair",
+        description="host directory for vGPU regions and the registry socket",
+    )
+    container_run_dir: str = Field(
+        default="/var/run/alnair",
+        description="where a fractional container sees its region and the registry socket",
+    )
+    mps_pipe_dir: str = Field(
+        default="/tmp/nvidia-mps", description="CUDA MPS pipe directory (sharing_mode=mps)"
+    )
+    use_pod_annotations: bool = Field(
+        default=True,
+        description="look up the pod being admitted to honour the scheduler's GPU choice",
+    )
+    register_retry_max_s: float = Field(
+        default=5.0, gt=0, description="longest wait between attempts to reach the kubelet"
+    )
+    source: str = Field(
+        default="alnair-deviceplugin", description="CloudEvents source of this service's events"
+    )
+
+    def layout(self) -> Layout:
+        return Layout(
+            shim_host_path=self.shim_host_path,
+            shim_container_path=self.shim_container_path,
+            state_dir=self.state_dir,
+            container_run_dir=self.container_run_dir,
+            mps_pipe_dir=self.mps_pipe_dir,
+        )
