@@ -343,6 +343,7 @@ class ControlPlane:
         prefix: str = "gpu",
         wait_ready: bool = True,
         concurrency: int = 32,
+        labels: dict[str, str] | None = None,
     ) -> list[str]:
         """Create KWOK GPU nodes ("50x V100M32, 2x T4:4") and wait until they are Ready."""
         specs = parse_node_specs(spec) if isinstance(spec, str) else spec
@@ -354,7 +355,7 @@ class ControlPlane:
                 for _ in range(s.count):
                     self._node_seq += 1
                     name = f"{prefix}-{s.model.lower()}-{self._node_seq:04d}"
-                    manifests.append(gpu_node_manifest(name, s))
+                    manifests.append(gpu_node_manifest(name, s, labels))
             sem = asyncio.Semaphore(concurrency)
 
             async def create(m: Obj) -> None:

@@ -80,6 +80,18 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
     return replace(base, name=f"live-{base.name}", filter=tuple(filters), score=tuple(scores))
 
 
+def _scheduling_relevant_change(old: Obj | None, new: Obj) -> bool:
+    """Did anything but status and bookkeeping change (upstream's isPodUpdated)?"""
+    if old is None:
+        return True
+    if old.get("spec") != new.get("spec"):
+        return True
+    om, nm = old["metadata"], new["metadata"]
+    return bool(
+        om.get("labels") != nm.get("labels") or om.get("annotations") != nm.get("annotations")
+    )
+
+
 class Scheduler:
     def __init__(
         self,
@@ -212,7 +224,7 @@ class Scheduler:
             return
         if old is None and req is not None:
             self._workload.append(req)
-        self.queue.add(uid, pod, req)
+        self.queue.add(uid, pod, req, changed=_scheduling_relevant_change(old, pod))
 
     def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
         if self.cache.set_gpu_health(node, gpu, healthy):

@@ -77,14 +77,20 @@ class SchedulingQueue:
 
     # --- producers -------------------------------------------------------------------------
 
-    def add(self, uid: str, obj: Obj, request: LivePod | None) -> None:
-        """A pending pod appeared or changed: (re)consider it now."""
+    def add(self, uid: str, obj: Obj, request: LivePod | None, *, changed: bool = True) -> None:
+        """A pending pod appeared or changed: (re)consider it now.
+
+        `changed=False` (only its status moved, e.g. our own condition write) refreshes the
+        stored object without cutting its backoff short.
+        """
         entry = self.pods.get(uid)
         if entry is None:
             entry = QueuedPod(uid=uid, obj=obj, request=request)
             self.pods[uid] = entry
         else:
             entry.obj, entry.request = obj, request
+            if not changed:
+                return
         if uid in self.in_flight:
             return
         if uid in self.unschedulable:

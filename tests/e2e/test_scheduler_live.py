@@ -1,0 +1,331 @@
+"""The live scheduler on the local control plane: placement, gangs, preemption, explanations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_builders import make_pod, pod_group
+
+from alnair.common import resources as r
+from alnair.common.kube import EVENTS, PODGROUPS, PODS, PRIORITYCLASSES, Conflict, KubeClient
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.settings import SchedulerSettings
+
+pytestmark = pytest.mark.e2e
+
+
+def settings(**kw: Any) -> SchedulerSettings:
+    base: dict[str, Any] = {
+        "leader_elect": False,
+        "nats_enabled": False,
+        "seed": 7,
+        "initial_backoff_s": 0.2,
+        "max_backoff_s": 1.0,
+        "identity": f"test-{uuid.uuid4().hex[:6]}",
+    }
+    base.update(kw)
+    return SchedulerSettings(**base)
+
+
+class Running:
+    """A scheduler started in this process, stopped when the test ends."""
+
+    def __init__(self, kube: KubeClient, **kw: Any) -> None:
+        self.scheduler = Scheduler(kube, settings(**kw))
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Scheduler:
+        await self.scheduler.start_watching()
+        self.task = asyncio.create_task(self.scheduler.run())
+        return self.scheduler
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.scheduler.stop()
+
+
+@pytest.fixture
+async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+    running = Running(kube)
+    sched = await running.start()
+    yield sched
+    await running.stop()
+
+
+async def pool(cp: ControlPlane, kube: KubeClient, spec: str, name: str) -> list[str]:
+    return await cp.create_gpu_nodes(
+        spec, kube=kube, prefix=name, labels={"alnair.io/test-pool": name}
+    )
+
+
+async def pods_in(kube: KubeClient, ns: str) -> list[dict[str, Any]]:
+    return list((await kube.list(PODS, ns))["items"])
+
+
+async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.2) -> Any:
+    """Wait until `await predicate()` is truthy (an observation helper for tests only)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            await asyncio.sleep(interval_s)
+
+
+async def events_for(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
+    return list(items)
+
+
+def assert_no_overcommit(pods: list[dict[str, Any]], gpus_per_node: int) -> None:
+    used: dict[tuple[str, int], int] = defaultdict(int)
+    whole: dict[tuple[str, int], int] = defaultdict(int)
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node:
+            continue
+        ann = p["metadata"].get("annotations") or {}
+        indices = r.parse_indices(ann[r.ANN_GPU_INDICES]) if ann.get(r.ANN_GPU_INDICES) else []
+        milli = int(ann.get(r.ANN_GPU_MILLI, "0"))
+        res = p["spec"]["containers"][0]["resources"]["requests"]
+        if r.GPU in res:
+            assert len(indices) == int(res[r.GPU]), p["metadata"]["name"]
+            assert milli == 1000
+        for g in indices:
+            assert 0 <= g < gpus_per_node
+            used[(node, g)] += milli
+            whole[(node, g)] += milli == 1000
+    assert all(v <= 1000 for v in used.values()), dict(used)
+    # A whole GPU is never shared with anything else.
+    assert all(used[k] == 1000 for k, n in whole.items() if n), dict(used)
+
+
+async def test_whole_and_fractional_pods_fit_and_never_overcommit(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    await pool(control_plane, kube, "4x T4:4", namespace)
+    specs = [("w", 1)] * 4 + [("w2", 2)] * 2 + [("f", 30)] * 6 + [("f50", 50)] * 4
+    for i, (kind, n) in enumerate(specs):
+        b = make_pod(f"{kind}-{i}", namespace).pool(namespace)
+        b = b.gpus(n) if kind.startswith("w") else b.fraction(n, memory_mib=2000)
+        await kube.create(PODS, b.obj(), namespace)
+
+    async def settled() -> list[dict[str, Any]] | None:
+        pods = await pods_in(kube, namespace)
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        return pods if len(bound) == len(specs) else None
+
+    pods = await wait_for(settled, 30)
+    assert_no_overcommit(pods, 4)
+    fractional = [p for p in pods if p["metadata"]["name"].startswith("f")]
+    assert all(p["metadata"]["annotations"][r.ANN_GPU_MILLI] in {"300", "500"} for p in fractional)
+    # 8 whole GPUs and 3.8 GPUs of shares in 16 GPUs; packing keeps the shares on few GPUs.
+    shared_gpus = {
+        (p["spec"]["nodeName"], p["metadata"]["annotations"][r.ANN_GPU_INDICES]) for p in fractional
+    }
+    assert len(shared_gpus) <= 5
+
+
+async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    nodes = await pool(control_plane, kube, "2x V100M32:8", namespace)
+    await kube.create(PODS, make_pod("huge", namespace).pool(namespace).gpus(12).obj(), namespace)
+    bad = make_pod("both", namespace).pool(namespace).gpus(1).fraction(20).obj()
+    await kube.create(PODS, bad, namespace)
+
+    async def failed(name: str, reason: str) -> list[dict[str, Any]]:
+        return [e for e in await events_for(kube, namespace, name) if e["reason"] == reason]
+
+    ev = (await wait_for(lambda: failed("huge", "FailedScheduling"), 20))[0]
+    assert ev["type"] == "Warning"
+    assert "nodes are available" in ev["message"]
+    assert "Insufficient whole GPUs" in ev["message"]
+    assert "node selector mismatch" in ev["message"]
+    pod = await kube.get(PODS, "huge", namespace)
+    cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert cond["status"] == "False" and cond["reason"] == "Unschedulable"
+
+    ev = (await wait_for(lambda: failed("both", "InvalidRequest"), 20))[0]
+    assert r.GPU in ev["message"] and "not both" in ev["message"]
+
+    # A GPU going unhealthy is named as such.
+    for gpu in range(8):
+        scheduler.on_gpu_health(nodes[0], gpu, healthy=False)
+    await kube.create(PODS, make_pod("one", namespace).pool(namespace).gpus(8).obj(), namespace)
+    bound = await wait_for(lambda: _bound_node(kube, namespace, "one"), 20)
+    assert bound == nodes[1]
+    await kube.create(PODS, make_pod("two", namespace).pool(namespace).gpus(8).obj(), namespace)
+    ev = (await wait_for(lambda: failed("two", "FailedScheduling"), 20))[0]
+    assert "1 GPU unhealthy" in ev["message"], ev["message"]
+    explained = scheduler.explain(namespace, "two")
+    assert explained["filtered"][nodes[0]] == "GPU unhealthy"
+    for gpu in range(8):
+        scheduler.on_gpu_health(nodes[0], gpu, healthy=True)
+    assert await wait_for(lambda: _bound_node(kube, namespace, "two"), 20) == nodes[0]
+
+
+async def _bound_node(kube: KubeClient, ns: str, name: str) -> str | None:
+    pod = await kube.get(PODS, name, ns)
+    node: str | None = pod["spec"].get("nodeName")
+    return node
+
+
+async def test_gang_waits_until_it_fits_entirely_then_binds(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    await pool(control_plane, kube, "4x V100M32:8", namespace)
+    # Half the pool is busy for a few seconds: the 4 x 8-GPU gang must not start partially.
+    for i in range(2):
+        blocker = make_pod(f"blocker-{i}", namespace).pool(namespace).gpus(8).runs_for(4).obj()
+        await kube.create(PODS, blocker, namespace)
+    await wait_for(lambda: _bound_node(kube, namespace, "blocker-1"), 20)
+    await kube.create(PODGROUPS, pod_group("train", namespace, 4, 60), namespace)
+    for i in range(4):
+        member = make_pod(f"train-{i}", namespace).pool(namespace).gpus(8).gang("train").obj()
+        await kube.create(PODS, member, namespace)
+    await asyncio.sleep(1.5)
+    pods = {p["metadata"]["name"]: p for p in await pods_in(kube, namespace)}
+    assert not any(pods[f"train-{i}"]["spec"].get("nodeName") for i in range(4))
+    assert not scheduler.cache.assumed  # nothing reserved while the gang cannot fit whole
+
+    async def all_bound() -> list[str] | None:
+        nodes = [await _bound_node(kube, namespace, f"train-{i}") for i in range(4)]
+        return nodes if all(nodes) else None  # type: ignore[return-value]
+
+    nodes = await wait_for(all_bound, 30)
+    assert len(set(nodes)) == 4
+    pg = await wait_for(lambda: _pg_phase(kube, namespace, "train", {"Scheduled", "Running"}), 20)
+    assert pg["status"]["scheduled"] == 4
+
+
+async def _pg_phase(
+    kube: KubeClient, ns: str, name: str, phases: set[str]
+) -> dict[str, Any] | None:
+    pg = await kube.get(PODGROUPS, name, ns)
+    return pg if (pg.get("status") or {}).get("phase") in phases else None
+
+
+async def test_two_gangs_competing_for_the_same_gpus_never_deadlock(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    await pool(control_plane, kube, "2x V100M32:8", namespace)
+    for g in ("a", "b"):
+        await kube.create(PODGROUPS, pod_group(g, namespace, 2, 30), namespace)
+    # Interleaved creation: a naive scheduler would give each gang one node and wait forever.
+    for i in range(2):
+        for g in ("a", "b"):
+            pod = make_pod(f"{g}-{i}", namespace).pool(namespace).gpus(8).gang(g).runs_for(3)
+            await kube.create(PODS, pod.obj(), namespace)
+
+    async def all_succeeded() -> bool:
+        pods = await pods_in(kube, namespace)
+        return len(pods) == 4 and all(p["status"].get("phase") == "Succeeded" for p in pods)
+
+    assert await wait_for(all_succeeded, 40)
+
+
+async def test_timed_out_gang_releases_every_reservation(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    await pool(control_plane, kube, "3x V100M32:8", namespace)
+    # A long backoff keeps the released members from reserving again during the checks.
+    running = Running(kube, initial_backoff_s=8.0, max_backoff_s=8.0)
+    scheduler = await running.start()
+    await kube.create(PODGROUPS, pod_group("short", namespace, 3, 2), namespace)
+    for i in range(2):  # the third member never comes
+        pod = make_pod(f"short-{i}", namespace).pool(namespace).gpus(8).gang("short").obj()
+        await kube.create(PODS, pod, namespace)
+
+    async def reserved() -> bool:
+        return len(scheduler.gangs.st(f"{namespace}/short").waiting) == 2
+
+    await wait_for(reserved, 10, 0.05)
+    assert len(scheduler.cache.assumed) == 2
+    pods = await pods_in(kube, namespace)
+    assert not any(p["spec"].get("nodeName") for p in pods)
+
+    async def timed_out() -> list[dict[str, Any]]:
+        return [
+            e for e in await events_for(kube, namespace, "short-0") if e["reason"] == "GangTimeout"
+        ]
+
+    ev = (await wait_for(timed_out, 10))[0]
+    assert "timed out" in ev["message"] and "released" in ev["message"]
+    assert not scheduler.cache.assumed
+    # Every GPU of the pool is free again: three 8-GPU pods bind.
+    for i in range(3):
+        await kube.create(
+            PODS, make_pod(f"free-{i}", namespace).pool(namespace).gpus(8).obj(), namespace
+        )
+    for i in range(3):
+        assert await wait_for(lambda i=i: _bound_node(kube, namespace, f"free-{i}"), 10)
+    pg = await kube.get(PODGROUPS, "short", namespace)
+    assert pg["status"]["scheduled"] == 0
+    assert "timed out" in pg["status"]["message"]
+    await running.stop()
+
+
+async def test_high_priority_pod_preempts_lower_priority_pods(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    await pool(control_plane, kube, "1x T4:4", namespace)
+    for name, value in ((f"{namespace}-low", 10), (f"{namespace}-high", 1000)):
+        with contextlib.suppress(Conflict):
+            await kube.create(
+                PRIORITYCLASSES,
+                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                 "metadata": {"name": name}, "value": value},
+            )  # fmt: skip
+    for i in range(4):
+        low = (
+            make_pod(f"low-{i}", namespace)
+            .pool(namespace)
+            .gpus(1)
+            .priority_class(f"{namespace}-low")
+        )
+        await kube.create(PODS, low.obj(), namespace)
+    await wait_for(lambda: _bound_node(kube, namespace, "low-3"), 20)
+    high = make_pod("high", namespace).pool(namespace).gpus(2).priority_class(f"{namespace}-high")
+    await kube.create(PODS, high.obj(), namespace)
+    assert await wait_for(lambda: _bound_node(kube, namespace, "high"), 30)
+    pods = await pods_in(kube, namespace)
+    low_left = [p for p in pods if p["metadata"]["name"].startswith("low-")]
+    assert len(low_left) == 2  # the fewest victims: exactly two 1-GPU pods
+    assert_no_overcommit(pods, 4)
+
+
+async def test_restarting_the_scheduler_mid_run_loses_and_double_binds_nothing(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    await pool(control_plane, kube, "4x V100M32:8", namespace)
+    first = Running(kube)
+    sched = await first.start()
+    total = 30
+    for i in range(total):
+        await kube.create(
+            PODS, make_pod(f"p-{i}", namespace).pool(namespace).gpus(1).obj(), namespace
+        )
+        if i == 12:
+            await first.stop()  # mid-run: binds may be in flight
+            second = Running(kube)
+            sched = await second.start()
+
+    async def all_bound() -> list[dict[str, Any]] | None:
+        pods = await pods_in(kube, namespace)
+        return pods if all(p["spec"].get("nodeName") for p in pods) and len(pods) == total else None
+
+    pods = await wait_for(all_bound, 30)
+    assert_no_overcommit(pods, 8)
+    assert len(sched.cache.assumed) == 0
+    await second.stop()

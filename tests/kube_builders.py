@@ -1,0 +1,85 @@
+"""Fluent builders for pods and PodGroups in tests: `make_pod("a").gpus(2).obj()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alnair.common import resources as r
+
+
+class PodBuilder:
+    def __init__(self, name: str, namespace: str) -> None:
+        self._pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {}, "annotations": {}},
+            "spec": {
+                "schedulerName": r.SCHEDULER_NAME,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "example.com/train:1",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {}},
+                    }
+                ],
+            },
+        }
+
+    @property
+    def _res(self) -> dict[str, Any]:
+        res: dict[str, Any] = self._pod["spec"]["containers"][0]["resources"]
+        return res
+
+    def gpus(self, n: int) -> PodBuilder:
+        self._res["requests"][r.GPU] = str(n)
+        self._res["limits"][r.GPU] = str(n)
+        return self
+
+    def fraction(self, compute_pct: int, memory_mib: int | None = None) -> PodBuilder:
+        for part in ("requests", "limits"):
+            self._res[part][r.GPU_COMPUTE] = str(compute_pct)
+            if memory_mib is not None:
+                self._res[part][r.GPU_MEMORY] = str(memory_mib)
+        return self
+
+    def cpu(self, q: str) -> PodBuilder:
+        self._res["requests"]["cpu"] = q
+        return self
+
+    def pool(self, value: str) -> PodBuilder:
+        self._pod["spec"].setdefault("nodeSelector", {})["alnair.io/test-pool"] = value
+        return self
+
+    def gang(self, group: str) -> PodBuilder:
+        self._pod["metadata"]["labels"][r.POD_GROUP_LABEL] = group
+        return self
+
+    def priority_class(self, name: str) -> PodBuilder:
+        self._pod["spec"]["priorityClassName"] = name
+        return self
+
+    def runs_for(self, seconds: float) -> PodBuilder:
+        self._pod["metadata"]["annotations"][r.ANN_DURATION] = r.duration_value(seconds)
+        return self
+
+    def scheduler(self, name: str) -> PodBuilder:
+        self._pod["spec"]["schedulerName"] = name
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return self._pod
+
+
+def make_pod(name: str, namespace: str) -> PodBuilder:
+    return PodBuilder(name, namespace)
+
+
+def pod_group(name: str, namespace: str, min_member: int, timeout_s: int = 60) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"minMember": min_member, "scheduleTimeoutSeconds": timeout_s},
+    }
