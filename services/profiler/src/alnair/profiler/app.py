@@ -66,7 +66,11 @@ class Running:
         return f"http://127.0.0.1:{self.http_port}"
 
     async def stop(self) -> None:
+        # Let uvicorn close its listening socket before anything is cancelled.
         self.server.should_exit = True
+        http = [t for t in self.tasks if t.get_name() == "profiler.http"]
+        if http:
+            await asyncio.wait(http, timeout=5.0)
         await cancel_all(self.tasks)
         close = getattr(self.backend, "close", None)
         if callable(close):

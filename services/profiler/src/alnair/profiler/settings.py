@@ -25,7 +25,9 @@ def _both(name: str) -> AliasChoices:
 class ProfilerSettings(ServiceSettings):
     """Everything the agent and the aggregator read from the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="ALNAIR_PROFILER_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ALNAIR_PROFILER_", extra="ignore", populate_by_name=True
+    )
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",

@@ -1,0 +1,231 @@
+"""End to end on the local control plane with the sim backend.
+
+A Job runs on a KWOK GPU node and completes. Along the way: the sim agent publishes per-pod
+metrics (and Prometheus shows per-pod gauges while the pod runs), the aggregator is
+restarted mid-job, and at the end the Job carries the utilization annotations, its
+execution record is in Redis exactly once, and a job-completed event reached a subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from alnair.common import resources as res
+from alnair.common.bus import Bus
+from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
+from alnair.common.kube import JOBS, KubeClient
+from alnair.common.localstack import ControlPlane
+from alnair.profiler.app import Running, start_agent, start_aggregator
+from alnair.profiler.records import RECORDS_INDEX, RecordStore
+from alnair.profiler.settings import ProfilerSettings
+
+pytestmark = pytest.mark.e2e
+
+JOB_SECONDS = 12
+
+
+def settings(
+    cp: ControlPlane, nats_url: str, redis_url: str, node: str, **over: Any
+) -> ProfilerSettings:
+    return ProfilerSettings.model_validate(
+        {
+            "nats_url": nats_url,
+            "redis_url": redis_url,
+            "kubeconfig": str(cp.kubeconfig),
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "backend": "sim",
+            "sim_node_selector": f"kubernetes.io/hostname={node}",
+            "log_json": False,
+            **over,
+        }
+    )
+
+
+def job_manifest(namespace: str, node: str) -> dict[str, Any]:
+    model = {
+        res.ANN_MODEL_NAME: "ResNet-50",
+        res.ANN_BATCH_SIZE: "64",
+        res.ANN_DATA_SIZE: "1281167",
+        res.ANN_EPOCH: "3",
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": namespace, "annotations": model},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {
+                    "annotations": {
+                        **model,
+                        res.ANN_DURATION: res.duration_value(JOB_SECONDS),
+                        res.ANN_GPU_INDICES: "0,1",
+                    }
+                },
+                "spec": {
+                    # No scheduler runs in this test: the pod is placed directly.
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "example.invalid/train:1",
+                            "resources": {
+                                "limits": {res.GPU: "2"},
+                                "requests": {"cpu": "4", "memory": "16Gi"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def test_job_profiled_recorded_once_across_aggregator_restart(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str, redis_url: str
+) -> None:
+    (node,) = await control_plane.create_gpu_nodes(
+        "1x V100M32:4", kube=kube, prefix=f"prof-{namespace}"
+    )
+    agent = await start_agent(settings(control_plane, nats_url, redis_url, node))
+    aggregator: Running = await start_aggregator(
+        settings(control_plane, nats_url, redis_url, node, role="aggregator")
+    )
+    watcher = await Bus.connect(nats_url, name="e2e-watcher")
+    redis = aioredis.from_url(redis_url)
+    completed: list[JobEvent] = []
+    done = asyncio.Event()
+    ours: list[PodMetric] = []
+    enough_samples = asyncio.Event()
+
+    async def on_job(event: JobEvent, _env: Envelope[JobEvent]) -> None:
+        completed.append(event)
+        done.set()
+
+    async def on_metric(event: PodMetric, _env: Envelope[PodMetric]) -> None:
+        if event.namespace == namespace:
+            ours.append(event)
+            if len(ours) >= 6:
+                enough_samples.set()
+
+    try:
+        await watcher.subscribe(
+            JobEvent, on_job, durable=f"e2e-{namespace}", subject=f"alnair.jobs.*.{namespace}.>"
+        )
+        await watcher.subscribe(PodMetric, on_metric, durable=f"e2e-metrics-{namespace}")
+
+        # The agent published the node's inventory and labelled it.
+        inv_entry = await (await watcher.kv(GpuInventory.BUCKET)).get(node)
+        assert inv_entry.value is not None
+        inventory = GpuInventory.model_validate_json(inv_entry.value)
+        assert [g.model for g in inventory.gpus] == ["V100M32"] * 4
+
+        job = await kube.create(JOBS, job_manifest(namespace, node), namespace)
+        uid = job["metadata"]["uid"]
+        await asyncio.wait_for(enough_samples.wait(), timeout=60)
+        assert {m.gpu_index for m in ours} == {0, 1}
+        assert all(m.gpu_util_pct > 0 and m.gpu_mem_used_mib > 0 for m in ours)
+
+        # While the pod runs, Prometheus shows per-pod GPU gauges on both processes.
+        async with httpx.AsyncClient() as http:
+            for running in (agent, aggregator):
+                text = (await http.get(f"{running.url}/metrics")).text
+                lines = [
+                    line
+                    for line in text.splitlines()
+                    if line.startswith("alnair_profiler_pod_gpu_util_pct{")
+                    and f'namespace="{namespace}"' in line
+                ]
+                assert len(lines) == 2, text
+                assert all(f'node="{node}"' in line and 'gpu_uuid="GPU-' in line for line in lines)
+            pod_name = ours[0].pod
+            live = (
+                await http.get(f"{aggregator.url}/v1/pods/{namespace}/{pod_name}/metrics")
+            ).json()
+            assert len(live["samples"]) == 2
+
+        # Restart the aggregator mid-job.
+        assert not done.is_set()
+        await aggregator.stop()
+        aggregator = await start_aggregator(
+            settings(control_plane, nats_url, redis_url, node, role="aggregator")
+        )
+
+        await asyncio.wait_for(done.wait(), timeout=JOB_SECONDS + 60)
+        # Give a duplicate every chance to show up before counting.
+        await asyncio.sleep(1.0)
+        assert [(e.phase, e.uid, e.kind, e.name) for e in completed] == [
+            (JobPhase.COMPLETED, uid, "Job", "train")
+        ]
+
+        store = RecordStore(redis)
+        record = await store.get(namespace, "train", uid)
+        assert record is not None
+        assert record.outcome == "succeeded"
+        assert (record.model_name, record.batch_size, record.epoch) == ("ResNet-50", "64", "3")
+        assert record.gpu_model == "V100M32"
+        assert record.gpu_count == 2
+        assert JOB_SECONDS - 2 <= record.duration_s <= JOB_SECONDS + 15
+        assert record.submit_ts <= record.start_ts <= record.end_ts
+        assert 0 < record.peak_gpu_mem_mib <= 32510
+        assert 0 < record.mean_gpu_util_pct <= 100
+        assert completed[0].detail["record"] == record.key
+        keys = [k.decode() for k in await redis.zrange(RECORDS_INDEX, 0, -1)]
+        assert keys.count(record.key) == 1
+
+        # The Job carries the utilization annotations.
+        job = await kube.get(JOBS, "train", namespace)
+        ann = job["metadata"]["annotations"]
+        assert (
+            float(ann["alnair.io/profile-gpu-util-max-pct"])
+            >= float(ann["alnair.io/profile-gpu-util-mean-pct"])
+            > 0
+        )
+        assert float(ann["alnair.io/profile-gpu-mem-max-mib"]) == pytest.approx(
+            record.peak_gpu_mem_mib, abs=0.01
+        )
+        assert float(ann["alnair.io/profile-cpu-util-max-cores"]) > 0
+
+        # Finishing again (a replayed watch event) changes nothing.
+        assert aggregator.aggregator is not None
+        assert await aggregator.aggregator.finalize(job, JOBS, "succeeded", None) is None
+        assert not await store.write_once(record)
+
+        # The HTTP API answers from the same state.
+        async with httpx.AsyncClient() as http:
+            found = (
+                await http.get(
+                    f"{aggregator.url}/v1/records", params={"model": "ResNet-50", "gpu": "V100M32"}
+                )
+            ).json()
+            assert [r["uid"] for r in found if r["namespace"] == namespace] == [uid]
+            profile = (await http.get(f"{aggregator.url}/v1/jobs/{namespace}/train/profile")).json()
+            assert profile["uid"] == uid
+            assert profile["record"]["key"] == record.key
+            assert profile["series"]["gpu_util_pct"]["count"] > 0
+            gpus = (await http.get(f"{aggregator.url}/v1/nodes/{node}/gpus")).json()
+            assert len(gpus["gpus"]) == 4
+            nodes = (await http.get(f"{aggregator.url}/v1/nodes")).json()
+            assert node in [n["node"] for n in nodes]
+            missing = await http.get(f"{aggregator.url}/v1/nodes/no-such-node/gpus")
+            assert missing.status_code == 404
+            assert missing.headers["content-type"] == "application/problem+json"
+            assert "no-such-node" in missing.json()["detail"]
+    finally:
+        await watcher.close()
+        await redis.aclose()
+        await aggregator.stop()
+        await agent.stop()
+
+
+def test_manifests_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert (root / "deploy/kustomize/crds/trialjob.yaml").exists()
