@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
-from alnair.common.events import GpuInventory
-from alnair.common.kube import NODES, PODS, KubeClient
+from alnair.common.events import GpuInventory, JobEvent
+from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
 from alnair.profiler.agent import Agent
@@ -35,6 +35,7 @@ from alnair.profiler.handlers import subscribe_pod_metrics
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.settings import ProfilerSettings
 from alnair.profiler.sim import SimBackend
+from alnair.profiler.trialjob import LABEL_TRIALJOB, TrialController
 from alnair.profiler.watching import parse_resource, watch_resource
 from alnair.profiler.workloads import ThroughputTable
 
@@ -278,6 +279,8 @@ async def start_aggregator(
                 on_death=_fatal(died),
             )
         )
+    if settings.trialjobs:
+        await _start_trials(bus, kube, aggregator, settings, tasks, died)
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
         create_app(metrics, inventory, aggregator), settings.http_host, settings.http_port, tasks
@@ -292,6 +295,39 @@ async def start_aggregator(
         aggregator=aggregator,
         redis=redis,
         died=died,
+    )
+
+
+async def _start_trials(
+    bus: Bus,
+    kube: KubeClient,
+    aggregator: Aggregator,
+    settings: ProfilerSettings,
+    tasks: list[asyncio.Task[Any]],
+    died: asyncio.Event,
+) -> None:
+    """The TrialJob controller: TrialJob changes, trial Jobs ending, and their records landing."""
+    trials = TrialController(kube, aggregator.records)
+    tasks.append(
+        spawn(
+            watch_resource(kube, TRIALJOBS, trials.on_trialjob, retry_s=5.0),
+            name="profiler.trialjobs.watch",
+            on_death=_fatal(died),
+        )
+    )
+    # A trial Job that ends without ever being profiled gets no record and no event; the
+    # watch still sees it end.
+    tasks.append(
+        spawn(
+            watch_resource(kube, JOBS, trials.on_job, label_selector=LABEL_TRIALJOB),
+            name="profiler.trialjobs.watch-jobs",
+            on_death=_fatal(died),
+        )
+    )
+    # Records are written after the Job ends, then announced: this is when a trial's numbers
+    # exist.
+    await bus.subscribe(
+        JobEvent, trials.on_job_event, durable=f"{settings.durable}-trialjobs", max_in_flight=4
     )
 
 

@@ -91,8 +91,11 @@ class ProfilerSettings(ServiceSettings):
         description="quiet time after a GPU fault before it may count as healthy",
     )
     owner_kinds: list[str] = Field(
-        default=["batch/v1/jobs", "alnair.io/v1alpha1/elasticjobs", "alnair.io/v1alpha1/trialjobs"],
+        default=["batch/v1/jobs", "alnair.io/v1alpha1/elasticjobs"],
         description="group/version/plural of owners whose completion the aggregator watches",
+    )
+    trialjobs: bool = Field(
+        default=True, description="run the TrialJob controller in the aggregator process"
     )
     durable: str = Field(
         default="profiler-aggregator", description="queue group / durable name of the aggregator"
