@@ -1,1 +1,5 @@
-"""Alnair Predictor: learns runtime, peak GPU memory and co-location slowdown from benchmarks and execution records."""
+"""Alnair predictor: runtime, peak GPU memory and co-location slowdown of training jobs.
+
+Learns from measured benchmarks (Gavel) and the execution records the profiler keeps in Redis,
+answers over HTTP and NATS, retrains when jobs complete, and reports its own held-out accuracy.
+"""

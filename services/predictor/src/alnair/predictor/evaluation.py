@@ -1,0 +1,192 @@
+"""Held-out evaluation: how wrong the predictor is on what it has not seen.
+
+Two questions, each answered for the baseline, the random forest and gradient boosting:
+
+(a) throughput of unseen (job type, GPU type) pairs. Every measurement of a job on a GPU type
+    (all GPU counts) is held out and predicted by a model trained on everything else. To stay
+    within the time budget, one fold holds out one pair per GPU type, each of a different job
+    and the three jobs far apart in name order (26 folds for Gavel's 26 job types and 3 GPU
+    types). Every test job keeps its other GPU types and its batch-size siblings to learn
+    from, as a single held-out pair would.
+(b) co-located throughput of unseen job pairs. Every measurement of a pair {A, B} (both orders,
+    every GPU type and count) is held out together, in 5 folds grouped by pair; the jobs'
+    alone throughputs stay known, as they are when the scheduler asks.
+
+Figures per model: MAPE and median absolute percentage error of the predicted throughput, and
+the coverage of the predicted interval (its nominal level is `level`). Intervals are calibrated
+inside each training fold only (nested), so coverage is honest.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from alnair.predictor.colocation import (
+    alone_index,
+    make_colocation_model,
+    pair_folds,
+    query_of,
+)
+from alnair.predictor.datasets import Observation, TrainingData
+from alnair.predictor.gpus import lookup_gpu
+from alnair.predictor.throughput import ModelKind, ThroughputQuery, make_model
+
+MODEL_KINDS: tuple[ModelKind, ...] = ("baseline", "rf", "gb")
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Accuracy of one model on one question."""
+
+    mape: float
+    median_ape: float
+    coverage: float
+    n: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "mape": round(self.mape, 4),
+            "median_ape": round(self.median_ape, 4),
+            "coverage": round(self.coverage, 4),
+            "n": self.n,
+        }
+
+
+def figures(
+    actual: Sequence[float], predicted: Sequence[float], covered: Sequence[bool]
+) -> Figures:
+    """MAPE, median APE and coverage; empty input gives NaNs rather than an error."""
+    if not actual:
+        return Figures(math.nan, math.nan, math.nan, 0)
+    truth = np.asarray(actual)
+    ape = np.abs(np.asarray(predicted) - truth) / truth
+    return Figures(float(ape.mean()), float(np.median(ape)), float(np.mean(covered)), len(truth))
+
+
+def pair_holdout_folds(
+    observations: Sequence[Observation],
+) -> list[tuple[list[Observation], list[Observation]]]:
+    """Folds for (a): each holds out one job per GPU type, no job twice, jobs far apart.
+
+    Job j (of J, sorted by name) on GPU type g (of G) goes to fold (j + g * J // G) mod J. The
+    held-out jobs of a fold are J // G apart in name order, so they are seldom batch-size
+    siblings of one another and each test job keeps its siblings in training, as a single
+    held-out pair would.
+    """
+    jobs = sorted({str(o.job) for o in observations})
+    gpus = sorted({o.gpu_type for o in observations})
+    stride = max(1, len(jobs) // max(1, len(gpus)))
+    fold_of = {
+        (job, gpu): (j + stride * g) % len(jobs)
+        for j, job in enumerate(jobs)
+        for g, gpu in enumerate(gpus)
+    }
+    out = []
+    for fold in range(max(fold_of.values(), default=-1) + 1):
+        test = [o for o in observations if fold_of[(str(o.job), o.gpu_type)] == fold]
+        train = [o for o in observations if fold_of[(str(o.job), o.gpu_type)] != fold]
+        if test and train:
+            out.append((train, test))
+    return out
+
+
+def evaluate_throughput(
+    data: TrainingData, kind: ModelKind, level: float, calibration_folds: int
+) -> Figures:
+    actual: list[float] = []
+    predicted: list[float] = []
+    covered: list[bool] = []
+    for train, test in pair_holdout_folds(data.alone):
+        model = make_model(kind, level, calibration_folds, features_model=False)
+        model.fit(train)
+        queries = [ThroughputQuery(o.job, lookup_gpu(o.gpu_type), o.gpu_count) for o in test]
+        for obs, estimate in zip(test, model.predict(queries), strict=True):
+            actual.append(obs.throughput)
+            predicted.append(estimate.steps_per_s)
+            covered.append(estimate.low <= obs.throughput <= estimate.high)
+    return figures(actual, predicted, covered)
+
+
+def evaluate_colocation(
+    data: TrainingData, kind: ModelKind, level: float, calibration_folds: int, folds: int = 5
+) -> Figures:
+    actual: list[float] = []
+    predicted: list[float] = []
+    covered: list[bool] = []
+    alone = alone_index(data.colocated)
+    for train, test in pair_folds(data.colocated, folds):
+        model = make_colocation_model(kind, level, calibration_folds)
+        model.fit(train)
+        estimates = model.predict([query_of(o, alone) for o in test])
+        for obs, estimate in zip(test, estimates, strict=True):
+            actual.append(obs.throughput)
+            predicted.append(estimate.fraction * obs.alone_throughput)
+            covered.append(estimate.low <= obs.fraction <= estimate.high)
+    return figures(actual, predicted, covered)
+
+
+def _run(task: tuple[str, TrainingData, ModelKind, float, int]) -> Figures:
+    question, data, kind, level, calibration_folds = task
+    if question == "a":
+        return evaluate_throughput(data, kind, level, calibration_folds)
+    return evaluate_colocation(data, kind, level, calibration_folds)
+
+
+def evaluate(
+    data: TrainingData,
+    chosen: ModelKind = "rf",
+    level: float = 0.9,
+    calibration_folds: int = 3,
+    kinds: Sequence[ModelKind] = MODEL_KINDS,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """The whole held-out evaluation as a JSON-ready dict.
+
+    The (question, model) runs are independent, so they spread over `workers` processes
+    (default: one per CPU core, at most 4); fits inside each stay single-threaded.
+    """
+    started = time.perf_counter()
+    tasks = [(q, data, kind, level, calibration_folds) for q in ("a", "b") for kind in kinds]
+    count = workers if workers is not None else min(4, os.cpu_count() or 1)
+    if count > 1:
+        # Longest runs first so the pool's last task is a short one.
+        order = sorted(range(len(tasks)), key=lambda i: tasks[i][2] == "baseline")
+        with ProcessPoolExecutor(max_workers=count) as pool:
+            done = dict(zip(order, pool.map(_run, [tasks[i] for i in order]), strict=True))
+        results = [done[i] for i in range(len(tasks))]
+    else:
+        results = [_run(task) for task in tasks]
+    a = dict(zip(kinds, results[: len(kinds)], strict=True))
+    b = dict(zip(kinds, results[len(kinds) :], strict=True))
+    pick = chosen if chosen in a else kinds[0]
+
+    def slim(f: Figures) -> dict[str, float]:
+        return {
+            "mape": round(f.mape, 4),
+            "median_ape": round(f.median_ape, 4),
+            "coverage": round(f.coverage, 4),
+        }
+
+    return {
+        "interval_level": level,
+        "a": {
+            "question": "throughput (steps/s) of unseen (job type, GPU type) pairs",
+            "training": f"{len(data.alone)} alone measurements, one pair per GPU type per fold",
+            "models": {kind: f.as_dict() for kind, f in a.items()},
+        },
+        "b": {
+            "question": "co-located throughput of unseen job pairs (alone throughput known)",
+            "training": f"{len(data.colocated)} co-located measurements, 5 folds by job pair",
+            "models": {kind: f.as_dict() for kind, f in b.items()},
+        },
+        "chosen": {"model": pick, "a": slim(a[pick]), "b": slim(b[pick])},
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
