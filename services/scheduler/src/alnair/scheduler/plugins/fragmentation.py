@@ -44,12 +44,18 @@ def effective_cpu(cpu_milli: int) -> int:
     return cpu_milli if cpu_milli > 0 else NONZERO_CPU_MILLI
 
 
-ShapeKey = tuple[int, int, int, frozenset[str], int]
+ShapeKey = tuple[int, int, int, frozenset[str]]
 
 
 @dataclass(frozen=True)
 class TypicalPods:
-    """The typical pod shapes of a workload and their popularity."""
+    """The typical pod shapes of a workload and their popularity.
+
+    A shape is (CPU, per-GPU milli-GPU, GPU count, allowed models), as in the paper. When
+    `with_memory` is set each shape also carries a memory request (a quantile of its pods'
+    requests) and only counts as fitting a node where that memory fits too; FGD leaves memory
+    out.
+    """
 
     cpu: IntArray
     memory: IntArray
@@ -67,33 +73,23 @@ class TypicalPods:
         pods: Iterable[PodRequest],
         coverage: float = DEFAULT_COVERAGE,
         *,
-        with_memory: bool = False,
+        memory_quantile: float | None = None,
     ) -> TypicalPods:
         """Shapes by decreasing popularity until `coverage` of the pods is reached.
 
-        `with_memory` makes memory part of the shape (FGD's definition leaves it out).
+        `memory_quantile` (0-1) attaches that quantile of each shape's memory requests.
         """
         counts: Counter[ShapeKey] = Counter()
+        memory: dict[ShapeKey, list[int]] = {}
         for pod in pods:
-            mem = pod.memory_mib if with_memory else 0
-            key = (effective_cpu(pod.cpu_milli), pod.gpu_milli, pod.num_gpu, pod.gpu_models, mem)
+            key = (effective_cpu(pod.cpu_milli), pod.gpu_milli, pod.num_gpu, pod.gpu_models)
             counts[key] += 1
+            memory.setdefault(key, []).append(pod.memory_mib)
         total = sum(counts.values())
-        if total == 0:
-            return cls(
-                cpu=np.zeros(0, dtype=np.int64),
-                memory=np.zeros(0, dtype=np.int64),
-                gpu_milli=np.zeros(0, dtype=np.int64),
-                num_gpu=np.zeros(0, dtype=np.int64),
-                models=(),
-                prob=np.zeros(0, dtype=np.float64),
-                coverage=coverage,
-                with_memory=with_memory,
-            )
         # Most popular first; equal counts ordered by shape so the choice is deterministic.
         ranked = sorted(
             counts.items(),
-            key=lambda kv: (-kv[1], -kv[0][0], -kv[0][1], -kv[0][2], sorted(kv[0][3]), -kv[0][4]),
+            key=lambda kv: (-kv[1], -kv[0][0], -kv[0][1], -kv[0][2], sorted(kv[0][3])),
         )
         chosen: list[tuple[ShapeKey, int]] = []
         covered = 0
@@ -103,15 +99,22 @@ class TypicalPods:
             chosen.append((key, count))
             covered += count
         weights = np.array([c for _, c in chosen], dtype=np.float64)
+        q = 0.0 if memory_quantile is None else memory_quantile
         return cls(
             cpu=np.array([k[0] for k, _ in chosen], dtype=np.int64),
-            memory=np.array([k[4] for k, _ in chosen], dtype=np.int64),
+            memory=np.array(
+                [
+                    int(np.quantile(memory[k], q)) if memory_quantile is not None else 0
+                    for k, _ in chosen
+                ],
+                dtype=np.int64,
+            ),
             gpu_milli=np.array([k[1] for k, _ in chosen], dtype=np.int64),
             num_gpu=np.array([k[2] for k, _ in chosen], dtype=np.int64),
             models=tuple(k[3] for k, _ in chosen),
-            prob=weights / weights.sum(),
-            coverage=covered / total,
-            with_memory=with_memory,
+            prob=weights / weights.sum() if chosen else weights,
+            coverage=covered / total if total else 0.0,
+            with_memory=memory_quantile is not None,
         )
 
     def __len__(self) -> int:

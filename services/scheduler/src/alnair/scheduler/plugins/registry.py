@@ -19,6 +19,7 @@ from alnair.scheduler.framework.runtime import Framework, Profile, WeightedScore
 from alnair.scheduler.placement import BestFitGpu, RandomGpu, WorstFitGpu
 from alnair.scheduler.plugins.allocation import BinpackScore, SpreadScore
 from alnair.scheduler.plugins.alnair_policy import AlnairScore
+from alnair.scheduler.plugins.alnair_policy import typical_pods as alnair_typical_pods
 from alnair.scheduler.plugins.best_fit import BestFitScore
 from alnair.scheduler.plugins.dot_product import DotProductScore
 from alnair.scheduler.plugins.fgd import FGDScore
@@ -66,7 +67,7 @@ def _fgd(workload: Sequence[PodRequest]) -> Profile:
 
 
 def _alnair(workload: Sequence[PodRequest]) -> Profile:
-    plugin = AlnairScore(TypicalPods.from_pods(workload, with_memory=True))
+    plugin = AlnairScore(alnair_typical_pods(list(workload)))
     return _profile("alnair", plugin, plugin)
 
 
@@ -107,7 +108,7 @@ POLICIES: tuple[Policy, ...] = (
         "least allocated CPU, memory and GPU",
         lambda _: _profile("spread", SpreadScore(), WorstFitGpu()),
     ),
-    Policy("alnair", "exact, memory-aware fragmentation descent with packing ties", _alnair),
+    Policy("alnair", "fragmentation gradient descent that also sees memory", _alnair),
 )
 
 _ALIASES = {"dotproduct": "DotProd", "dot": "DotProd", "best-fit": "BestFit"}
