@@ -9,17 +9,19 @@ execution record is in Redis exactly once, and a job-completed event reached a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from nats.aio.msg import Msg
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
-from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
-from alnair.common.kube import JOBS, KubeClient
+from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric, decode
+from alnair.common.kube import JOBS, PODS, TRIALJOBS, Conflict, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from alnair.profiler.records import RECORDS_INDEX, RecordStore
@@ -106,8 +108,8 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
     ours: list[PodMetric] = []
     enough_samples = asyncio.Event()
 
-    async def on_job(event: JobEvent, _env: Envelope[JobEvent]) -> None:
-        completed.append(event)
+    async def on_job(msg: Msg) -> None:
+        completed.append(decode(msg.data, JobEvent).data)
         done.set()
 
     async def on_metric(event: PodMetric, _env: Envelope[PodMetric]) -> None:
@@ -117,9 +119,8 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
                 enough_samples.set()
 
     try:
-        await watcher.subscribe(
-            JobEvent, on_job, durable=f"e2e-{namespace}", subject=f"alnair.jobs.*.{namespace}.>"
-        )
+        # A plain subscriber on the JOBS subjects: it sees what any durable consumer would.
+        await watcher.nc.subscribe(f"alnair.jobs.*.{namespace}.>", cb=on_job)
         await watcher.subscribe(PodMetric, on_metric, durable=f"e2e-metrics-{namespace}")
 
         # The agent published the node's inventory and labelled it.
@@ -229,3 +230,99 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
 def test_manifests_exist() -> None:
     root = Path(__file__).resolve().parents[2]
     assert (root / "deploy/kustomize/crds/trialjob.yaml").exists()
+
+
+async def bind_pending_pods(
+    kube: KubeClient, namespace: str, nodes_by_model: dict[str, str]
+) -> None:
+    """Stands in for the scheduler, which this test does not run: binds each pending pod of
+    the namespace to the node whose GPU model its node selector names."""
+    listed = await kube.list(PODS, namespace)
+    version = listed["metadata"]["resourceVersion"]
+    pods = list(listed["items"])
+    while True:
+        for pod in pods:
+            spec = pod.get("spec", {})
+            if spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            model = (spec.get("nodeSelector") or {}).get(res.LABEL_GPU_MODEL)
+            if model in nodes_by_model:
+                with contextlib.suppress(Conflict):
+                    await kube.bind(namespace, pod["metadata"]["name"], nodes_by_model[model])
+        pods = []
+        async for kind, pod in kube.watch(PODS, namespace, resource_version=version):
+            version = pod["metadata"]["resourceVersion"]
+            if kind == "ADDED":
+                pods = [pod]
+                break
+
+
+async def test_trialjob_measures_each_candidate(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str, redis_url: str
+) -> None:
+    v100, k80 = await control_plane.create_gpu_nodes(
+        "1x V100M32:4, 1x K80:4", kube=kube, prefix=f"trial-{namespace}"
+    )
+    agent = await start_agent(
+        settings(control_plane, nats_url, redis_url, v100, sim_node_selector="type=kwok")
+    )
+    aggregator = await start_aggregator(
+        settings(control_plane, nats_url, redis_url, v100, role="aggregator")
+    )
+    binder = asyncio.create_task(bind_pending_pods(kube, namespace, {"V100M32": v100, "K80": k80}))
+    redis = aioredis.from_url(redis_url)
+    try:
+        trial = {
+            "apiVersion": "alnair.io/v1alpha1",
+            "kind": "TrialJob",
+            "metadata": {
+                "name": "dry-run",
+                "namespace": namespace,
+                "annotations": {res.ANN_MODEL_NAME: "ResNet-50", res.ANN_BATCH_SIZE: "64"},
+            },
+            "spec": {
+                "durationSeconds": 6,
+                "candidates": [
+                    {"gpuModel": "V100M32", "gpuCount": 1},
+                    {"gpuModel": "K80", "gpuCount": 2},
+                ],
+                "template": {
+                    "spec": {"containers": [{"name": "train", "image": "example.invalid/train:1"}]}
+                },
+            },
+        }
+        created = await kube.create(TRIALJOBS, trial, namespace)
+        status: dict[str, Any] = {}
+        version = created["metadata"]["resourceVersion"]
+        async with asyncio.timeout(90):
+            while status.get("phase") not in {"Succeeded", "Failed"}:
+                async for _kind, obj in kube.watch(TRIALJOBS, namespace, resource_version=version):
+                    version = obj["metadata"]["resourceVersion"]
+                    status = obj.get("status") or {}
+                    if status.get("phase") in {"Succeeded", "Failed"}:
+                        break
+        assert status["phase"] == "Succeeded", status
+        assert (status["total"], status["finished"]) == (2, 2)
+        by_model = {t["gpuModel"]: t for t in status["trials"]}
+        assert set(by_model) == {"V100M32", "K80"}
+        store = RecordStore(redis)
+        for model, count in (("V100M32", 1), ("K80", 2)):
+            entry = by_model[model]
+            assert entry["phase"] == "Measured"
+            assert entry["gpuCount"] == count
+            assert 4 <= entry["durationSeconds"] <= 30
+            assert entry["peakGpuMemMib"] > 0
+            found = [
+                r
+                for r in await store.query(model="ResNet-50", gpu=model)
+                if r.namespace == namespace
+            ]
+            assert [r.key for r in found] == [entry["record"]]
+            assert found[0].gpu_count == count
+    finally:
+        binder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await binder
+        await redis.aclose()
+        await aggregator.stop()
+        await agent.stop()

@@ -134,6 +134,8 @@ def test_status_follows_the_trials() -> None:
         "meanGpuUtilPct": 91.5,
         "throughputStepsPerS": 4.5,
     }
+    # Ended and profiled, record not written yet: not final.
+    assert trial_entry("K80", 2, finished_job("j2"), None, recording=True)["phase"] == "Running"
     unprofiled = trial_entry("K80", 2, finished_job("j2", "Failed"), None)
     assert unprofiled["phase"] == "Finished"
     done = trial_status([measured, unprofiled])

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -232,6 +232,9 @@ class Aggregator:
         self._kv: KeyValue | None = None
         self._node_models: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Called with the owner object once its record is written and announced (in-process
+        # followers such as the TrialJob controller).
+        self.on_finalized: list[Callable[[Mapping[str, Any]], Awaitable[None]]] = []
 
     # -- pod metrics ------------------------------------------------------------------
     async def owner_of(self, metric: PodMetric) -> OwnerRef | None:
@@ -468,7 +471,13 @@ class Aggregator:
                 self.metrics.forget_pod(*key)
         for pod_uid in pod_uids:
             self._owners.pop(pod_uid, None)
+        for follower in self.on_finalized:
+            await follower(obj)
         return record
+
+    async def is_profiled(self, owner_uid: str) -> bool:
+        """Whether any pod of this owner was ever sampled (so a record will follow its end)."""
+        return bool(await self.redis.scard(f"{P}owner:{owner_uid}:pods"))
 
 
 def _kind_of(resource: Resource) -> str:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
-from alnair.common.events import GpuInventory, JobEvent
+from alnair.common.events import GpuInventory
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
@@ -280,7 +280,7 @@ async def start_aggregator(
             )
         )
     if settings.trialjobs:
-        await _start_trials(bus, kube, aggregator, settings, tasks, died)
+        await _start_trials(kube, aggregator, tasks, died)
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
         create_app(metrics, inventory, aggregator), settings.http_host, settings.http_port, tasks
@@ -299,15 +299,15 @@ async def start_aggregator(
 
 
 async def _start_trials(
-    bus: Bus,
     kube: KubeClient,
     aggregator: Aggregator,
-    settings: ProfilerSettings,
     tasks: list[asyncio.Task[Any]],
     died: asyncio.Event,
 ) -> None:
     """The TrialJob controller: TrialJob changes, trial Jobs ending, and their records landing."""
-    trials = TrialController(kube, aggregator.records)
+    trials = TrialController(kube, aggregator.records, aggregator.is_profiled)
+    # The aggregator calls us once a record is written: that is when a trial's numbers exist.
+    aggregator.on_finalized.append(trials.on_finalized)
     tasks.append(
         spawn(
             watch_resource(kube, TRIALJOBS, trials.on_trialjob, retry_s=5.0),
@@ -315,19 +315,14 @@ async def _start_trials(
             on_death=_fatal(died),
         )
     )
-    # A trial Job that ends without ever being profiled gets no record and no event; the
-    # watch still sees it end.
+    # A trial Job that ends without ever being profiled gets no record; the watch still sees
+    # it end.
     tasks.append(
         spawn(
             watch_resource(kube, JOBS, trials.on_job, label_selector=LABEL_TRIALJOB),
             name="profiler.trialjobs.watch-jobs",
             on_death=_fatal(died),
         )
-    )
-    # Records are written after the Job ends, then announced: this is when a trial's numbers
-    # exist.
-    await bus.subscribe(
-        JobEvent, trials.on_job_event, durable=f"{settings.durable}-trialjobs", max_in_flight=4
     )
 
 

@@ -22,11 +22,10 @@ import contextlib
 import copy
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from alnair.common import resources as res
-from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.common.kube import JOBS, TRIALJOBS, Conflict, KubeClient, NotFound
 from alnair.profiler.aggregator import finished
 from alnair.profiler.records import ExecutionRecord, RecordStore
@@ -110,16 +109,21 @@ def trial_job_manifest(
 
 
 def trial_entry(
-    gpu_model: str, gpu_count: int, job: Mapping[str, Any] | None, record: ExecutionRecord | None
+    gpu_model: str,
+    gpu_count: int,
+    job: Mapping[str, Any] | None,
+    record: ExecutionRecord | None,
+    *,
+    recording: bool = False,
 ) -> dict[str, Any]:
-    """One element of status.trials."""
+    """One element of status.trials (`recording`: ended, profiled, record not yet written)."""
     entry: dict[str, Any] = {"gpuModel": gpu_model, "gpuCount": gpu_count}
     if job is None:
         entry["phase"] = "Pending"
         return entry
     entry["job"] = job["metadata"]["name"]
     done = finished(job)
-    if done is None:
+    if done is None or recording:
         entry["phase"] = "Running"
         return entry
     # A deadline stop is how a real trial ends; it still measured what it was there to measure.
@@ -146,9 +150,15 @@ def trial_status(trials: list[dict[str, Any]]) -> dict[str, Any]:
 class TrialController:
     """Creates the trial Jobs of TrialJobs and keeps their status current."""
 
-    def __init__(self, kube: KubeClient, records: RecordStore) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        records: RecordStore,
+        profiled: Callable[[str], Awaitable[bool]],
+    ) -> None:
         self.kube = kube
         self.records = records
+        self.profiled = profiled
 
     async def reconcile(self, trialjob: Mapping[str, Any]) -> dict[str, Any]:
         meta = trialjob["metadata"]
@@ -172,9 +182,12 @@ class TrialController:
                 except Conflict:
                     job = await self.kube.get(JOBS, manifest["metadata"]["name"], ns)
             record = None
+            recording = False
             if job is not None and finished(job) is not None:
-                record = await self.records.get(ns, job["metadata"]["name"], job["metadata"]["uid"])
-            trials.append(trial_entry(gpu_model, gpu_count, job, record))
+                uid = job["metadata"]["uid"]
+                record = await self.records.get(ns, job["metadata"]["name"], uid)
+                recording = record is None and await self.profiled(uid)
+            trials.append(trial_entry(gpu_model, gpu_count, job, record, recording=recording))
         status = trial_status(trials)
         if (trialjob.get("status") or {}) != status:
             # Deleted meanwhile? Its Jobs go with it (owner references).
@@ -186,15 +199,9 @@ class TrialController:
         if kind != "DELETED":
             await self.reconcile(obj)
 
-    async def on_job_event(self, event: JobEvent, _envelope: Envelope[JobEvent]) -> None:
-        """A job finished and its record is written: if it was a trial, update the parent."""
-        if event.kind != "Job" or event.phase not in {JobPhase.COMPLETED, JobPhase.FAILED}:
-            return
-        try:
-            job = await self.kube.get(JOBS, event.name, event.namespace)
-        except NotFound:
-            return
-        await self.on_job("MODIFIED", job)
+    async def on_finalized(self, owner: Mapping[str, Any]) -> None:
+        """The aggregator wrote a job's record: if it was a trial, update the parent."""
+        await self.on_job("MODIFIED", dict(owner))
 
     async def on_job(self, kind: str, job: dict[str, Any]) -> None:
         """A trial Job changed: the parent's status may have to follow."""
