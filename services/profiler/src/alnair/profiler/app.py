@@ -108,10 +108,9 @@ async def start_agent(
     settings: ProfilerSettings, registry: CollectorRegistry | None = None
 ) -> Running:
     metrics = ProfilerMetrics(registry)
-    bus = await Bus.connect(settings.nats_url, name=f"profiler-agent-{settings.node_name or 'sim'}")
-    kube = KubeClient.from_config(settings.kubeconfig)
     tasks: list[asyncio.Task[Any]] = []
     died = asyncio.Event()
+    # The backend first: a node without a driver should fail at once, with NVML's reason.
     backend: GpuBackend
     if settings.backend == "sim":
         table = ThroughputTable.load(settings.gavel_path) if settings.gavel_path.exists() else None
@@ -130,6 +129,8 @@ async def start_agent(
         from alnair.profiler.nvml import NvmlBackend
 
         backend = NvmlBackend(settings.node_name, recover_after_s=settings.nvml_recover_after_s)
+    bus = await Bus.connect(settings.nats_url, name=f"profiler-agent-{settings.node_name or 'sim'}")
+    kube = KubeClient.from_config(settings.kubeconfig)
     agent = Agent(
         backend,
         bus,

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from alnair.common.errors import AlnairError
 from alnair.profiler.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings
 
@@ -51,7 +53,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"alnair profiler: bad settings: {exc}", file=sys.stderr)
         return 2
     if args.cmd == "records":
-        return asyncio.run(_records(settings, args.model, args.gpu, args.limit))
+        try:
+            return asyncio.run(_records(settings, args.model, args.gpu, args.limit))
+        except RedisConnectionError as exc:
+            print(
+                f"alnair profiler: cannot reach Redis at {settings.redis_url}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
     updates: dict[str, str] = {}
     if args.role:
         updates["role"] = args.role
@@ -59,5 +68,10 @@ def main(argv: Sequence[str]) -> int:
         updates["backend"] = args.backend
     from alnair.profiler.app import serve
 
-    asyncio.run(serve(settings.model_copy(update=updates)))
+    try:
+        asyncio.run(serve(settings.model_copy(update=updates)))
+    except AlnairError as exc:
+        # Configuration a person must fix (no NVIDIA driver, no node name): say it plainly.
+        print(f"alnair profiler: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from alnair.common.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -137,10 +139,10 @@ class GpuBackend(Protocol):
         ...
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(ConfigError):
     """The backend cannot run here (no driver, no library); `reason` says why."""
 
     def __init__(self, backend: str, reason: str) -> None:
-        super().__init__(f"GPU backend {backend!r} unavailable: {reason}")
+        super().__init__(f"GPU backend {backend!r} unavailable: {reason}", backend=backend)
         self.backend = backend
         self.reason = reason
