@@ -2,7 +2,8 @@
 
 `evaluate` runs the held-out evaluation (see `evaluation`) on the packaged Gavel data, or on
 Gavel's own throughputs.json given with --data, and prints the figures as a table or, with
---json, as one JSON object (the form CI and the notes quote).
+--json, as one JSON object (the form CI and the notes quote). `serve` runs the service, as
+`python -m alnair.predictor` does.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--level", type=float, default=0.9, help="nominal interval coverage")
     ev.add_argument("--workers", type=int, help="processes (default: CPU cores, at most 4)")
+    commands.add_parser("serve", help="run the predictor service (settings from environment)")
     return parser
 
 
@@ -51,6 +53,13 @@ def _table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    if args.command == "serve":
+        import asyncio
+
+        from alnair.predictor.app import serve
+        from alnair.predictor.settings import PredictorSettings
+
+        return asyncio.run(serve(PredictorSettings()))
     if not 0.0 < args.level < 1.0:
         print(f"alnair predictor: --level must be in (0, 1), got {args.level}", file=sys.stderr)
         return 2

@@ -173,9 +173,12 @@ def steps_of(epoch: int | None, data_size: int | None, batch_size: int) -> int |
 
 def _number(fields: Mapping[str, str], name: str) -> float | None:
     value = fields.get(name)
-    if value is None or value == "":
+    if value is None or value.strip() == "":
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(name) from None
     if not math.isfinite(number):
         raise ValueError(name)
     return number
@@ -202,7 +205,8 @@ def parse_record(key: str, fields: Mapping[str, str]) -> Observation | RecordPro
         data_size = _number(fields, "data_size")
         peak = _number(fields, "peak_gpu_mem_mib")
     except ValueError as error:
-        return RecordProblem(key, str(error).split(":")[-1].strip(), "not a finite number")
+        name = str(error)
+        return RecordProblem(key, name, f"{fields.get(name)!r} is not a finite number")
     if batch is None or batch < 1:
         return RecordProblem(key, "batch_size", f"must be a positive integer, got {batch!r}")
     if count is None or count < 1:

@@ -37,7 +37,7 @@ from alnair.predictor.datasets import JobKey, Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
 
 ModelKind = Literal["baseline", "rf", "gb"]
-Basis = Literal["anchored", "features"]
+Basis = Literal["anchored", "features", "extrapolated"]
 FloatArray = NDArray[np.float64]
 
 
@@ -61,7 +61,7 @@ class ThroughputEstimate:
 
     @property
     def low_confidence(self) -> bool:
-        return self.basis == "features"
+        return self.basis != "anchored"
 
 
 class ThroughputModel(Protocol):

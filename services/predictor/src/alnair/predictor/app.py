@@ -1,0 +1,135 @@
+"""Wiring and lifespan of the predictor service.
+
+`start` connects Redis and NATS, brings up the serving model (the stored current version, or a
+first one trained from Gavel and the records), subscribes to job events and request-reply
+subjects, starts the retrainer's owner task and the HTTP server, and returns a handle whose
+`stop()` undoes it all in reverse. Tests use `start` directly; `serve` runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from alnair.common.bus import Bus, Subscription
+from alnair.common.errors import ConfigError
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import cancel_all, spawn
+from alnair.predictor.api import create_app
+from alnair.predictor.datasets import load_gavel
+from alnair.predictor.handlers import subscribe
+from alnair.predictor.metrics import PredictorMetrics
+from alnair.predictor.retraining import Retrainer
+from alnair.predictor.settings import PredictorSettings
+from alnair.predictor.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    """A started predictor."""
+
+    settings: PredictorSettings
+    metrics: PredictorMetrics
+    bus: Bus
+    redis: aioredis.Redis
+    retrainer: Retrainer
+    server: uvicorn.Server
+    subscriptions: list[Subscription] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def http_port(self) -> int:
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        http = [t for t in self.tasks if t.get_name() == "predictor.http"]
+        if http:
+            await asyncio.wait(http, timeout=5.0)
+        for sub in self.subscriptions:
+            await sub.stop()
+        await cancel_all(self.tasks)
+        await self.bus.close()
+        await self.redis.aclose()
+
+
+async def start(settings: PredictorSettings, registry: CollectorRegistry | None = None) -> Running:
+    metrics = PredictorMetrics(registry)
+    gavel = load_gavel(settings.gavel_path)
+    redis = aioredis.from_url(settings.redis_url)
+    store = ModelStore(redis, keep=settings.models_kept)
+    retrainer = Retrainer(
+        redis,
+        store,
+        gavel,
+        metrics,
+        kind=settings.model_kind,
+        level=settings.interval_level,
+        debounce_s=settings.retrain_debounce_s,
+        max_wait_s=settings.retrain_max_wait_s,
+        tolerance=settings.validation_tolerance,
+    )
+    await retrainer.bootstrap()
+    bus = await Bus.connect(settings.nats_url, name="predictor")
+    died = asyncio.Event()
+
+    def on_death(_exc: BaseException) -> None:
+        died.set()
+
+    tasks = [spawn(retrainer.run(), name="predictor.retrainer", on_death=on_death)]
+    subscriptions = await subscribe(
+        bus, retrainer, metrics, settings.durable, settings.predict_subject
+    )
+    app = create_app(retrainer, store, metrics)
+    config = uvicorn.Config(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_config=None,
+        lifespan="off",
+        access_log=False,
+    )
+    server = uvicorn.Server(config)
+    tasks.append(spawn(server.serve(), name="predictor.http", on_death=on_death))
+    while not server.started:
+        if tasks[-1].done():
+            raise ConfigError(
+                f"HTTP server did not start on {settings.http_host}:{settings.http_port}",
+                host=settings.http_host,
+                port=settings.http_port,
+            )
+        await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once, at startup
+    return Running(settings, metrics, bus, redis, retrainer, server, subscriptions, tasks, died)
+
+
+async def serve(settings: PredictorSettings) -> int:
+    """Run the predictor until SIGTERM/SIGINT, or until one of its tasks dies."""
+    setup_logging(settings.log_level, settings.log_json)
+    running = await start(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    log.info("predictor serving", extra={"url": running.url})
+    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(running.died.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    await running.stop()
+    return 1 if running.died.is_set() and not stop.is_set() else 0

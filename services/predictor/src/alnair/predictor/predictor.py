@@ -1,0 +1,362 @@
+"""The predictor proper: a trained bundle of models and the answers it gives.
+
+A `ModelBundle` is immutable once trained: the throughput model, the co-location model, the
+memory model, what they were trained on and how they validated. The service holds one bundle
+as its current snapshot and swaps in a new one only after it validated (see `retraining`), so
+a request always sees one consistent model, never a half-trained one.
+
+`predict` and `colocation` turn a request into figures the scheduler plans with: throughput
+and runtime with an interval on every GPU type and count asked for, peak memory per GPU and
+whether it fits, and for two jobs on one GPU each one's slowdown. A (job, GPU, count) that was
+measured answers with its measurement; others come from the models, flagged low-confidence
+when the job was measured nowhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from alnair.predictor.catalog import normalize_model_name
+from alnair.predictor.colocation import ColocationModel, ColocQuery, make_colocation_model
+from alnair.predictor.datasets import JobKey, Observation, TrainingData
+from alnair.predictor.gpus import GPU_SPECS, lookup_gpu
+from alnair.predictor.memory import MemoryModel
+from alnair.predictor.schemas import (
+    DEFAULT_GPU_COUNTS,
+    ColocatedJob,
+    ColocationReply,
+    ColocationRequest,
+    Interval,
+    JobSpec,
+    Prediction,
+    PredictReply,
+    PredictRequest,
+)
+from alnair.predictor.throughput import (
+    LearnedThroughput,
+    ModelKind,
+    ThroughputEstimate,
+    ThroughputModel,
+    ThroughputQuery,
+    make_model,
+)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How a candidate bundle fared before it was allowed to serve."""
+
+    accepted: bool
+    reason: str
+    holdout_records: int = 0
+    candidate_mape: float | None = None
+    current_mape: float | None = None
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        return {
+            "accepted": str(self.accepted).lower(),
+            "reason": self.reason,
+            "holdout_records": self.holdout_records,
+            "candidate_mape": self.candidate_mape,
+            "current_mape": self.current_mape,
+        }
+
+
+@dataclass
+class ModelBundle:
+    """Everything one model version serves with."""
+
+    kind: ModelKind
+    level: float
+    throughput: ThroughputModel
+    colocation: ColocationModel
+    memory: MemoryModel
+    measured: dict[tuple[JobKey, str, int], float]
+    training_size: dict[str, int]
+    trained_at: float
+    version: int = 0
+    validation: Validation | None = None
+    known_models: frozenset[str] = field(default_factory=frozenset)
+    measured_gpus: frozenset[str] = field(default_factory=frozenset)
+
+    def halfwidths(self) -> dict[str, float]:
+        widths = getattr(self.throughput, "halfwidth", {})
+        out = {f"throughput_{k}": round(float(v), 4) for k, v in widths.items()}
+        out["colocation"] = round(float(getattr(self.colocation, "halfwidth", math.nan)), 4)
+        return out
+
+
+def _measured(observations: Sequence[Observation]) -> dict[tuple[JobKey, str, int], float]:
+    logs: dict[tuple[JobKey, str, int], list[float]] = defaultdict(list)
+    for obs in observations:
+        logs[(obs.job, obs.gpu_type, obs.gpu_count)].append(math.log(obs.throughput))
+    return {key: float(np.mean(values)) for key, values in logs.items()}
+
+
+def train_bundle(
+    gavel: TrainingData,
+    records: Sequence[Observation],
+    kind: ModelKind = "rf",
+    level: float = 0.9,
+    calibration_folds: int = 4,
+) -> ModelBundle:
+    """Fit every model on Gavel's measurements plus the execution records (CPU-bound)."""
+    alone = [*gavel.alone, *records]
+    throughput = make_model(kind, level, calibration_folds)
+    throughput.fit(alone)
+    colocation = make_colocation_model(kind, level, calibration_folds)
+    colocation.fit(gavel.colocated)
+    memory = MemoryModel()
+    memory.fit(records)
+    return ModelBundle(
+        kind=kind,
+        level=level,
+        throughput=throughput,
+        colocation=colocation,
+        memory=memory,
+        measured=_measured(alone),
+        training_size={
+            "gavel_alone": len(gavel.alone),
+            "gavel_colocated": len(gavel.colocated),
+            "records": len(records),
+        },
+        trained_at=time.time(),
+        known_models=frozenset(o.job.model_name for o in alone),
+        measured_gpus=frozenset(o.gpu_type for o in alone),
+    )
+
+
+def _mape(model: ThroughputModel, observations: Sequence[Observation]) -> float:
+    queries = [ThroughputQuery(o.job, lookup_gpu(o.gpu_type), o.gpu_count) for o in observations]
+    estimates = model.predict(queries)
+    return float(
+        np.mean(
+            [
+                abs(e.steps_per_s - o.throughput) / o.throughput
+                for o, e in zip(observations, estimates, strict=True)
+            ]
+        )
+    )
+
+
+def _sane(model: ThroughputModel, gavel: TrainingData) -> str | None:
+    """Why the model's answers on the Gavel grid are unusable, or None when they are fine."""
+    jobs = sorted({o.job for o in gavel.alone}, key=str)
+    queries = [
+        ThroughputQuery(job, spec, count)
+        for job in jobs
+        for spec in GPU_SPECS.values()
+        for count in DEFAULT_GPU_COUNTS
+    ]
+    for query, estimate in zip(queries, model.predict(queries), strict=True):
+        values = (estimate.steps_per_s, estimate.low, estimate.high)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            return f"non-finite or non-positive throughput for {query.job} on {query.gpu.name}"
+        if not estimate.low <= estimate.steps_per_s <= estimate.high:
+            return f"interval does not contain the estimate for {query.job}"
+    return None
+
+
+def validate_candidate(
+    gavel: TrainingData,
+    records: Sequence[Observation],
+    current: ModelBundle | None,
+    kind: ModelKind,
+    level: float,
+    holdout_fraction: float = 0.2,
+    tolerance: float = 0.25,
+) -> Validation:
+    """Train on all but the newest records and compare with the serving model on those.
+
+    The candidate passes when its answers are sane and, given enough records to hold some
+    out, its MAPE on the newest ones is within `tolerance` (relative, or 5 points) of the
+    serving model's. A serving model may have seen those records already, which favours it;
+    the tolerance keeps that from blocking every retrain.
+    """
+    holdout_n = int(len(records) * holdout_fraction) if len(records) >= 5 else 0
+    train_records = list(records[: len(records) - holdout_n])
+    holdout = list(records[len(records) - holdout_n :])
+    candidate = make_model(kind, level, calibration_folds=0)
+    candidate.fit([*gavel.alone, *train_records])
+    problem = _sane(candidate, gavel)
+    if problem is not None:
+        return Validation(False, problem, holdout_n)
+    if not holdout:
+        return Validation(True, "sane on the Gavel grid; too few records to hold out", 0)
+    candidate_mape = _mape(candidate, holdout)
+    if current is None:
+        return Validation(True, "no serving model to compare with", holdout_n, candidate_mape)
+    current_mape = _mape(current.throughput, holdout)
+    limit = max(current_mape * (1.0 + tolerance), current_mape + 0.05)
+    if candidate_mape > limit:
+        return Validation(
+            False,
+            f"holdout MAPE {candidate_mape:.3f} exceeds the serving model's "
+            f"{current_mape:.3f} by more than the tolerance",
+            holdout_n,
+            candidate_mape,
+            current_mape,
+        )
+    return Validation(
+        True, "holdout MAPE within tolerance", holdout_n, candidate_mape, current_mape
+    )
+
+
+def _job_key(spec: JobSpec) -> JobKey:
+    return JobKey(normalize_model_name(spec.model_name), spec.batch_size)
+
+
+def _estimate(bundle: ModelBundle, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
+    """Model estimates, extrapolated by specification to GPU types never measured.
+
+    Trees cannot extrapolate: asked about an A100 they answer as for the fastest GPU they saw.
+    A GPU type with no measurement at all is therefore predicted on the measured type closest
+    in FP32 throughput and scaled by the geometric mean of the FP32 and memory-bandwidth
+    ratios (training steps are partly compute-, partly memory-bound), with the features-only
+    interval, and flagged as extrapolated.
+    """
+    if not bundle.measured_gpus:
+        return bundle.throughput.predict(queries)
+    measured = [lookup_gpu(name) for name in sorted(bundle.measured_gpus)]
+    proxies: list[ThroughputQuery] = []
+    scales: list[float] = []
+    for query in queries:
+        if query.gpu.name in bundle.measured_gpus:
+            proxies.append(query)
+            scales.append(0.0)
+            continue
+        near = min(measured, key=lambda m: abs(math.log(m.fp32_tflops / query.gpu.fp32_tflops)))
+        proxies.append(ThroughputQuery(query.job, near, query.gpu_count))
+        scales.append(
+            0.5 * math.log(query.gpu.fp32_tflops / near.fp32_tflops)
+            + 0.5 * math.log(query.gpu.bandwidth_gbps / near.bandwidth_gbps)
+        )
+    widths = getattr(bundle.throughput, "halfwidth", {})
+    wide = float(widths.get("features", math.log(3.0)))
+    out = []
+    for query, proxy, scale, estimate in zip(
+        queries, proxies, scales, bundle.throughput.predict(proxies), strict=True
+    ):
+        if proxy is query:
+            out.append(estimate)
+            continue
+        value = estimate.steps_per_s * math.exp(scale)
+        out.append(
+            ThroughputEstimate(
+                value, value * math.exp(-wide), value * math.exp(wide), "extrapolated"
+            )
+        )
+    return out
+
+
+def _log_throughput(bundle: ModelBundle, job: JobKey, gpu: str, count: int) -> tuple[float, str]:
+    measured = bundle.measured.get((job, gpu, count))
+    if measured is not None:
+        return measured, "measured"
+    estimate = _estimate(bundle, [ThroughputQuery(job, lookup_gpu(gpu), count)])[0]
+    return math.log(estimate.steps_per_s), estimate.basis
+
+
+def predict(bundle: ModelBundle, request: PredictRequest) -> PredictReply:
+    """Throughput, runtime and peak memory of the job on every GPU type and count asked."""
+    job = _job_key(request.job)
+    gpu_types = request.gpu_types or list(GPU_SPECS)
+    counts = request.gpu_counts or list(DEFAULT_GPU_COUNTS)
+    queries = [ThroughputQuery(job, lookup_gpu(g), c) for g in gpu_types for c in counts]
+    estimates = _estimate(bundle, queries)
+    memory = bundle.memory.predict(job)
+    steps = request.job.steps()
+    anchored_width = getattr(bundle.throughput, "halfwidth", {}).get("anchored", 0.0)
+    predictions = []
+    for query, estimate in zip(queries, estimates, strict=True):
+        value, low, high = estimate.steps_per_s, estimate.low, estimate.high
+        basis: str = estimate.basis
+        measured = bundle.measured.get((job, query.gpu.name, query.gpu_count))
+        if measured is not None:
+            value, basis = math.exp(measured), "measured"
+            low, high = value * math.exp(-anchored_width), value * math.exp(anchored_width)
+        predictions.append(
+            Prediction(
+                gpu_type=query.gpu.name,
+                gpu_count=query.gpu_count,
+                throughput_steps_per_s=round(value, 6),
+                throughput_interval=Interval(low=round(low, 6), high=round(high, 6)),
+                runtime_s=None if steps is None else round(steps / value, 3),
+                runtime_interval_s=None
+                if steps is None
+                else Interval(low=round(steps / high, 3), high=round(steps / low, 3)),
+                peak_gpu_mem_mib=memory.peak_mib,
+                fits_memory=memory.peak_mib <= query.gpu.memory_mib,
+                low_confidence=basis in ("features", "extrapolated"),
+                basis=basis,
+            )
+        )
+    known = job.model_name in bundle.known_models
+    return PredictReply(
+        model_version=bundle.version,
+        model_kind=bundle.kind,
+        interval_level=bundle.level,
+        job=request.job,
+        known_model=known,
+        low_confidence=not known or any(p.low_confidence for p in predictions),
+        memory_basis=memory.basis,
+        predictions=predictions,
+    )
+
+
+def colocation(bundle: ModelBundle, request: ColocationRequest) -> ColocationReply:
+    """Each job's slowdown when both share one GPU of the requested type."""
+    a, b = _job_key(request.job_a), _job_key(request.job_b)
+    gpu = lookup_gpu(request.gpu_type)
+    log_a, basis_a = _log_throughput(bundle, a, gpu.name, 1)
+    log_b, basis_b = _log_throughput(bundle, b, gpu.name, 1)
+    fractions = bundle.colocation.predict(
+        [
+            ColocQuery(a, b, gpu, 1, log_a, log_b),
+            ColocQuery(b, a, gpu, 1, log_b, log_a),
+        ]
+    )
+    memory_together = bundle.memory.predict(a).peak_mib + bundle.memory.predict(b).peak_mib
+    fits = memory_together <= gpu.memory_mib
+
+    def side(log_alone: float, fraction: Any) -> ColocatedJob:
+        alone = math.exp(log_alone)
+        return ColocatedJob(
+            throughput_alone_steps_per_s=round(alone, 6),
+            throughput_colocated_steps_per_s=round(alone * fraction.fraction, 6),
+            slowdown=round(1.0 / fraction.fraction, 4),
+            slowdown_interval=Interval(
+                low=round(1.0 / fraction.high, 4), high=round(1.0 / fraction.low, 4)
+            ),
+            fits_memory_together=fits,
+        )
+
+    informed = all(f.informed for f in fractions)
+    low_confidence = not informed or bool({"features", "extrapolated"} & {basis_a, basis_b})
+    return ColocationReply(
+        model_version=bundle.version,
+        model_kind=bundle.kind,
+        interval_level=bundle.level,
+        gpu_type=gpu.name,
+        job_a=side(log_a, fractions[0]),
+        job_b=side(log_b, fractions[1]),
+        low_confidence=low_confidence,
+    )
+
+
+__all__ = [
+    "LearnedThroughput",
+    "ModelBundle",
+    "Validation",
+    "colocation",
+    "predict",
+    "train_bundle",
+    "validate_candidate",
+]

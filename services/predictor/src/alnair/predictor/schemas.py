@@ -1,0 +1,187 @@
+"""Request and reply bodies of the predictor, shared by the HTTP API and NATS `alnair.predict`.
+
+Validation lives here so both transports refuse nonsense the same way: a pydantic error names
+the field (`job.batch_size`, `gpu_types.0`), which FastAPI turns into a 422 and the bus into a
+400 reply. Job features accept the seeds' annotation names (`model_name`, `data_size`,
+`epoch`) as they are, and `from_annotations` reads them from a pod's annotations in either
+the seeds' or Alnair's (`alnair.io/model-name`, ...) spelling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from alnair.common.resources import ANN_BATCH_SIZE, ANN_DATA_SIZE, ANN_EPOCH, ANN_MODEL_NAME
+from alnair.predictor.gpus import GPU_SPECS, canonical_gpu
+
+DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
+
+
+def _gpu_name(value: str) -> str:
+    canonical = canonical_gpu(value)
+    if canonical is None:
+        raise ValueError(f"unknown GPU type {value!r} (known: {', '.join(GPU_SPECS)})")
+    return canonical
+
+
+class JobSpec(BaseModel):
+    """What the predictor needs to know about a job."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    model_name: str = Field(min_length=1, max_length=200, description="e.g. resnet50, bert-base")
+    batch_size: int = Field(default=32, ge=1, le=1_000_000, description="samples per step per GPU")
+    data_size: int | None = Field(
+        default=None, ge=1, description="training samples per epoch (with epoch: total steps)"
+    )
+    epoch: int | None = Field(default=None, ge=1, le=1_000_000, description="epochs to train")
+    total_steps: int | None = Field(
+        default=None, ge=1, description="total training steps; overrides epoch x data_size"
+    )
+
+    @field_validator("model_name")
+    @classmethod
+    def _has_letters(cls, value: str) -> str:
+        if not any(c.isalnum() for c in value):
+            raise ValueError(f"model name {value!r} has no letters or digits")
+        return value
+
+    def steps(self) -> int | None:
+        """Total steps: given, or epochs x batches per epoch; None when neither is known."""
+        if self.total_steps is not None:
+            return self.total_steps
+        if self.epoch is not None and self.data_size is not None:
+            return self.epoch * math.ceil(self.data_size / self.batch_size)
+        return None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> JobSpec:
+        """Job features from pod annotations (Alnair's names, or the seeds' bare names)."""
+
+        def pick(*names: str) -> str | None:
+            for name in names:
+                if annotations.get(name):
+                    return annotations[name]
+            return None
+
+        doc: dict[str, str] = {}
+        for field, names in (
+            ("model_name", (ANN_MODEL_NAME, "model_name")),
+            ("batch_size", (ANN_BATCH_SIZE, "batch_size")),
+            ("data_size", (ANN_DATA_SIZE, "data_size")),
+            ("epoch", (ANN_EPOCH, "epoch")),
+        ):
+            value = pick(*names)
+            if value is not None:
+                doc[field] = value
+        return cls.model_validate(doc)
+
+
+class PredictRequest(BaseModel):
+    """A job, and the GPU types and counts to predict it on (default: all known, 1/2/4/8)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: JobSpec
+    gpu_types: list[str] | None = Field(default=None, max_length=32)
+    gpu_counts: list[int] | None = Field(default=None, max_length=16)
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _known_gpus(cls, values: list[str] | None) -> list[str] | None:
+        if values is None:
+            return None
+        return list(dict.fromkeys(_gpu_name(v) for v in values))
+
+    @field_validator("gpu_counts")
+    @classmethod
+    def _counts(cls, values: list[int] | None) -> list[int] | None:
+        if values is None:
+            return None
+        for value in values:
+            if not 1 <= value <= 64:
+                raise ValueError(f"GPU count {value} is outside 1..64")
+        return sorted(set(values))
+
+
+class Interval(BaseModel):
+    low: float
+    high: float
+
+
+class Prediction(BaseModel):
+    """The job on `gpu_count` GPUs of `gpu_type`."""
+
+    gpu_type: str
+    gpu_count: int
+    throughput_steps_per_s: float
+    throughput_interval: Interval
+    runtime_s: float | None = Field(description="total steps / throughput; null without steps")
+    runtime_interval_s: Interval | None
+    peak_gpu_mem_mib: float = Field(description="per GPU")
+    fits_memory: bool
+    low_confidence: bool
+    basis: str = Field(
+        description="anchored: from this job's measurements; features: from its features alone"
+    )
+
+
+class PredictReply(BaseModel):
+    model_version: int
+    model_kind: str
+    interval_level: float
+    job: JobSpec
+    known_model: bool = Field(description="the model name was measured somewhere")
+    low_confidence: bool
+    memory_basis: str
+    predictions: list[Prediction]
+
+
+class ColocationRequest(BaseModel):
+    """Two jobs sharing one GPU of `gpu_type`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_a: JobSpec
+    job_b: JobSpec
+    gpu_type: str
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        return _gpu_name(value)
+
+
+class ColocatedJob(BaseModel):
+    throughput_alone_steps_per_s: float
+    throughput_colocated_steps_per_s: float
+    slowdown: float = Field(description="alone / co-located throughput (>= about 1)")
+    slowdown_interval: Interval
+    fits_memory_together: bool
+
+
+class ColocationReply(BaseModel):
+    model_version: int
+    model_kind: str
+    interval_level: float
+    gpu_type: str
+    job_a: ColocatedJob
+    job_b: ColocatedJob
+    low_confidence: bool
+
+
+class ModelInfoReply(BaseModel):
+    """What `GET /v1/models` says about the serving model and its history."""
+
+    version: int
+    kind: str
+    trained_at: float
+    training_size: dict[str, int]
+    interval_level: float
+    halfwidths: dict[str, float]
+    last_evaluation: dict[str, float | int | str | None]
+    retraining: bool
+    history: list[dict[str, float | int | str | None]]

@@ -1,0 +1,81 @@
+"""Settings of the predictor service (env prefix `ALNAIR_PREDICTOR_`).
+
+Connection settings also answer to the plain `ALNAIR_` names so one ConfigMap serves every
+service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from alnair.common.settings import ServiceSettings
+
+
+def _both(name: str) -> AliasChoices:
+    return AliasChoices(f"ALNAIR_PREDICTOR_{name}", f"ALNAIR_{name}", name.lower())
+
+
+class PredictorSettings(ServiceSettings):
+    """Everything the predictor reads from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ALNAIR_PREDICTOR_", extra="ignore", populate_by_name=True
+    )
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=_both("NATS_URL"),
+        description="NATS server URL(s), comma-separated",
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=_both("REDIS_URL"),
+        description="Redis URL: execution records (read) and model versions (read/write)",
+    )
+    cluster: str = Field(
+        default="default", validation_alias=_both("CLUSTER"), description="cluster name"
+    )
+    log_level: str = Field(
+        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
+    )
+    log_json: bool = Field(
+        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
+    )
+    model_kind: Literal["rf", "gb"] = Field(
+        default="rf",
+        description="model that serves: rf (random forest) or gb (gradient-boosted trees)",
+    )
+    interval_level: float = Field(
+        default=0.9, gt=0.0, lt=1.0, description="nominal coverage of predicted intervals"
+    )
+    retrain_debounce_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="retrain once no job completed for this long after a completion",
+    )
+    retrain_max_wait_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="retrain at the latest this long after the first completion of a burst",
+    )
+    validation_tolerance: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="relative holdout-MAPE margin a candidate may lose to the serving model",
+    )
+    models_kept: int = Field(default=10, ge=1, description="model versions kept in Redis")
+    gavel_path: Path | None = Field(
+        default=None,
+        description="Gavel throughputs.json or packaged-format CSV; unset: the packaged copy",
+    )
+    durable: str = Field(
+        default="predictor-retrain", description="JetStream durable consumer for job events"
+    )
+    predict_subject: str = Field(
+        default="alnair.predict", description="NATS request-reply subject for predictions"
+    )
+    source: str = Field(default="alnair-predictor", description="CloudEvents source")
