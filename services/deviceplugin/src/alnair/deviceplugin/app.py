@@ -61,7 +61,11 @@ class Running:
 
     async def stop(self) -> None:
         if self.server is not None:
+            # uvicorn must close its listening socket itself; cancelling it first leaks it
             self.server.should_exit = True
+            http = [t for t in self.tasks if t.get_name() == "deviceplugin.http"]
+            if http:
+                await asyncio.wait(http, timeout=5.0)
         await cancel_all(self.tasks)
         await self.vgpus.stop()
         if self.bus is not None:

@@ -103,6 +103,8 @@ class VgpuRegistry:
         self._conns: dict[str, list[ShimConnection]] = {}
         self._server: asyncio.AbstractServer | None = None
         self._changed = asyncio.Event()
+        self.seen: list[Registration] = []
+        """Every registration since start, also of processes already gone."""
 
     # --- allocations ---------------------------------------------------------------------
 
@@ -198,6 +200,7 @@ class VgpuRegistry:
             writer.close()
             return
         conn = ShimConnection(reg, _peer_pid(writer), writer)
+        self.seen.append(reg)
         self._conns.setdefault(reg.vgpu_id, []).append(conn)
         self._changed.set()
         log.info(
