@@ -33,6 +33,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
+from redis.exceptions import RedisError
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
@@ -47,6 +48,7 @@ from alnair.common.kube import (
     Unavailable,
     resource_for,
 )
+from alnair.common.tasks import cancel_all, spawn
 from alnair.profiler.aggregation import SERIES, Profile, Stat, owner_annotations
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.records import ExecutionRecord, Outcome, RecordStore, record_key
@@ -232,6 +234,7 @@ class Aggregator:
         self._kv: KeyValue | None = None
         self._node_models: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._retries: set[asyncio.Task[Any]] = set()
         # Called with the owner object once its record is written and announced (in-process
         # followers such as the TrialJob controller).
         self.on_finalized: list[Callable[[Mapping[str, Any]], Awaitable[None]]] = []
@@ -377,11 +380,53 @@ class Aggregator:
         done = finished(obj)
         if done is None:
             return
+        await self._finalize_or_retry(obj, resource, done[0], done[1], attempt=0)
+
+    async def _finalize_or_retry(
+        self,
+        obj: Mapping[str, Any],
+        resource: Resource,
+        outcome: Outcome,
+        end_ts: float | None,
+        attempt: int,
+    ) -> None:
         uid = str(obj.get("metadata", {}).get("uid", ""))
         lock = self._locks.setdefault(uid, asyncio.Lock())
-        async with lock:
-            await self.finalize(obj, resource, done[0], done[1])
-        self._locks.pop(uid, None)
+        try:
+            async with lock:
+                await self.finalize(obj, resource, outcome, end_ts)
+        except (TemporaryError, RedisError) as exc:
+            # The API server, Redis or NATS is away. No further watch event may come for a
+            # finished job, so retry on our own, backing off; every step is idempotent.
+            delay = min(60.0, 2.0**attempt)
+            log.warning(
+                "finalize failed, will retry",
+                extra={"uid": uid, "error": str(exc), "delay_s": delay},
+            )
+            task = spawn(
+                self._retry_later(obj, resource, outcome, end_ts, attempt + 1, delay),
+                name=f"profiler.aggregator.retry-{uid}",
+            )
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+        finally:
+            self._locks.pop(uid, None)
+
+    async def close(self) -> None:
+        """Stop pending retries (they resume from the next watch event after a restart)."""
+        await cancel_all(list(self._retries))
+
+    async def _retry_later(
+        self,
+        obj: Mapping[str, Any],
+        resource: Resource,
+        outcome: Outcome,
+        end_ts: float | None,
+        attempt: int,
+        delay_s: float,
+    ) -> None:
+        await asyncio.sleep(delay_s)
+        await self._finalize_or_retry(obj, resource, outcome, end_ts, attempt)
 
     async def finalize(
         self, obj: Mapping[str, Any], resource: Resource, outcome: Outcome, end_ts: float | None

@@ -73,6 +73,8 @@ class Running:
         if http:
             await asyncio.wait(http, timeout=5.0)
         await cancel_all(self.tasks)
+        if self.aggregator is not None:
+            await self.aggregator.close()
         close = getattr(self.backend, "close", None)
         if callable(close):
             close()
