@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -225,11 +224,6 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
         await redis.aclose()
         await aggregator.stop()
         await agent.stop()
-
-
-def test_manifests_exist() -> None:
-    root = Path(__file__).resolve().parents[2]
-    assert (root / "deploy/kustomize/crds/trialjob.yaml").exists()
 
 
 async def bind_pending_pods(
