@@ -50,6 +50,11 @@ typedef struct {
     alnair_proc_slot procs[ALNAIR_MAX_PROCS];
 } alnair_region;
 
+/* alnair.deviceplugin.region decodes exactly this layout */
+_Static_assert(sizeof(alnair_device_counters) == 64, "device record is 64 bytes");
+_Static_assert(sizeof(alnair_proc_slot) == 144, "process slot is 144 bytes");
+_Static_assert(sizeof(alnair_region) == 64 + 16 * 64 + 256 * 144, "region layout changed");
+
 /* region.c */
 int region_open(const char *path);            /* 0 ok; falls back to a private region */
 void region_set_limits(const uint64_t *limit_bytes, const uint64_t *compute_pct);

@@ -27,7 +27,7 @@
 
 #define API __attribute__((visibility("default")))
 #define MAXDEV 16
-#define QUEUE_DEPTH 32
+#define QUEUE_DEPTH 64
 
 typedef struct {
     _Atomic uint64_t used[MAXDEV];

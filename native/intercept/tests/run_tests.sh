@@ -36,6 +36,7 @@ run dynamic ALNAIR_GPU_MEMORY_LIMIT_MIB=64 ALNAIR_VGPU_REGION="$WORK/dynamic.reg
 run concurrency ALNAIR_GPU_MEMORY_LIMIT_BYTES=67108864 ALNAIR_VGPU_REGION="$WORK/conc.region" \
     FAKE_CUDA_STATS="$WORK/conc.stats" CUDA_VISIBLE_DEVICES=0 FAKE_CUDA_DEVICES=1 \
     "$BUILD/tests/test_concurrency"
+run next "$BUILD/tests/test_next"
 for pct in 30 60; do
     run "compute$pct" ALNAIR_GPU_COMPUTE_PCT=$pct ALNAIR_REGISTRY_SOCKET="$WORK/reg$pct.sock" \
         ALNAIR_VGPU_REGION="$WORK/compute$pct.region" CUDA_VISIBLE_DEVICES=0 \
@@ -44,7 +45,8 @@ done
 run compute_ex ALNAIR_GPU_COMPUTE_PCT=40 ALNAIR_REGISTRY_SOCKET="$WORK/regex.sock" \
     ALNAIR_VGPU_REGION="$WORK/computeex.region" CUDA_VISIBLE_DEVICES=0 \
     FAKE_CUDA_KERNEL_US=100 "$BUILD/tests/test_compute" ex
-run compute_unlimited CUDA_VISIBLE_DEVICES=0 FAKE_CUDA_KERNEL_US=100 "$BUILD/tests/test_compute"
+run compute_unlimited CUDA_VISIBLE_DEVICES=0 FAKE_CUDA_KERNEL_US=100 \
+    ALNAIR_GPU_MEMORY_LIMIT_MIB=64 ALNAIR_VGPU_REGION="$WORK/unlimited.region" "$BUILD/tests/test_compute"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
