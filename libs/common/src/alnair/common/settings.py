@@ -7,26 +7,47 @@ Units are in the field names (`timeout_s`, `port`), and every field says what it
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class CommonSettings(BaseSettings):
     """Connections and identity shared by all services (env prefix `ALNAIR_`)."""
 
-    model_config = SettingsConfigDict(env_prefix="ALNAIR_", extra="ignore")
+    # Connection fields keep their plain `ALNAIR_` names even in a service's settings class
+    # (whose own prefix is `ALNAIR_<SERVICE>_`): one ConfigMap configures every service.
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_", extra="ignore", populate_by_name=True)
 
     nats_url: str = Field(
-        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+        validation_alias=AliasChoices("ALNAIR_NATS_URL"),
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL(s), comma-separated",
     )
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL")
+    redis_url: str = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_URL"),
+        default="redis://127.0.0.1:6379/0",
+        description="Redis URL",
+    )
     kubeconfig: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_KUBECONFIG"),
         default=None,
         description="kubeconfig path; unset means in-cluster service account, then ~/.kube/config",
     )
-    cluster: str = Field(default="default", description="name of this cluster in job events")
-    log_level: str = Field(default="info", description="debug, info, warning or error")
-    log_json: bool = Field(default=True, description="JSON log lines (false: human-readable)")
+    cluster: str = Field(
+        validation_alias=AliasChoices("ALNAIR_CLUSTER"),
+        default="default",
+        description="name of this cluster in job events",
+    )
+    log_level: str = Field(
+        validation_alias=AliasChoices("ALNAIR_LOG_LEVEL"),
+        default="info",
+        description="debug, info, warning or error",
+    )
+    log_json: bool = Field(
+        validation_alias=AliasChoices("ALNAIR_LOG_JSON"),
+        default=True,
+        description="JSON log lines (false: human-readable)",
+    )
 
 
 class ServiceSettings(CommonSettings):

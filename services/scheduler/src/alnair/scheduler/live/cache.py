@@ -117,6 +117,7 @@ class SchedulerCache:
         self.unhealthy: set[tuple[str, int]] = set()
         self.util: dict[tuple[str, int], float] = {}
         self._snap: LiveSnapshot | None = None
+        self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
 
     # --- reading -------------------------------------------------------------------------
@@ -127,11 +128,15 @@ class SchedulerCache:
         return self._snap
 
     def gpu_memory_table(self) -> dict[str, int]:
+        """GPU memory per model: the nodes' labels, else the built-in table (cached)."""
+        if self._memory_table is not None:
+            return self._memory_table
         table = dict(r.GPU_MODEL_MEMORY_MIB)
         for info in self.nodes.values():
             mem = info.labels.get(r.LABEL_GPU_MEMORY_MIB)
             if info.spec.gpu_model and mem and mem.isdigit():
                 table[info.spec.gpu_model] = int(mem)
+        self._memory_table = table
         return table
 
     def is_placed(self, uid: str) -> bool:
@@ -144,6 +149,8 @@ class SchedulerCache:
         info = node_info(node)
         old = self.nodes.get(info.spec.name)
         self.nodes[info.spec.name] = info
+        if old is None or old.labels != info.labels:
+            self._memory_table = None
         if old is None or old.spec != info.spec:
             self._snap = None
             return True
