@@ -140,6 +140,20 @@ API CUresult cuCtxSetCurrent(CUcontext c) {
     return CUDA_SUCCESS;
 }
 API CUresult cuCtxGetDevice(CUdevice *d) { *d = t_dev; return CUDA_SUCCESS; }
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    *c = (CUcontext)(uintptr_t)(d + 1);
+    return CUDA_SUCCESS;
+}
+/* modules hold no code here: gpu_smoke.c can be dry-run against this fake */
+API CUresult cuModuleLoadData(void **m, const void *image) {
+    *m = (void *)image;
+    return CUDA_SUCCESS;
+}
+API CUresult cuModuleGetFunction(CUfunction *f, void *m, const char *name) {
+    (void)name;
+    *f = (CUfunction)m;
+    return CUDA_SUCCESS;
+}
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     ensure();
     if (d < 0 || d >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
