@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -148,10 +149,8 @@ async def run_phase(
         if not left:
             break
         await asyncio.sleep(1.0)
-    try:
+    with contextlib.suppress(NotFound):
         await kube.delete(NAMESPACES, ns)
-    except NotFound:
-        pass
     return result
 
 

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kube_builders import make_pod, pod_group
 
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODGROUPS, PODS, PRIORITYCLASSES, Conflict, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
+from kube_builders import make_pod, pod_group
 
 pytestmark = pytest.mark.e2e
 

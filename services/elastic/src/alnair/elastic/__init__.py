@@ -1,1 +1,4 @@
-"""Alnair Elastic: the ElasticJob controller that grows and shrinks Horovod-style jobs with free GPUs."""
+"""Alnair Elastic: the ElasticJob controller that grows and shrinks Horovod-style jobs.
+
+Not built yet: no issue covers it. The CRD ships in deploy/kustomize/crds/elasticjob.yaml.
+"""
