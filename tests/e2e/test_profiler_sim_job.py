@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import httpx
@@ -25,6 +26,7 @@ from alnair.common.localstack import ControlPlane
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from alnair.profiler.records import RECORDS_INDEX, RecordStore
 from alnair.profiler.settings import ProfilerSettings
+from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
 
 pytestmark = pytest.mark.e2e
 
@@ -177,6 +179,12 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
         assert record.submit_ts <= record.start_ts <= record.end_ts
         assert 0 < record.peak_gpu_mem_mib <= 32510
         assert 0 < record.mean_gpu_util_pct <= 100
+        # The sim agent reported Gavel's measured throughput for ResNet-50/64 on 2 V100s.
+        assert record.throughput_steps_per_s == pytest.approx(7.922054367597505, rel=1e-3)
+        assert record.steps is not None
+        assert record.steps == pytest.approx(
+            record.throughput_steps_per_s * record.duration_s, abs=1
+        )
         assert completed[0].detail["record"] == record.key
         keys = [k.decode() for k in await redis.zrange(RECORDS_INDEX, 0, -1)]
         assert keys.count(record.key) == 1
@@ -224,6 +232,11 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
         await redis.aclose()
         await aggregator.stop()
         await agent.stop()
+
+
+def gavel_rate(gpu: str, job: str, scale: int) -> float:
+    raw = json.loads(DEFAULT_GAVEL_PATH.read_text())
+    return float(raw[gpu][str((job, scale))]["null"])
 
 
 async def bind_pending_pods(
@@ -299,6 +312,11 @@ async def test_trialjob_measures_each_candidate(
         assert (status["total"], status["finished"]) == (2, 2)
         by_model = {t["gpuModel"]: t for t in status["trials"]}
         assert set(by_model) == {"V100M32", "K80"}
+        # Gavel's measurements for ResNet-50/64: 1 V100, and 2 K80s.
+        expected_rate = {
+            "V100M32": 4.525762041224065,
+            "K80": gavel_rate("k80", "ResNet-50 (batch size 64)", 2),
+        }
         store = RecordStore(redis)
         for model, count in (("V100M32", 1), ("K80", 2)):
             entry = by_model[model]
@@ -306,6 +324,7 @@ async def test_trialjob_measures_each_candidate(
             assert entry["gpuCount"] == count
             assert 4 <= entry["durationSeconds"] <= 30
             assert entry["peakGpuMemMib"] > 0
+            assert entry["throughputStepsPerS"] == pytest.approx(expected_rate[model], rel=1e-3)
             found = [
                 r
                 for r in await store.query(model="ResNet-50", gpu=model)

@@ -235,3 +235,38 @@ async def test_health_flips_from_node_annotation_are_signalled() -> None:
     assert [(s.gpu_index, s.healthy) for s in signals] == [(2, False), (2, True)]
     assert signals[0].xid == 79
     assert signals[0].gpu_uuid == gpu_uuid("n1", 2)
+
+
+def test_throughput_is_gavels_measurement_slowed_by_sharing(table: ThroughputTable | None) -> None:
+    if table is None:
+        pytest.skip(f"Gavel data not at {DEFAULT_GAVEL_PATH}")
+    sim = SimBackend(table, jitter=0.0)
+    sim.upsert_node(v100_node())
+    r50 = table.resolve("ResNet-50", 64)
+    r18 = table.resolve("ResNet-18", 16)
+    sim.upsert_pod(
+        PodBuilder("a").gpus(1).model("ResNet-50", 64).ann(res.ANN_GPU_INDICES, "0").obj, NOW
+    )
+    sim.upsert_pod(
+        PodBuilder("wide").gpus(2).model("ResNet-50", 64).ann(res.ANN_GPU_INDICES, "2,3").obj, NOW
+    )
+    alone = sim.pod_throughputs("n1")
+    assert alone["uid-a"] == pytest.approx(table.throughput(r50, "V100M32", 1) or 0)
+    # Two GPUs: Gavel's 2-GPU measurement, not twice the 1-GPU one.
+    assert alone["uid-wide"] == pytest.approx(table.throughput(r50, "V100M32", 2) or 0)
+    sim.upsert_pod(
+        PodBuilder("b").gpus(1).model("ResNet-18", 16).ann(res.ANN_GPU_INDICES, "0").obj, NOW
+    )
+    shared = sim.pod_throughputs("n1")
+    assert shared["uid-a"] == pytest.approx(alone["uid-a"] * table.slowdown(r50, [r18], "V100M32"))
+    assert shared["uid-wide"] == alone["uid-wide"]
+    # A failed GPU stops its pods.
+    sim.upsert_node(
+        NodeBuilder("n1")
+        .label(res.LABEL_GPU_MODEL, "V100M32")
+        .label(res.LABEL_GPU_COUNT, "4")
+        .unhealthy("3")
+        .obj
+    )
+    assert sim.pod_throughputs("n1")["uid-wide"] == 0.0
+    assert "uid-cpu" not in sim.pod_throughputs("n1")

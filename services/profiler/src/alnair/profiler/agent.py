@@ -25,18 +25,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from nats.js.kv import KeyValue
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink, PodMetric
-from alnair.common.kube import NODES, KubeClient, NotFound
+from alnair.common.kube import NODES, PODS, KubeClient, NotFound
 from alnair.profiler.aggregation import pod_shares
 from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
 from alnair.profiler.metrics import ProfilerMetrics
+from alnair.profiler.records import ANN_THROUGHPUT
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,13 @@ def _dt(ts: float) -> Any:
     return datetime.fromtimestamp(ts, UTC)
 
 
+@runtime_checkable
+class ReportsThroughput(Protocol):
+    """A backend that knows its pods' training throughput (the sim does; NVML does not)."""
+
+    def pod_throughputs(self, node: str) -> dict[str, float]: ...
+
+
 class Agent:
     """Samples a backend and publishes what it sees; one per process."""
 
@@ -217,6 +225,7 @@ class Agent:
         self._published: dict[str, GpuInventory] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
         self.last_sample: dict[str, list[PodMetric]] = {}
+        self._reported_throughput: dict[str, dict[str, float]] = {}  # node -> pod uid -> steps/s
 
     # -- inventory and labels ---------------------------------------------------------
     async def sync_node(self, node: str, current_labels: Mapping[str, str] | None = None) -> None:
@@ -299,11 +308,37 @@ class Agent:
                 live.add((metric.namespace, metric.pod))
             self.metrics.samples.labels(node).inc(len(metrics))
             self.last_sample[node] = metrics
+            if isinstance(self.backend, ReportsThroughput):
+                await self._report_throughput(node, sample)
             sent += metrics
         for key in self.metrics.pods() - live:
             self.metrics.forget_pod(*key)
         self.meter.forget_except({m.pod_uid for m in sent})
         return sent
+
+    async def _report_throughput(self, node: str, sample: NodeSample) -> None:
+        """Write a simulated pod's throughput on it when it changes (start, a neighbour comes
+        or goes), as a real workload's training callback would: a patch per change, not per
+        second."""
+        if self.kube is None:
+            return
+        assert isinstance(self.backend, ReportsThroughput)
+        reported = self._reported_throughput.setdefault(node, {})
+        for uid, value in self.backend.pod_throughputs(node).items():
+            before = reported.get(uid)
+            if before is not None and abs(before - value) <= 0.01 * max(before, 1e-9):
+                continue
+            ref = sample.pods.get(uid) or self.directory.pods.get(uid)
+            if ref is None:
+                continue
+            patch = {"metadata": {"annotations": {ANN_THROUGHPUT: f"{value:.6g}"}}}
+            try:
+                await self.kube.patch(PODS, ref.name, patch, ref.namespace)
+            except NotFound:
+                continue
+            reported[uid] = value
+        for uid in [u for u in reported if u not in sample.pods]:
+            del reported[uid]
 
     async def run_sampler(self, interval_s: float = 1.0) -> None:
         """Sample on a fixed cadence (not drifting with the time a sample takes)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -51,11 +52,17 @@ from alnair.common.kube import (
 from alnair.common.tasks import cancel_all, spawn
 from alnair.profiler.aggregation import SERIES, Profile, Stat, owner_annotations
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import ExecutionRecord, Outcome, RecordStore, record_key
+from alnair.profiler.records import (
+    ANN_STEPS,
+    ANN_THROUGHPUT,
+    ExecutionRecord,
+    Outcome,
+    RecordStore,
+    record_key,
+)
 
 log = logging.getLogger(__name__)
 
-ANN_STEPS = "alnair.io/steps"
 P = "alnair:"
 
 # KEYS[1] pod stats hash, KEYS[2] owner GPU set.
@@ -187,6 +194,14 @@ def _annotation(obj: Mapping[str, Any], key: str) -> str:
         "annotations"
     ) or {}
     return str(tmpl.get(key, ""))
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 and math.isfinite(value) else None
 
 
 def profile_from_hash(fields: Mapping[str, str]) -> Profile:
@@ -460,8 +475,7 @@ class Aggregator:
         )
         last_seen = max((float(f.get("last_ts", "0")) for f in pod_fields), default=0.0)
         end = end_ts or last_seen or time.time()
-        steps_text = _annotation(obj, ANN_STEPS)
-        steps = int(steps_text) if steps_text.isdigit() else None
+        steps, throughput = await self.progress(obj, uid, max(0.0, end - start))
         gpus = template_gpus(obj) or int(await self.redis.scard(f"{P}owner:{uid}:gpus"))
         record = ExecutionRecord(
             namespace=ns,
@@ -477,7 +491,7 @@ class Aggregator:
             start_ts=start,
             end_ts=max(end, start),
             steps=steps,
-            throughput_steps_per_s=(steps / (end - start)) if steps and end > start else None,
+            throughput_steps_per_s=throughput,
             peak_gpu_mem_mib=profile.get("gpu_mem_used_mib").max,
             mean_gpu_util_pct=profile.get("gpu_util_pct").mean,
             outcome=outcome,
@@ -519,6 +533,45 @@ class Aggregator:
         for follower in self.on_finalized:
             await follower(obj)
         return record
+
+    async def progress(
+        self, owner: Mapping[str, Any], owner_uid: str, duration_s: float, max_pods: int = 32
+    ) -> tuple[int | None, float | None]:
+        """Training steps and steps/s the workload reported, from its owner or its pods.
+
+        Data-parallel workers report the same global step, so pods count by their maximum.
+        Steps over the run's duration give the throughput; a reported throughput alone gives
+        the steps it implies.
+        """
+        steps = _number(_annotation(owner, ANN_STEPS))
+        rate = _number(_annotation(owner, ANN_THROUGHPUT))
+        if steps is None and rate is None:
+            pod_uids = sorted(
+                _text(p) for p in await self.redis.smembers(f"{P}owner:{owner_uid}:pods")
+            )
+            for pod_uid in pod_uids[:max_pods]:
+                meta = {
+                    _text(k): _text(v)
+                    for k, v in (await self.redis.hgetall(f"{P}pod:{pod_uid}:meta")).items()
+                }
+                if not meta:
+                    continue
+                try:
+                    pod = await self.kube.get(PODS, meta["name"], meta["namespace"])
+                except NotFound:
+                    continue
+                ann = pod.get("metadata", {}).get("annotations") or {}
+                pod_steps = _number(str(ann.get(ANN_STEPS, "")))
+                pod_rate = _number(str(ann.get(ANN_THROUGHPUT, "")))
+                if pod_steps is not None:
+                    steps = max(steps or 0.0, pod_steps)
+                if pod_rate is not None:
+                    rate = max(rate or 0.0, pod_rate)
+        if steps is not None:
+            return int(steps), (steps / duration_s if duration_s > 0 else rate)
+        if rate is not None:
+            return int(rate * duration_s), rate
+        return None, None
 
     async def is_profiled(self, owner_uid: str) -> bool:
         """Whether any pod of this owner was ever sampled (so a record will follow its end)."""

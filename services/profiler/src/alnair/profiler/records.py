@@ -23,6 +23,12 @@ from typing import Any, Literal, cast
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field
 
+# Progress a workload reports about itself (a training callback writes them on its pod or its
+# owner; the sim agent writes the throughput of simulated pods). Records take steps and
+# throughput from them.
+ANN_STEPS = "alnair.io/steps"
+ANN_THROUGHPUT = "alnair.io/throughput-steps-per-s"
+
 RECORD_PREFIX = "alnair:record:"
 RECORDS_INDEX = "alnair:records"
 

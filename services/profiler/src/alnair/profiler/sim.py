@@ -372,6 +372,48 @@ class SimBackend:
         usage = {p.ref.uid: self._pod_usage(p, second) for p in on_node}
         return NodeSample(node, now, tuple(samples), {p.ref.uid: p.ref for p in on_node}, usage)
 
+    def pod_throughputs(self, node: str) -> dict[str, float]:
+        """Steps/s of each modelled pod on the node, as Gavel measured it, slowed by sharing.
+
+        A multi-GPU pod uses Gavel's number for that GPU count when measured (else the
+        1-GPU number times the count, an upper bound) and runs at the pace of its most
+        slowed GPU, as data-parallel training does. A pod on an unhealthy GPU makes no
+        progress.
+        """
+        if self._table is None:
+            return {}
+        inv = self._nodes.get(node)
+        if inv is None:
+            return {}
+        healthy = {g.index: g.healthy for g in inv.gpus}
+        model = inv.gpus[0].model if inv.gpus else ""
+        on_node = [p for p in self._pods.values() if p.node == node]
+        out: dict[str, float] = {}
+        for pod in on_node:
+            if pod.job is None or not pod.indices:
+                continue
+            count = len(pod.indices)
+            base = self._table.throughput(pod.job, model, count)
+            if base is None:
+                single = self._table.throughput(pod.job, model, 1)
+                if single is None:
+                    continue
+                base = single * count
+            factor = 1.0
+            for index in pod.indices:
+                if not healthy.get(index, True):
+                    factor = 0.0
+                    break
+                others = [
+                    o.job
+                    for o in on_node
+                    if o is not pod and o.job is not None and index in o.indices
+                ]
+                if others:
+                    factor = min(factor, self._table.slowdown(pod.job, others, model))
+            out[pod.ref.uid] = base * factor * min(1.0, pod.milli / 1000.0)
+        return out
+
     def _load(
         self, pod: SimPod, others: list[JobType], gpu: GpuInfo, second: int
     ) -> tuple[float, float]:
