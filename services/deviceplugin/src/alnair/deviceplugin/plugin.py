@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+KUBELET_MAX_MESSAGE_BYTES = 4 << 20
+"""gRPC's default receive limit, which the kubelet keeps for device lists."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,14 @@ class ResourcePlugin:
                 self.metrics.devices.labels(self.resource, "healthy").set(healthy)
                 self.metrics.devices.labels(self.resource, "unhealthy").set(len(devices) - healthy)
                 self.metrics.list_sends.labels(self.resource).inc()
-                yield _to_proto(devices)
+                message = _to_proto(devices)
+                size = message.ByteSize()
+                if size > KUBELET_MAX_MESSAGE_BYTES:
+                    log.error(
+                        "device list too large for the kubelet: raise memory_unit_mib",
+                        extra={"resource": self.resource, "bytes": size, "devices": len(devices)},
+                    )
+                yield message
         finally:
             self.streams -= 1
             self.stream_closed.set()
