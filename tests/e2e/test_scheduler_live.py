@@ -329,3 +329,63 @@ async def test_restarting_the_scheduler_mid_run_loses_and_double_binds_nothing(
     assert_no_overcommit(pods, 8)
     assert len(sched.cache.assumed) == 0
     await second.stop()
+
+
+async def test_explain_and_queue_api_and_metrics(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    import httpx
+
+    from alnair.scheduler.api import build_api
+
+    await pool(control_plane, kube, "1x T4:4", namespace)
+    await kube.create(PODS, make_pod("big", namespace).pool(namespace).gpus(6).obj(), namespace)
+    await kube.create(PODS, make_pod("ok", namespace).pool(namespace).gpus(1).obj(), namespace)
+    await wait_for(lambda: _bound_node(kube, namespace, "ok"), 20)
+    transport = httpx.ASGITransport(app=build_api(scheduler))
+    async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as http:
+
+        async def explained() -> dict[str, Any] | None:
+            resp = await http.get(f"/v1/pods/{namespace}/big/explain")
+            doc: dict[str, Any] = resp.json()
+            return doc if resp.status_code == 200 and "filtered" in doc else None
+
+        doc = await wait_for(explained, 10)
+        assert doc["request"]["num_gpu"] == 6
+        assert "nodes are available" in doc["message"]
+        assert "Insufficient whole GPUs" in doc["filtered"].values()
+        missing = await http.get(f"/v1/pods/{namespace}/nope/explain")
+        assert missing.status_code == 404
+        assert missing.headers["content-type"] == "application/problem+json"
+        queue = (await http.get("/v1/queue")).json()
+        assert any(
+            p["pod"] == f"{namespace}/big" and p["state"] == "unschedulable" for p in queue["pods"]
+        )
+        metrics = (await http.get("/metrics")).text
+        assert 'alnair_scheduler_schedule_attempts_total{result="scheduled"}' in metrics
+        assert "alnair_scheduler_pod_scheduling_seconds_bucket" in metrics
+
+
+async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace: str) -> None:
+    from alnair.scheduler.leader import LeaderElector
+
+    def elector(identity: str) -> LeaderElector:
+        return LeaderElector(
+            kube, name="alnair-test", namespace=namespace, identity=identity,
+            lease_duration_s=2.0, renew_deadline_s=1.5,
+        )  # fmt: skip
+
+    a, b = elector("a"), elector("b")
+    ta = asyncio.create_task(a.run())
+    await asyncio.wait_for(a.is_leader.wait(), 5)
+    tb = asyncio.create_task(b.run())
+    await asyncio.sleep(1.0)
+    assert not b.is_leader.is_set()  # a renews; b keeps waiting
+    ta.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ta
+    await a.release()
+    await asyncio.wait_for(b.is_leader.wait(), 5)
+    tb.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await tb
