@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import NAMESPACES, PODS, KubeClient, NotFound
+from alnair.common.kube import NAMESPACES, PODS, Conflict, KubeClient, NotFound, Unavailable
 from alnair.common.localstack import ControlPlane, ManagedProcess, free_port
 from alnair.common.localstack.controlplane import binary
 
@@ -112,7 +112,16 @@ async def run_phase(
                 return
             name = f"p-{i:05d}"
             sent[name] = time.monotonic()
-            await kube.create(PODS, pod(name, ns, scheduler_name), ns)
+            for attempt in range(5):
+                try:
+                    await kube.create(PODS, pod(name, ns, scheduler_name), ns)
+                    break
+                except Conflict:
+                    break  # a retried create that had landed
+                except Unavailable:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5 * (attempt + 1))
 
     t0 = time.monotonic()
     await asyncio.gather(*(creator() for _ in range(concurrency)))
