@@ -40,6 +40,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_devices = 2;
 static uint64_t g_total = 16384ULL << 20;
 static uint64_t g_kernel_ns;
+static int g_no_memory; /* FAKE_CUDA_NO_MEMORY: hand out addresses only, for benchmarks */
+static _Atomic uint64_t g_next_address = 1ULL << 40;
 static __thread int t_dev;
 
 static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -58,6 +60,7 @@ static void setup(void) {
     if (s) g_total = strtoull(s, NULL, 10) << 20;
     s = getenv("FAKE_CUDA_KERNEL_US");
     if (s) g_kernel_ns = strtoull(s, NULL, 10) * 1000ULL;
+    g_no_memory = getenv("FAKE_CUDA_NO_MEMORY") != NULL;
     s = getenv("FAKE_CUDA_STATS");
     if (s && *s) {
         int fd = open(s, O_RDWR | O_CREAT, 0600);
@@ -118,6 +121,10 @@ static CUresult give(void *p) {
 
 static CUresult alloc_dptr(CUdeviceptr *p, size_t n) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (g_no_memory) {
+        *p = atomic_fetch_add(&g_next_address, (n + 255) & ~255ULL);
+        return CUDA_SUCCESS;
+    }
     void *q;
     CUresult r = take(n, t_dev, &q);
     if (r == CUDA_SUCCESS) *p = (CUdeviceptr)(uintptr_t)q;
@@ -193,7 +200,10 @@ API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool
     (void)pool; (void)s;
     return alloc_dptr(p, n);
 }
-API CUresult cuMemFree_v2(CUdeviceptr p) { ensure(); return give((void *)(uintptr_t)p); }
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+    ensure();
+    return g_no_memory ? CUDA_SUCCESS : give((void *)(uintptr_t)p);
+}
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree_v2(p); }
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree_v2(p); }
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
