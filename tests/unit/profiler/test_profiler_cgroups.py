@@ -12,6 +12,7 @@ from alnair.profiler.cgroups import (
     parse_cpu_stat,
     parse_io_stat,
     parse_proc_cgroup,
+    pod_cgroup_candidates,
     pod_of_pid,
     rates,
 )
@@ -233,3 +234,37 @@ def test_meter_reads_pod_cgroup_directory(tmp_path: Path) -> None:
         f.unlink()
     pod_dir.rmdir()
     assert meter.measure(UID, rel, ts=12.0) is None
+
+
+@pytest.mark.parametrize(
+    ("qos", "expected_systemd"),
+    [
+        (
+            "Burstable",
+            f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_US}.slice",
+        ),
+        (
+            "BestEffort",
+            f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_US}.slice",
+        ),
+        ("Guaranteed", f"kubepods.slice/kubepods-pod{UID_US}.slice"),
+    ],
+)
+def test_pod_cgroup_candidates_match_what_proc_shows(qos: str, expected_systemd: str) -> None:
+    candidates = pod_cgroup_candidates(UID, qos)
+    assert candidates[0] == expected_systemd
+    # The same layouts parse_proc_cgroup reads back from a process inside the pod.
+    for rel in candidates:
+        found = parse_proc_cgroup(f"0::/{rel}/cri-containerd-{CID}.scope\n")
+        assert found is not None
+        assert (found.pod_uid, found.pod_cgroup_path) == (UID, rel)
+
+
+def test_meter_locates_pods_without_gpu_processes(tmp_path: Path) -> None:
+    rel = f"kubepods/besteffort/pod{UID}"
+    (tmp_path / rel).mkdir(parents=True)
+    (tmp_path / rel / "cpu.stat").write_text("usage_usec 0\n")
+    (tmp_path / rel / "memory.current").write_text("0\n")
+    meter = PodCgroupMeter(cgroup_root=tmp_path)
+    assert meter.locate(UID, "BestEffort") == rel
+    assert meter.locate("00000000-0000-0000-0000-000000000000", "Burstable") is None

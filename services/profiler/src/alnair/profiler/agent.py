@@ -95,18 +95,23 @@ class PodDirectory:
     """Pods known to run on the agent's node(s), by uid (fed by a pod watch)."""
 
     pods: dict[str, PodRef] = field(default_factory=dict)
+    qos: dict[str, str] = field(default_factory=dict)
 
     def upsert(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata", {})
         uid = str(meta.get("uid", ""))
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in {"Succeeded", "Failed"}:
+        status = pod.get("status") or {}
+        if status.get("phase") in {"Succeeded", "Failed"}:
             self.pods.pop(uid, None)
+            self.qos.pop(uid, None)
             return
         self.pods[uid] = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")), uid)
+        self.qos[uid] = str(status.get("qosClass", "BestEffort"))
 
     def remove(self, pod: Mapping[str, Any]) -> None:
-        self.pods.pop(str(pod.get("metadata", {}).get("uid", "")), None)
+        uid = str(pod.get("metadata", {}).get("uid", ""))
+        self.pods.pop(uid, None)
+        self.qos.pop(uid, None)
 
 
 def pod_metrics(
@@ -167,7 +172,11 @@ def pod_metrics(
                     **pod_usage(share.pod_uid),
                 )
             )
-    for uid, ref in sample.pods.items():
+    # Pods without a GPU process: CPU, memory and IO only (sim pods, or real pods whose
+    # cgroup we located from their QoS class).
+    idle = dict(sample.pods)
+    idle.update({uid: pods[uid] for uid in (usage or {}) if uid in pods and uid not in sample.pods})
+    for uid, ref in idle.items():
         if uid not in seen:
             out.append(
                 PodMetric(
@@ -287,13 +296,22 @@ class Agent:
         now = self.clock()
         sent: list[PodMetric] = []
         live: set[tuple[str, str]] = set()
+        measured: set[str] = set()
         for node in list(self.backend.nodes()):
             try:
                 sample = self.backend.sample(node, now)
             except KeyError:
                 continue  # the node went away between nodes() and sample()
             pid_map, cgroup_paths = self._pid_map(sample)
+            if not sample.pods:
+                # A real node: find the cgroups of pods that run no GPU process too.
+                for uid in self.directory.pods:
+                    if uid not in cgroup_paths:
+                        found = self.meter.locate(uid, self.directory.qos.get(uid, "BestEffort"))
+                        if found is not None:
+                            cgroup_paths[uid] = found
             usage: dict[str, CgroupRates] = {}
+            measured.update(cgroup_paths)
             for uid, path in cgroup_paths.items():
                 rates = self.meter.measure(uid, path, now)
                 if rates is not None:
@@ -313,7 +331,8 @@ class Agent:
             sent += metrics
         for key in self.metrics.pods() - live:
             self.metrics.forget_pod(*key)
-        self.meter.forget_except({m.pod_uid for m in sent})
+        # Keep readings of every pod measured this round (a first reading yields no rate yet).
+        self.meter.forget_except(measured)
         return sent
 
     async def _report_throughput(self, node: str, sample: NodeSample) -> None:

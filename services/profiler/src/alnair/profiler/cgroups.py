@@ -114,6 +114,30 @@ def pod_of_pid(pid: int, proc_root: Path = Path("/proc")) -> PodCgroup | None:
     return parse_proc_cgroup(text)
 
 
+_QOS = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}
+
+
+def pod_cgroup_candidates(pod_uid: str, qos_class: str) -> list[str]:
+    """Where the kubelet puts a pod's cgroup, for each driver and layout, most common first.
+
+    Used for pods that have no GPU process to lead us there (CPU-only pods on a GPU node).
+    """
+    qos = _QOS.get(qos_class, "besteffort")
+    under = pod_uid.replace("-", "_")
+    if qos:
+        systemd = f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{under}.slice"
+        kind = (
+            f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-{qos}.slice/"
+            f"kubelet-kubepods-{qos}-pod{under}.slice"
+        )
+        cgroupfs = f"kubepods/{qos}/pod{pod_uid}"
+    else:
+        systemd = f"kubepods.slice/kubepods-pod{under}.slice"
+        kind = f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{under}.slice"
+        cgroupfs = f"kubepods/pod{pod_uid}"
+    return [systemd, cgroupfs, kind]
+
+
 @dataclass(frozen=True)
 class CgroupCounters:
     """Cumulative counters of one cgroup v2 directory at one instant."""
@@ -194,19 +218,35 @@ class PodCgroupMeter:
     def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
         self._root = cgroup_root
         self._prev: dict[str, CgroupCounters] = {}
+        self._located: dict[str, str] = {}
 
     def measure(self, pod_uid: str, pod_cgroup_path: str, ts: float) -> CgroupRates | None:
         """Rates since the previous call for this pod; None on the first call or if gone."""
         cur = read_counters(self._root / pod_cgroup_path, ts)
         if cur is None:
             self._prev.pop(pod_uid, None)
+            self._located.pop(pod_uid, None)
             return None
         prev = self._prev.get(pod_uid)
         self._prev[pod_uid] = cur
         return None if prev is None else rates(prev, cur)
+
+    def locate(self, pod_uid: str, qos_class: str) -> str | None:
+        """The pod's cgroup directory (relative to the root), if one of the layouts exists."""
+        known = self._located.get(pod_uid)
+        if known is not None:
+            return known
+        for rel in pod_cgroup_candidates(pod_uid, qos_class):
+            if (self._root / rel / "cpu.stat").exists():
+                self._located[pod_uid] = rel
+                return rel
+        return None
 
     def forget_except(self, live_pod_uids: set[str]) -> None:
         """Drop state of pods no longer seen, so memory does not grow with pod churn."""
         for uid in list(self._prev):
             if uid not in live_pod_uids:
                 del self._prev[uid]
+        for uid in list(self._located):
+            if uid not in live_pod_uids:
+                del self._located[uid]
