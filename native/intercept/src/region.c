@@ -97,13 +97,16 @@ static void claim_slot(void) {
 int region_open(const char *path) {
     alnair_region *r = MAP_FAILED;
     if (path && *path) {
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
         if (fd >= 0) {
             /* the lock orders the first process's initialisation before everyone's use */
             flock(fd, LOCK_EX);
             struct stat st;
-            if (fstat(fd, &st) == 0 && (size_t)st.st_size < sizeof(alnair_region))
+            if (fstat(fd, &st) == 0 && (size_t)st.st_size < sizeof(alnair_region)) {
+                /* processes of one container may run as different users: all must attach */
+                if (fchmod(fd, 0666) != 0) shim_log("cannot open %s to every user", path);
                 if (ftruncate(fd, sizeof(alnair_region)) != 0) shim_log("ftruncate %s failed", path);
+            }
             r = mmap(NULL, sizeof(alnair_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (r != MAP_FAILED && r->magic != ALNAIR_REGION_MAGIC) {
                 r->version = ALNAIR_REGION_VERSION;
