@@ -269,6 +269,8 @@ class SimBackend:
         self._jitter = jitter
         self._nodes: dict[str, NodeInventory] = {}
         self._pods: dict[str, SimPod] = {}
+        # Pods by node, so a sample costs the node's pods, not the cluster's.
+        self._on_node: dict[str, dict[str, SimPod]] = {}
         self._health: asyncio.Queue[HealthSignal | None] = asyncio.Queue()
         self._closed = False
         self.node_selector = node_selector
@@ -308,19 +310,27 @@ class SimBackend:
         uid = str(pod.get("metadata", {}).get("uid", ""))
         sp = sim_pod(pod, self._table, now)
         if sp is None:
-            self._pods.pop(uid, None)
+            self.remove_pod(uid)
             return
         prev = self._pods.get(uid)
-        if prev is not None and not sp.requested_indices:
+        if prev is not None and prev.node == sp.node and not sp.requested_indices:
             sp.indices = prev.indices  # keep the GPUs we picked earlier
+        self.remove_pod(uid)
         self._pods[uid] = sp
+        self._on_node.setdefault(sp.node, {})[uid] = sp
         self._place(sp)
 
     def remove_pod(self, uid: str) -> None:
-        self._pods.pop(uid, None)
+        pod = self._pods.pop(uid, None)
+        if pod is not None:
+            self._on_node.get(pod.node, {}).pop(uid, None)
+
+    def _pods_on(self, node: str) -> list[SimPod]:
+        return list(self._on_node.get(node, {}).values())
 
     def running_pods(self, node: str | None = None) -> list[PodRef]:
-        return [p.ref for p in self._pods.values() if node is None or p.node == node]
+        pods = self._pods.values() if node is None else self._pods_on(node)
+        return [p.ref for p in pods]
 
     def _place(self, pod: SimPod) -> None:
         inv = self._nodes.get(pod.node)
@@ -333,8 +343,8 @@ class SimBackend:
         if pod.indices or pod.gpus_wanted == 0 or count == 0:
             return
         load = dict.fromkeys(range(count), 0)
-        for other in self._pods.values():
-            if other.node == pod.node and other.ref.uid != pod.ref.uid:
+        for other in self._pods_on(pod.node):
+            if other.ref.uid != pod.ref.uid:
                 for i in other.indices:
                     if i in load:
                         load[i] += other.milli
@@ -351,7 +361,7 @@ class SimBackend:
     def sample(self, node: str, now: float) -> NodeSample:
         inv = self._nodes[node]
         second = int(now)
-        on_node = [p for p in self._pods.values() if p.node == node]
+        on_node = self._pods_on(node)
         by_gpu: dict[int, list[SimPod]] = {}
         for pod in on_node:
             for i in pod.indices:
@@ -387,7 +397,7 @@ class SimBackend:
             return {}
         healthy = {g.index: g.healthy for g in inv.gpus}
         model = inv.gpus[0].model if inv.gpus else ""
-        on_node = [p for p in self._pods.values() if p.node == node]
+        on_node = self._pods_on(node)
         out: dict[str, float] = {}
         for pod in on_node:
             if pod.job is None or not pod.indices:
