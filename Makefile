@@ -5,7 +5,6 @@ PY ?= python3
 UV := $(PY) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
-export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
         lint fmt demo dev-up dev-down bench bench-placement bench-scheduler schema clean

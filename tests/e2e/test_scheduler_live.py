@@ -7,6 +7,7 @@ import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from alnair.scheduler.settings import SchedulerSettings
 from kube_builders import make_pod, pod_group
 
 pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
 
 
 def settings(**kw: Any) -> SchedulerSettings:
@@ -389,3 +391,57 @@ async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace
     tb.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await tb
+
+
+async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    from alnair.common.kube import NAMESPACES, NODES, ApiError, KubeConfig
+    from alnair.common.localstack.controlplane import load_manifests
+
+    with contextlib.suppress(Conflict):
+        await kube.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "alnair-system"}},
+        )
+    for doc in load_manifests(REPO / "deploy/kustomize/base/scheduler/rbac.yaml"):
+        await kube.apply(doc)
+    token = await kube.service_account_token("alnair-system", "alnair-scheduler")
+    assert control_plane.pki is not None
+    config = KubeConfig(
+        server=control_plane.server, ca_file=str(control_plane.pki.ca_cert), token=token
+    )
+    await pool(control_plane, kube, "1x T4:4", namespace)
+    async with KubeClient(config) as limited:
+        running = Running(limited, leader_elect=True, lease_namespace="alnair-system")
+        sched = running.scheduler
+        await sched.start_watching()
+        from alnair.scheduler.leader import LeaderElector
+
+        elector = LeaderElector(
+            limited, name="alnair-scheduler-rbac", namespace="alnair-system", identity="rbac-test"
+        )
+        leading, _ = await elector.try_acquire_or_renew()
+        assert leading
+        running.task = asyncio.create_task(sched.run())
+        await kube.create(PODGROUPS, pod_group("g", namespace, 1, 30), namespace)
+        await kube.create(
+            PODS, make_pod("ok", namespace).pool(namespace).gpus(1).gang("g").obj(), namespace
+        )
+        await kube.create(PODS, make_pod("no", namespace).pool(namespace).gpus(9).obj(), namespace)
+        assert await wait_for(lambda: _bound_node(kube, namespace, "ok"), 20)
+
+        async def reported() -> bool:
+            pod = await kube.get(PODS, "no", namespace)
+            events = await events_for(kube, namespace, "no")
+            conds = pod["status"].get("conditions") or []
+            return any(e["reason"] == "FailedScheduling" for e in events) and any(
+                c["type"] == "PodScheduled" for c in conds
+            )
+
+        assert await wait_for(reported, 20)
+        assert await wait_for(lambda: _pg_phase(kube, namespace, "g", {"Scheduled", "Running"}), 20)
+        with pytest.raises(ApiError) as denied:
+            await limited.delete(NODES, "anything")
+        assert denied.value.status == 403
+        await running.stop()

@@ -116,6 +116,11 @@ PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespa
 ELASTICJOBS = Resource("alnair.io", "v1alpha1", "elasticjobs")
 QUEUES = Resource("alnair.io", "v1alpha1", "queues", namespaced=False)
 TRIALJOBS = Resource("alnair.io", "v1alpha1", "trialjobs")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+DAEMONSETS = Resource("apps", "v1", "daemonsets")
+SERVICES = Resource("", "v1", "services")
+_RBAC = "rbac.authorization.k8s.io"
 
 KIND_RESOURCES: dict[str, Resource] = {
     "Pod": PODS,
@@ -132,6 +137,14 @@ KIND_RESOURCES: dict[str, Resource] = {
     "ElasticJob": ELASTICJOBS,
     "Queue": QUEUES,
     "TrialJob": TRIALJOBS,
+    "ServiceAccount": SERVICEACCOUNTS,
+    "Service": SERVICES,
+    "Deployment": DEPLOYMENTS,
+    "DaemonSet": DAEMONSETS,
+    "ClusterRole": Resource(_RBAC, "v1", "clusterroles", namespaced=False),
+    "ClusterRoleBinding": Resource(_RBAC, "v1", "clusterrolebindings", namespaced=False),
+    "Role": Resource(_RBAC, "v1", "roles"),
+    "RoleBinding": Resource(_RBAC, "v1", "rolebindings"),
 }
 
 
@@ -425,6 +438,19 @@ class KubeClient:
             field_manager=field_manager,
             force=force,
         )
+
+    async def service_account_token(
+        self, namespace: str, name: str, expiration_s: int = 3600
+    ) -> str:
+        """A token for a ServiceAccount through the TokenRequest API (tests, tools)."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_s},
+        }
+        doc = await self.request("POST", SERVICEACCOUNTS.path(namespace, name, "token"), body=body)
+        token: str = doc["status"]["token"]
+        return token
 
     async def bind(
         self,
