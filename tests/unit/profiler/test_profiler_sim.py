@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from alnair.common import resources as res
 from alnair.profiler.agent import node_labels, pod_metrics
@@ -85,6 +87,9 @@ def v100_node(name: str = "n1", count: int = 4) -> dict[str, Any]:
         .label(res.LABEL_GPU_COUNT, str(count))
         .obj
     )
+
+
+_TABLE = ThroughputTable.load(DEFAULT_GAVEL_PATH) if DEFAULT_GAVEL_PATH.exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +275,42 @@ def test_throughput_is_gavels_measurement_slowed_by_sharing(table: ThroughputTab
     )
     assert sim.pod_throughputs("n1")["uid-wide"] == 0.0
     assert "uid-cpu" not in sim.pod_throughputs("n1")
+
+
+@given(
+    placements=st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["ResNet-50", "ResNet-18", "Transformer", "LM", "A3C", "CycleGAN", "Recommendation"]
+            ),
+            st.sampled_from([16, 32, 64, 128, 256]),
+            st.sets(st.integers(min_value=0, max_value=3), min_size=1, max_size=4),
+        ),
+        max_size=8,
+    ),
+    second=st.integers(min_value=0, max_value=10**6),
+)
+@settings(max_examples=60, deadline=None)
+def test_sim_samples_are_physically_possible(
+    placements: list[tuple[str, int, set[int]]], second: int
+) -> None:
+    sim = SimBackend(_TABLE)
+    sim.upsert_node(v100_node())
+    for i, (model, batch, gpus) in enumerate(placements):
+        pod = (
+            PodBuilder(f"p{i}")
+            .gpus(len(gpus))
+            .model(model, batch)
+            .ann(res.ANN_GPU_INDICES, ",".join(map(str, sorted(gpus))))
+        )
+        sim.upsert_pod(pod.obj, NOW)
+    sample = sim.sample("n1", NOW + second)
+    for gpu in sample.gpus:
+        assert 0 <= gpu.util_pct <= 100
+        assert 0 <= gpu.mem_used_mib <= 32510
+    metrics = pod_metrics(sample, {}, {})
+    for gpu in sample.gpus:
+        on_gpu = [m for m in metrics if m.gpu_index == gpu.index]
+        assert sum(m.gpu_util_pct for m in on_gpu) == pytest.approx(gpu.util_pct, abs=1e-6)
+    assert {m.pod for m in metrics} == {f"p{i}" for i in range(len(placements))}
+    assert all(v >= 0 for v in sim.pod_throughputs("n1").values())
