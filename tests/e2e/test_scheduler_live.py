@@ -445,3 +445,56 @@ async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
             await limited.delete(NODES, "anything")
         assert denied.value.status == 403
         await running.stop()
+
+
+async def test_nats_events_drive_the_scheduler(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    scheduler: Scheduler,
+    nats_url: str,
+) -> None:
+    from alnair.common.bus import Bus
+    from alnair.common.events import GpuHealthChanged, JobEvent, JobPhase, PodMetric
+    from alnair.scheduler import handlers
+
+    nodes = await pool(control_plane, kube, "1x T4:2", namespace)
+    bus = await Bus.connect(nats_url, name="test")
+    await handlers.subscribe(bus, scheduler, "test-replica")
+    await bus.publish(
+        GpuHealthChanged(node=nodes[0], gpu_index=1, gpu_uuid="GPU-x", healthy=False, xid=79),
+        source="test",
+    )
+    await wait_for(lambda: _true((nodes[0], 1) in scheduler.cache.unhealthy), 10, 0.05)
+    await bus.publish(
+        PodMetric(
+            node=nodes[0], namespace="a", pod="p", pod_uid="u", gpu_index=0, gpu_util_pct=87.5
+        ),
+        source="test",
+    )
+    await wait_for(lambda: _true(scheduler.cache.util.get((nodes[0], 0)) == 87.5), 10, 0.05)
+
+    await kube.create(PODS, make_pod("two", namespace).pool(namespace).gpus(2).obj(), namespace)
+    await wait_for(lambda: _true(any(e.key == f"{namespace}/two" for e in _parked(scheduler))), 10)
+    # The GPU coming back is an event: the parked pod is retried and binds, nobody polls.
+    await bus.publish(
+        GpuHealthChanged(node=nodes[0], gpu_index=1, gpu_uuid="GPU-x", healthy=True), source="test"
+    )
+    assert await wait_for(lambda: _bound_node(kube, namespace, "two"), 10)
+    before = scheduler.queue.move_seq
+    await bus.publish(
+        JobEvent(phase=JobPhase.COMPLETED, namespace=namespace, kind="Job", name="j", uid="u"),
+        source="test",
+    )
+    await wait_for(lambda: _true(scheduler.queue.move_seq > before), 10, 0.05)
+    await bus.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def _parked(scheduler: Scheduler) -> list[Any]:
+    return [
+        scheduler.queue.pods[u] for u in scheduler.queue.unschedulable if u in scheduler.queue.pods
+    ]
