@@ -50,6 +50,7 @@ typedef CUresult (*fn_ctx_device)(CUdevice *);
 typedef CUresult (*fn_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, CUstream, void **, void **);
 typedef CUresult (*fn_launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*fn_graph)(CUgraphExec, CUstream);
 typedef CUresult (*fn_proc)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*fn_proc_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
@@ -74,6 +75,7 @@ static struct {
     fn_launch cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchCooperativeKernel,
         cuLaunchCooperativeKernel_ptsz;
     fn_launch_ex cuLaunchKernelEx, cuLaunchKernelEx_ptsz;
+    fn_graph cuGraphLaunch, cuGraphLaunch_ptsz;
     fn_proc cuGetProcAddress;
     fn_proc_v2 cuGetProcAddress_v2;
 } real;
@@ -187,6 +189,8 @@ static void init_locked(void) {
         RESOLVE(h, cuLaunchCooperativeKernel_ptsz);
         RESOLVE(h, cuLaunchKernelEx);
         RESOLVE(h, cuLaunchKernelEx_ptsz);
+        RESOLVE(h, cuGraphLaunch);
+        RESOLVE(h, cuGraphLaunch_ptsz);
         RESOLVE(h, cuGetProcAddress);
         RESOLVE(h, cuGetProcAddress_v2);
     }
@@ -520,6 +524,18 @@ LAUNCH(cuLaunchCooperativeKernel_ptsz)
 LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
+#define GRAPH_LAUNCH(name)                                                                 \
+    EXPORT CUresult name(CUgraphExec g, CUstream s) {                                     \
+        ensure_init();                                                                     \
+        if (UNLIKELY(throttle_active())) {                                                 \
+            int dev = current_device();                                                    \
+            throttle_take(dev, throttle_typical_cost(dev));                                \
+        }                                                                                  \
+        return CALL_REAL(name, g, s);                                                      \
+    }
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
 /* ---------------------------------------------------------------- dynamic resolution */
 
 typedef struct {
@@ -562,6 +578,8 @@ static const hook_entry g_hooks[] = {
     H(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1),
     H(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0),
     H(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1),
+    H(cuGraphLaunch, "cuGraphLaunch", 10000, 0),
+    H(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1),
     H(cuGetProcAddress, "cuGetProcAddress", 11030, 0),
     H(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
 };

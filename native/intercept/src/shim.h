@@ -77,6 +77,7 @@ void table_reset(void);
 /* throttle.c */
 void throttle_configure(int dev, unsigned pct);
 void throttle_take(int dev, uint64_t cost);
+uint64_t throttle_typical_cost(int dev); /* a kernel launch's usual cost, for graphs */
 void throttle_feedback(int dev, double measured_pct);
 int throttle_active(void);
 

@@ -1,7 +1,7 @@
 /*
  * Compute share: a launch-rate limiter per device, only for devices with a compute limit.
  * Launches pay "cost" (thread blocks in the grid, which tracks SM time better than a flat
- * count) into a GCRA bucket: each launch pushes a theoretical arrival time forward by
+ * count; a CUDA graph pays a typical kernel's cost) into a GCRA bucket: each launch pushes a theoretical arrival time forward by
  * cost/rate and sleeps only once that time runs more than a short burst ahead of now.
  *
  * The rate is not guessed from a kernel's shape: the vGPU registry sends the container's
@@ -28,6 +28,7 @@ typedef struct {
     double tat_ns;   /* theoretical arrival time of the next launch */
     uint64_t window_start_ns;
     double window_cost;
+    double typical_cost; /* moving average of launch costs */
 } bucket;
 
 static bucket g_buckets[ALNAIR_MAX_DEVICES];
@@ -45,6 +46,7 @@ void throttle_configure(int dev, unsigned pct) {
     b->tat_ns = 0;
     b->window_start_ns = shim_now_ns();
     b->window_cost = 0;
+    b->typical_cost = 1;
     if (b->limited) g_active = 1;
 }
 
@@ -55,6 +57,7 @@ void throttle_take(int dev, uint64_t cost) {
     pthread_mutex_lock(&b->mu);
     double now = (double)shim_now_ns();
     b->window_cost += (double)cost;
+    b->typical_cost += ((double)cost - b->typical_cost) / 64.0;
     double wait = 0;
     if (b->rate > 0) {
         double tat = (b->tat_ns > now ? b->tat_ns : now) + (double)cost / b->rate;
@@ -68,6 +71,18 @@ void throttle_take(int dev, uint64_t cost) {
         }
     }
     region_note_launch(dev, wait > 0 ? (uint64_t)wait : 0);
+}
+
+/* A graph launch runs many kernels of unknown size. Any fixed cost keeps the share, since the
+ * rate is learnt from what the container's launches did to its utilisation; the usual kernel
+ * cost just keeps graphs and single kernels of one container on a comparable footing. */
+uint64_t throttle_typical_cost(int dev) {
+    if (dev < 0 || dev >= ALNAIR_MAX_DEVICES) return 1;
+    bucket *b = &g_buckets[dev];
+    pthread_mutex_lock(&b->mu);
+    double c = b->typical_cost;
+    pthread_mutex_unlock(&b->mu);
+    return c < 1 ? 1 : (uint64_t)c;
 }
 
 void throttle_feedback(int dev, double measured_pct) {

@@ -45,6 +45,9 @@ done
 run compute_ex ALNAIR_GPU_COMPUTE_PCT=40 ALNAIR_REGISTRY_SOCKET="$WORK/regex.sock" \
     ALNAIR_VGPU_REGION="$WORK/computeex.region" CUDA_VISIBLE_DEVICES=0 \
     FAKE_CUDA_KERNEL_US=100 "$BUILD/tests/test_compute" ex
+run compute_graph ALNAIR_GPU_COMPUTE_PCT=50 ALNAIR_REGISTRY_SOCKET="$WORK/reggraph.sock" \
+    ALNAIR_VGPU_REGION="$WORK/computegraph.region" CUDA_VISIBLE_DEVICES=0 \
+    FAKE_CUDA_KERNEL_US=100 "$BUILD/tests/test_compute" graph
 run compute_unlimited CUDA_VISIBLE_DEVICES=0 FAKE_CUDA_KERNEL_US=100 \
     ALNAIR_GPU_MEMORY_LIMIT_MIB=64 ALNAIR_VGPU_REGION="$WORK/unlimited.region" "$BUILD/tests/test_compute"
 

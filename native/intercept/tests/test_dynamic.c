@@ -90,6 +90,11 @@ int main(void) {
           via_nested && enforced(via_nested, free_async), "nested %p alloc %p", (void *)nested,
           (void *)via_nested);
 
+    void *graph = NULL;
+    proc2("cuGraphLaunch", &graph, 12000, 0, NULL);
+    CHECK("cuGraphLaunch through cuGetProcAddress_v2 is the shim's",
+          graph != NULL && graph == dlsym(RTLD_DEFAULT, "cuGraphLaunch"), "got %p", graph);
+
     proc_t old_nested = NULL;
     proc("cuGetProcAddress", (void **)&old_nested, 11080, 0);
     CHECK("cuGetProcAddress asked for at 11.8 is the hooked 11.3 form",
