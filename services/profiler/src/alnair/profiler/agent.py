@@ -31,8 +31,9 @@ from nats.js.kv import KeyValue
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
+from alnair.common.errors import TemporaryError
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink, PodMetric
-from alnair.common.kube import NODES, PODS, KubeClient, NotFound
+from alnair.common.kube import NODES, PODS, ApiError, KubeClient, NotFound
 from alnair.profiler.aggregation import pod_shares
 from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
@@ -354,6 +355,10 @@ class Agent:
             try:
                 await self.kube.patch(PODS, ref.name, patch, ref.namespace)
             except NotFound:
+                continue
+            except (ApiError, TemporaryError) as exc:
+                # Throughput is a nicety for records; metrics must keep flowing without it.
+                log.warning("throughput not written", extra={"pod": ref.name, "error": str(exc)})
                 continue
             reported[uid] = value
         for uid in [u for u in reported if u not in sample.pods]:
