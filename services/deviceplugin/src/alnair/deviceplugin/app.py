@@ -23,12 +23,18 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
-from alnair.common.kube import KubeClient
+from alnair.common.informer import Informer
+from alnair.common.kube import PODS, KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
 from alnair.deviceplugin.api import create_app
 from alnair.deviceplugin.devices import RESOURCES
-from alnair.deviceplugin.handlers import subscribe_health, subscribe_utilization, watch_inventory
+from alnair.deviceplugin.handlers import (
+    pod_cleanup_handler,
+    subscribe_health,
+    subscribe_utilization,
+    watch_inventory,
+)
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.plugin import PluginConfig, PluginServer, ResourcePlugin
 from alnair.deviceplugin.pods import KubePods, NoPods, PodSource
@@ -109,6 +115,17 @@ async def start(
         if settings.use_pod_annotations:
             kube = KubeClient.from_config(settings.kubeconfig)
             pods = KubePods(kube, settings.node_name)
+            informer = Informer(
+                kube,
+                PODS,
+                field_selector=f"spec.nodeName={settings.node_name}",
+                name="deviceplugin.pods",
+            )
+            informer.add_handler(pod_cleanup_handler(vgpus))
+            tasks.append(spawn(informer.run(), name="deviceplugin.pods", on_death=on_death))
+            tasks.append(
+                spawn(_reconcile(informer, vgpus), name="deviceplugin.reconcile", on_death=on_death)
+            )
         else:
             pods = NoPods()
     bus: Bus | None = None
@@ -164,6 +181,15 @@ async def start(
         extra={"node": settings.node_name, "resources": settings.resources, "restored": restored},
     )
     return Running(settings, state, vgpus, metrics, plugins, bus, kube, server, tasks, running_died)
+
+
+async def _reconcile(informer: Informer, vgpus: VgpuRegistry) -> None:
+    """Once the pod list is complete, release vGPUs of pods deleted while we were away."""
+    await informer.synced.wait()
+    live = {(p.get("metadata") or {}).get("uid", "") for p in informer.values()}
+    gone = vgpus.reconcile(live)
+    if gone:
+        log.info("released vGPUs of vanished pods", extra={"vgpus": gone})
 
 
 async def serve(settings: DevicePluginSettings) -> int:

@@ -5,6 +5,7 @@
 - The node's `GpuInventory` (a watch on its KV key): the GPUs and topology devices are made of.
 - `PodMetric` for this node (core NATS): a fractional pod's measured utilisation, forwarded
   to its shims, whose launch throttles need it to hold the compute share.
+- Pods of this node (an informer): a deleted or finished pod's vGPUs are released.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pydantic import ValidationError
 
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import Envelope, GpuHealthChanged, GpuInventory, PodMetric, subject_token
+from alnair.common.informer import WatchEvent
+from alnair.common.kube import Obj
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.registry import VgpuRegistry
 from alnair.deviceplugin.state import NodeDevices
@@ -62,6 +65,21 @@ def utilization_handler(vgpus: VgpuRegistry, metrics: DevicePluginMetrics) -> Me
             metrics.utilization_forwarded.inc(sent)
 
     return on_metric
+
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def pod_cleanup_handler(vgpus: VgpuRegistry) -> Callable[[WatchEvent, Obj, Obj | None], None]:
+    def on_pod(event: WatchEvent, pod: Obj, old: Obj | None) -> None:
+        phase = (pod.get("status") or {}).get("phase", "")
+        if event is WatchEvent.DELETED or phase in TERMINAL_PHASES:
+            uid = (pod.get("metadata") or {}).get("uid", "")
+            gone = vgpus.forget_pod(uid)
+            if gone:
+                log.info("pod ended: vGPUs released", extra={"pod_uid": uid, "vgpus": gone})
+
+    return on_pod
 
 
 async def subscribe_health(

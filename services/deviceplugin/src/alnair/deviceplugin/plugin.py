@@ -262,6 +262,7 @@ class ResourcePlugin:
                     namespace=found.namespace if found else "",
                     pod=found.name if found else "",
                     container=found.container if found else "",
+                    pod_uid=found.uid if found else "",
                 )
             )
         self.metrics.allocations.labels(self.resource, placement).inc()

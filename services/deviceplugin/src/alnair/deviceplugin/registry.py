@@ -10,7 +10,9 @@ scraped. In the other direction the registry forwards the container's measured u
 measurements arrive as the profiler's pod metrics, so forwarding is event-driven too.
 
 Each allocated vGPU is recorded (`allocation.json` in its host directory), so a restarted
-plugin still knows which pod a region belongs to.
+plugin still knows which pod a region belongs to; the record and directory go when the pod is
+deleted or finishes (a pod watch tells), or, for pods deleted while the plugin was away, at
+the first complete pod list after it starts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
 import struct
 from dataclasses import asdict, dataclass, field
@@ -84,6 +87,7 @@ class VgpuRecord:
     namespace: str = ""
     pod: str = ""
     container: str = ""
+    pod_uid: str = ""
 
 
 @dataclass
@@ -132,6 +136,34 @@ class VgpuRegistry:
             self._records[rec.vgpu_id] = rec
             count += 1
         return count
+
+    def forget(self, vgpu_id: str) -> bool:
+        """Drop a vGPU whose pod is gone, with its host directory (region, record)."""
+        rec = self._records.pop(vgpu_id, None)
+        shutil.rmtree(self.layout.vgpu_host_dir(vgpu_id), ignore_errors=True)
+        if rec is not None:
+            log.info("vGPU released", extra={"vgpu": vgpu_id, "pod": rec.pod})
+        return rec is not None
+
+    def forget_pod(self, pod_uid: str) -> list[str]:
+        """Drop every vGPU of the pod with `pod_uid`; returns their ids."""
+        gone = [r.vgpu_id for r in self._records.values() if pod_uid and r.pod_uid == pod_uid]
+        for vgpu_id in gone:
+            self.forget(vgpu_id)
+        return gone
+
+    def reconcile(self, live_pod_uids: set[str]) -> list[str]:
+        """Drop the vGPUs of pods that no longer exist (deleted while the plugin was away).
+
+        vGPUs granted without a known pod cannot be matched and stay."""
+        gone = [
+            r.vgpu_id
+            for r in self._records.values()
+            if r.pod_uid and r.pod_uid not in live_pod_uids
+        ]
+        for vgpu_id in gone:
+            self.forget(vgpu_id)
+        return gone
 
     def records(self) -> list[VgpuRecord]:
         return list(self._records.values())
