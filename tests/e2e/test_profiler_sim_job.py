@@ -154,6 +154,12 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
             ).json()
             assert len(live["samples"]) == 2
 
+        # The running Job already shows its utilization so far (refreshed as samples arrive).
+        running_job = await kube.get(JOBS, "train", namespace)
+        assert (
+            float(running_job["metadata"]["annotations"]["alnair.io/profile-gpu-util-max-pct"]) > 0
+        )
+
         # Restart the aggregator mid-job.
         assert not done.is_set()
         await aggregator.stop()

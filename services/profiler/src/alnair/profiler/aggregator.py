@@ -43,6 +43,7 @@ from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, Pod
 from alnair.common.kube import (
     NODES,
     PODS,
+    ApiError,
     KubeClient,
     NotFound,
     Resource,
@@ -234,6 +235,7 @@ class Aggregator:
         cluster: str = "default",
         source: str = "alnair/profiler-aggregator",
         cache_size: int = 10000,
+        live_annotation_interval_s: float = 30.0,
     ) -> None:
         self.bus = bus
         self.kube = kube
@@ -245,6 +247,9 @@ class Aggregator:
         self._fold = redis.register_script(_FOLD)
         self._owners: OrderedDict[str, OwnerRef] = OrderedDict()
         self._cache_size = cache_size
+        self.live_annotation_interval_s = live_annotation_interval_s
+        self._annotated_at: dict[str, float] = {}
+        self._not_annotatable: set[str] = set()
         self.latest: OrderedDict[tuple[str, str], dict[str, PodMetric]] = OrderedDict()
         self._kv: KeyValue | None = None
         self._node_models: dict[str, str] = {}
@@ -337,6 +342,36 @@ class Aggregator:
                 metric.mem_used_mib,
             ],
         )
+        await self._annotate_live(owner, metric.ts.timestamp())
+
+    async def _annotate_live(self, owner: OwnerRef, now: float) -> None:
+        """Keep the running owner's utilization annotations current, at most once per interval.
+
+        Driven by arriving samples, not a timer: an owner whose pods stopped reporting is not
+        touched again until it finishes, when `finalize` writes the final numbers.
+        """
+        interval = self.live_annotation_interval_s
+        if interval <= 0 or owner.kind == "Pod" or owner.uid in self._not_annotatable:
+            return
+        last = self._annotated_at.get(owner.uid)
+        if last is not None and now - last < interval:
+            return
+        self._annotated_at[owner.uid] = now
+        if await self.redis.exists(f"{P}done:{owner.uid}"):
+            return
+        profile, _ = await self.owner_profile(owner.uid)
+        patch = {"metadata": {"annotations": owner_annotations(profile)}}
+        resource = resource_for(owner.api_version, owner.kind)
+        try:
+            await self.kube.patch(resource, owner.name, patch, owner.namespace)
+        except NotFound:
+            pass
+        except ApiError as exc:
+            # Not ours to annotate (RBAC covers known kinds only): say so once, not per sample.
+            self._not_annotatable.add(owner.uid)
+            log.info("owner not annotatable", extra={"owner": owner.name, "error": str(exc)})
+        except TemporaryError as exc:
+            log.info("live annotation skipped", extra={"owner": owner.name, "error": str(exc)})
 
     # -- profiles ---------------------------------------------------------------------
     async def pod_profile(self, pod_uid: str) -> tuple[Profile, dict[str, str]]:
@@ -524,6 +559,8 @@ class Aggregator:
             return record
         self.metrics.completions.labels(outcome).inc()
         await self.redis.set(done_key, "1")
+        self._annotated_at.pop(uid, None)
+        self._not_annotatable.discard(uid)
         pod_uids = {_text(p) for p in await self.redis.smembers(f"{P}owner:{uid}:pods")}
         for key, by_gpu in list(self.latest.items()):
             if any(m.pod_uid in pod_uids for m in by_gpu.values()):

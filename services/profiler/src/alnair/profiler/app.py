@@ -266,7 +266,13 @@ async def start_aggregator(
     tasks: list[asyncio.Task[Any]] = []
     died = asyncio.Event()
     aggregator = Aggregator(
-        bus, kube, redis, metrics, cluster=settings.cluster, source=f"{settings.source}-aggregator"
+        bus,
+        kube,
+        redis,
+        metrics,
+        cluster=settings.cluster,
+        source=f"{settings.source}-aggregator",
+        live_annotation_interval_s=settings.live_annotation_interval_s,
     )
     await subscribe_pod_metrics(bus, aggregator, settings.durable)
     for spec in settings.owner_kinds:

@@ -94,6 +94,12 @@ class ProfilerSettings(ServiceSettings):
         default=["batch/v1/jobs", "alnair.io/v1alpha1/elasticjobs"],
         description="group/version/plural of owners whose completion the aggregator watches",
     )
+    live_annotation_interval_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="how often at most a running owner's utilization annotations are refreshed "
+        "(0: only when it finishes)",
+    )
     trialjobs: bool = Field(
         default=True, description="run the TrialJob controller in the aggregator process"
     )
