@@ -24,6 +24,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -192,9 +193,7 @@ def pod_metrics(
     return out
 
 
-def _dt(ts: float) -> Any:
-    from datetime import UTC, datetime
-
+def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 

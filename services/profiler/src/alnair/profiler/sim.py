@@ -27,6 +27,7 @@ import hashlib
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from alnair.common import resources as res
@@ -242,8 +243,6 @@ def _float_or_none(text: str | None) -> float | None:
 
 
 def _parse_time(text: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
