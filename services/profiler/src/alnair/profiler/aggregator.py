@@ -7,15 +7,19 @@ is a schedule of jobs, not one). It keeps per-pod summaries (count, sum, max of 
 see `aggregation.Stat`) in Redis, updated by one Lua script per sample so a sample is folded
 atomically, and so an aggregator restart mid-job loses nothing already folded.
 
-Completion is learned from watches on the owner kinds (Jobs, ElasticJobs, TrialJobs, more by
-settings), never by polling. When an owner finishes the aggregator, in this order,
+While an owner runs, its utilization annotations are refreshed at most every
+`live_annotation_interval_s`, as samples arrive. Completion is learned from watches on the
+owner kinds (Jobs and ElasticJobs by default, any kind by settings), never by polling. When an
+owner finishes the aggregator, in this order,
 1. annotates the owner with max/mean GPU, CPU and memory use;
 2. writes the execution record (exactly once per uid, see `records`);
 3. publishes the JobEvent `completed`/`failed` with the event id `<uid>.<phase>`, so
    JetStream drops a second copy if a crash repeats the step;
 4. marks the job done in Redis, after which later watch events (including the relist after a
    restart, which replays every finished Job) change nothing.
-Every step is idempotent, so a crash between any two is repaired by the next watch event.
+Every step is idempotent, so a crash between any two is repaired by the next watch event;
+when a dependency is away the aggregator retries on its own with backoff, since a finished
+job may never produce another event.
 """
 
 from __future__ import annotations
