@@ -312,7 +312,9 @@ class Bus:
                 try:
                     # A long poll: the server answers as soon as a message arrives.
                     msgs = await psub.fetch(free, timeout=5.0)
-                except nats.errors.TimeoutError:
+                except (nats.errors.TimeoutError, TimeoutError):
+                    # nats-py raises its own TimeoutError or asyncio's, depending on where the
+                    # wait ended; both mean "nothing yet".
                     continue
                 except (
                     nats.errors.ConnectionClosedError,
