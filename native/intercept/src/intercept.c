@@ -148,10 +148,6 @@ static void child_after_fork(void) {
     table_reset();
 }
 
-static void detach_at_exit(void) {
-    if (g_ready) region_detach();
-}
-
 #define RESOLVE(h, name) (real.name = (__typeof__(real.name))real_dlsym(h, #name))
 
 static void init_locked(void) {
@@ -233,8 +229,9 @@ static void init_locked(void) {
 
     static int hooks_installed;
     if (!hooks_installed) {
+        /* no exit handler gives bytes back: other threads may still be allocating while
+         * exit() runs, so a dead process's bytes are reclaimed by whoever needs them next */
         pthread_atfork(NULL, NULL, child_after_fork);
-        atexit(detach_at_exit);
         hooks_installed = 1;
     }
     __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);

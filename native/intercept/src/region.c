@@ -4,7 +4,9 @@
  * on the device counter, so any number of threads and processes together can never hold
  * more than the limit. Each process also keeps its own share in a slot, so a process that
  * dies without freeing (SIGKILL, OOM killer) has its bytes returned by the next process
- * that needs room, since the driver frees a dead process's memory anyway.
+ * that needs room (or the next process to start), since the driver frees a dead process's
+ * memory anyway. A process that exits normally is treated the same way: an exit handler
+ * cannot give bytes back safely while other threads of the process may still be allocating.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,9 +27,12 @@ static alnair_proc_slot *g_slot;
 static alnair_proc_slot g_private_slot; /* when the table is full: accounting still holds */
 static uint64_t g_limit[ALNAIR_MAX_DEVICES];
 
-static uint64_t proc_start_time(pid_t pid) {
+/* Start time (clock ticks since boot) of `pid`, 0 if it is gone; `zombie` says whether it has
+ * exited and only waits to be reaped, which for the driver is as good as gone. */
+static uint64_t proc_stat(pid_t pid, int *zombie) {
     char path[64];
     char buf[1024];
+    *zombie = 0;
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -37,19 +42,27 @@ static uint64_t proc_start_time(pid_t pid) {
     buf[n] = '\0';
     /* the command name may hold spaces and parentheses: count fields after the last ')' */
     char *p = strrchr(buf, ')');
-    if (!p) return 0;
+    if (!p || p[1] != ' ') return 0;
+    *zombie = p[2] == 'Z' || p[2] == 'X';
     int field = 2;
     for (; *p && field < 22; p++)
         if (*p == ' ') field++;
     return strtoull(p, NULL, 10);
 }
 
+static uint64_t proc_start_time(pid_t pid) {
+    int zombie;
+    return proc_stat(pid, &zombie);
+}
+
 static int slot_owner_dead(alnair_proc_slot *s, int32_t pid) {
     uint64_t started = atomic_load(&s->start_time);
     if (started == 0) return 0; /* still being claimed */
     if (kill(pid, 0) == -1 && errno == ESRCH) return 1;
-    uint64_t now = proc_start_time(pid);
-    return now != 0 && now != started; /* the pid was reused by another process */
+    int zombie;
+    uint64_t now = proc_stat(pid, &zombie);
+    /* exited (a zombie has released its GPU memory), or the pid was reused */
+    return zombie || (now != 0 && now != started);
 }
 
 int region_reclaim_dead(void) {
@@ -170,7 +183,6 @@ int region_reserve(int dev, uint64_t bytes) {
     uint64_t limit = g_limit[dev];
     alnair_device_counters *c = &g_region->devices[dev];
     if (limit == 0) return 1;
-    if (!g_slot) return 0; /* exiting */
     if (!try_reserve(c, limit, bytes)) {
         /* a dead neighbour's bytes are the only ones that can come back without a free */
         if (region_reclaim_dead() == 0 || !try_reserve(c, limit, bytes)) return 0;
@@ -180,8 +192,7 @@ int region_reserve(int dev, uint64_t bytes) {
 }
 
 void region_release(int dev, uint64_t bytes) {
-    if (dev < 0 || dev >= ALNAIR_MAX_DEVICES || !g_region || !g_slot || g_limit[dev] == 0)
-        return; /* after region_detach everything this process held is already back */
+    if (dev < 0 || dev >= ALNAIR_MAX_DEVICES || !g_region || !g_slot || g_limit[dev] == 0) return;
     atomic_fetch_sub_explicit(&g_slot->used[dev], bytes, memory_order_relaxed);
     atomic_fetch_sub_explicit(&g_region->devices[dev].used_bytes, bytes, memory_order_release);
 }
@@ -197,18 +208,6 @@ void region_note_launch(int dev, uint64_t throttled_ns) {
     if (throttled_ns)
         atomic_fetch_add_explicit(&g_region->devices[dev].throttled_ns, throttled_ns,
                                   memory_order_relaxed);
-}
-
-void region_detach(void) {
-    if (!g_region || !g_slot || g_slot == &g_private_slot) return;
-    /* exiting frees the process's device memory in the driver, so its bytes go back now */
-    for (int d = 0; d < ALNAIR_MAX_DEVICES; d++) {
-        uint64_t held = atomic_exchange(&g_slot->used[d], 0);
-        if (held) atomic_fetch_sub(&g_region->devices[d].used_bytes, held);
-    }
-    atomic_store(&g_slot->start_time, 0);
-    atomic_store(&g_slot->pid, 0);
-    g_slot = NULL;
 }
 
 void region_after_fork(void) {

@@ -65,7 +65,6 @@ uint64_t region_limit(int dev);
 void region_note_oom(int dev);
 void region_note_launch(int dev, uint64_t throttled_ns);
 int region_reclaim_dead(void);                /* number of dead processes' slots freed */
-void region_detach(void);                     /* at exit: give back what this process held */
 void region_after_fork(void);
 
 /* alloc_table.c: kinds keep device pointers and opaque handles apart */

@@ -153,5 +153,27 @@ int main(void) {
     CHECK("after the run the whole limit and not a byte more", over == CUDA_ERROR_OUT_OF_MEMORY,
           "one more byte -> %d", over);
     cuMemFree_v2(whole);
+
+    /* a process that exits without freeing, not yet reaped by its parent (a zombie) */
+    int ready[2];
+    if (pipe(ready) != 0) return 1;
+    pid_t leaver = fork();
+    if (leaver == 0) {
+        CUdeviceptr p;
+        CUresult got = cuMemAlloc_v2(&p, g_limit / 2);
+        if (write(ready[1], &got, sizeof got) != (ssize_t)sizeof got) _exit(2);
+        _exit(0); /* no cuMemFree, no exit handlers */
+    }
+    CUresult child_got = CUDA_ERROR_NOT_INITIALIZED;
+    if (read(ready[0], &child_got, sizeof child_got) != (ssize_t)sizeof child_got) return 1;
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    waitid(P_PID, (id_t)leaver, &info, WEXITED | WNOWAIT); /* exited, left unreaped */
+    CUdeviceptr again = 0;
+    r = cuMemAlloc_v2(&again, g_limit);
+    CHECK("an exited, unreaped process's bytes come back", child_got == CUDA_SUCCESS && r == CUDA_SUCCESS,
+          "child allocation -> %d, whole limit afterwards -> %d", child_got, r);
+    cuMemFree_v2(again);
+    waitpid(leaver, &status, 0);
     return g_failed ? 1 : 0;
 }

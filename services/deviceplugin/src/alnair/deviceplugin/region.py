@@ -41,6 +41,7 @@ class RegionSnapshot:
     registered: int
     """Processes that ever attached."""
     live_pids: tuple[int, ...]
+    """Processes holding a slot: live ones, and exited ones until a neighbour reclaims them."""
     devices: tuple[DeviceUsage, ...]
 
     def device(self, index: int) -> DeviceUsage:
