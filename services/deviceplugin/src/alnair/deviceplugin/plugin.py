@@ -27,6 +27,7 @@ import grpc
 import grpc.aio
 
 from alnair.common.errors import InvalidValueError
+from alnair.common.events import GpuDevice
 from alnair.deviceplugin import devices as dev
 from alnair.deviceplugin.allocation import (
     Grant,
@@ -269,7 +270,7 @@ class ResourcePlugin:
         await self._mark(found)
         return grant
 
-    def _gpu(self, snap: NodeSnapshot, index: int) -> Any:
+    def _gpu(self, snap: NodeSnapshot, index: int) -> GpuDevice:
         gpu = snap.gpu(index)
         if gpu is None:
             raise InvalidValueError("gpu index", index, f"no such GPU on node {snap.node}")
