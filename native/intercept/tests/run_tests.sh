@@ -38,7 +38,9 @@ run concurrency ALNAIR_GPU_MEMORY_LIMIT_BYTES=67108864 ALNAIR_VGPU_REGION="$WORK
     "$BUILD/tests/test_concurrency"
 run next "$BUILD/tests/test_next"
 for pct in 30 60; do
-    run "compute$pct" ALNAIR_GPU_COMPUTE_PCT=$pct ALNAIR_REGISTRY_SOCKET="$WORK/reg$pct.sock" \
+    # the 30% run also drops the shim's registry connection midway (TEST_REGISTRY_RESTART)
+    restart=$([ "$pct" = 30 ] && echo TEST_REGISTRY_RESTART=1 || echo TEST_REGISTRY_RESTART_OFF=1)
+    run "compute$pct" "$restart" ALNAIR_GPU_COMPUTE_PCT=$pct ALNAIR_REGISTRY_SOCKET="$WORK/reg$pct.sock" \
         ALNAIR_VGPU_REGION="$WORK/compute$pct.region" CUDA_VISIBLE_DEVICES=0 \
         FAKE_CUDA_KERNEL_US=100 "$BUILD/tests/test_compute"
 done

@@ -54,17 +54,34 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static int g_reregistered;
+
+/* With TEST_REGISTRY_RESTART set, the stand-in drops the shim after 1 s, as a restarting
+ * device plugin would, and expects the shim to register again on its own. */
 static void *registry(void *arg) {
     (void)arg;
+    int restart = getenv("TEST_REGISTRY_RESTART") != NULL;
     int fd = accept(g_listen, NULL, NULL);
     if (fd < 0) return NULL;
     ssize_t n = read(fd, g_register, sizeof g_register - 1);
     if (n > 0) g_register[n] = '\0';
     uint64_t last = fake_cuda_busy_ns();
-    double last_t = now_s();
+    double last_t = now_s(), started = last_t;
     while (!g_stop) {
         struct timespec ts = {0, FEEDBACK_MS * 1000000L};
         nanosleep(&ts, NULL);
+        if (restart && now_s() - started > 1.0) {
+            restart = 0;
+            close(fd);
+            fd = accept(g_listen, NULL, NULL);
+            if (fd < 0) return NULL;
+            char again[512];
+            ssize_t m = read(fd, again, sizeof again - 1);
+            if (m > 0) {
+                again[m] = '\0';
+                g_reregistered = strncmp(again, "REGISTER ", 9) == 0;
+            }
+        }
         uint64_t busy = fake_cuda_busy_ns();
         double t = now_s();
         char line[64];
@@ -129,6 +146,9 @@ int main(int argc, char **argv) {
         CHECK(name, share >= target * 0.9 && share <= target * 1.1, "measured %.1f%%", share);
         char want[64];
         snprintf(want, sizeof want, "pid=%d ", (int)getpid());
+        if (getenv("TEST_REGISTRY_RESTART"))
+            CHECK("the shim registers again after the registry restarts", g_reregistered,
+                  "no second REGISTER");
         CHECK("the process registered with the vGPU registry",
               have_registry && strstr(g_register, "REGISTER ") == g_register && strstr(g_register, want) &&
                   strstr(g_register, "compute=") != NULL,
