@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 from alnair.predictor.catalog import normalize_model_name
 from alnair.predictor.gpus import canonical_gpu
@@ -40,9 +41,12 @@ _GAVEL_GPUS = ("k80", "p100", "v100")
 _BATCH = re.compile(r"^(?P<name>.+?)\s*\(batch size (?P<batch>\d+)\)$")
 
 
-@dataclass(frozen=True, slots=True)
-class JobKey:
-    """What identifies a job type for learning: its model and its per-step batch size."""
+class JobKey(NamedTuple):
+    """What identifies a job type for learning: its model and its per-step batch size.
+
+    A named tuple rather than a dataclass: models hash and compare these keys hundreds of
+    thousands of times per fit, and tuple hashing runs in C.
+    """
 
     model_name: str
     batch_size: int

@@ -25,6 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal, Protocol
 
 import numpy as np
@@ -166,9 +167,10 @@ class _Table:
         return float(np.sum((x - x.mean()) * (y - y.mean())) / spread)
 
 
-def _job_features(job: JobKey) -> list[float]:
+@lru_cache(maxsize=4096)
+def _job_features(job: JobKey) -> tuple[float, ...]:
     info = describe_model(job.model_name)
-    return [*info.features(), math.log(job.batch_size)]
+    return (*info.features(), math.log(job.batch_size))
 
 
 def _cold_row(query: ThroughputQuery) -> list[float]:
@@ -211,7 +213,12 @@ def _regressor(kind: ModelKind, seed: int) -> RandomForestRegressor | HistGradie
             n_estimators=60, min_samples_leaf=2, max_features=0.6, random_state=seed, n_jobs=1
         )
     return HistGradientBoostingRegressor(
-        max_iter=150, learning_rate=0.1, max_leaf_nodes=15, min_samples_leaf=5, random_state=seed
+        max_iter=100,
+        learning_rate=0.12,
+        max_leaf_nodes=15,
+        min_samples_leaf=5,
+        max_bins=63,
+        random_state=seed,
     )
 
 
