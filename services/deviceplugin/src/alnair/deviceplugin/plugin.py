@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+POD_LOOKUP_TIMEOUT_S = 5.0
+"""Longest an Allocate waits on the API server before going by the kubelet's devices alone."""
 KUBELET_MAX_MESSAGE_BYTES = 4 << 20
 """gRPC's default receive limit, which the kubelet keeps for device lists."""
 
@@ -278,8 +280,8 @@ class ResourcePlugin:
 
     async def _find_pod(self, size: int) -> PodMatch | None:
         try:
-            return await self.pods.find(self.resource, size)
-        except Exception as exc:  # the API server being down must not block admission
+            return await asyncio.wait_for(self.pods.find(self.resource, size), POD_LOOKUP_TIMEOUT_S)
+        except Exception as exc:  # the API server being slow or down must not block admission
             log.warning("pod lookup failed", extra={"error": repr(exc)})
             return None
 
@@ -287,7 +289,9 @@ class ResourcePlugin:
         if found is None:
             return
         try:
-            await self.pods.mark_allocated(found, self.resource)
+            await asyncio.wait_for(
+                self.pods.mark_allocated(found, self.resource), POD_LOOKUP_TIMEOUT_S
+            )
         except Exception as exc:
             log.warning(
                 "could not mark pod allocated", extra={"pod": found.name, "error": repr(exc)}
