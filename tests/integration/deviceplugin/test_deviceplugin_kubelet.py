@@ -267,3 +267,27 @@ async def test_registers_again_after_the_kubelet_restarts(
     async with client.watch() as watch:
         assert len(await watch.next()) == 4
     assert node.servers[WHOLE].registrations == 2
+
+
+async def test_preferred_whole_gpus_follow_the_scheduler(start_node: Any, connect: Any) -> None:
+    pod = {
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "uid": "77777777-0000",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {resources.ANN_GPU_INDICES: "0,2"},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main", "resources": {"limits": {resources.GPU: "2"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    node = await start_node(StaticPods("n1", [pod]))
+    whole = connect(node.servers[WHOLE].socket_path)
+    # left alone the plugin would take an NVLink pair; the scheduler decided otherwise
+    chosen = await whole.preferred(["GPU-0", "GPU-1", "GPU-2", "GPU-3"], [], 2)
+    assert sorted(chosen) == ["GPU-0", "GPU-2"]
+    rep = await whole.allocate(chosen)
+    assert rep.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(chosen)
