@@ -109,6 +109,12 @@ class Framework:
             raise InvalidValueError("tie_break", tie_break, f"known: {', '.join(TIE_BREAKS)}")
         self.profile = profile
         self.tie_break = tie_break
+        # Protocol isinstance checks are slow; decide once which plugins normalize.
+        self._normalizers = {
+            id(w.plugin): w.plugin
+            for w in profile.score
+            if isinstance(w.plugin, NormalizeScorePlugin)
+        }
 
     @property
     def name(self) -> str:
@@ -178,8 +184,9 @@ class Framework:
         per_plugin: dict[str, FloatArray] = {}
         for weighted in profile.score:
             raw = weighted.plugin.score(pod, snapshot, state, nodes)
-            if isinstance(weighted.plugin, NormalizeScorePlugin):
-                raw = weighted.plugin.normalize_score(pod, state, raw)
+            normalizer = self._normalizers.get(id(weighted.plugin))
+            if normalizer is not None:
+                raw = normalizer.normalize_score(pod, state, raw)
             per_plugin[weighted.plugin.NAME] = raw
             totals += weighted.weight * raw
 
