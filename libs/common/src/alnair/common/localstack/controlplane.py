@@ -428,7 +428,7 @@ async def apply_crds(kube: KubeClient, crd_dir: Path | None = None, timeout_s: f
                 crd = await kube.get(CRDS, name)
             except NotFound:
                 crd = {}
-            conds = crd.get("status", {}).get("conditions", [])
+            conds = (crd.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
                 break
             if time.monotonic() > deadline:
