@@ -152,16 +152,15 @@ async def run_phase(
     }
     print(json.dumps(result), file=sys.stderr)
     # Free the GPUs for the next run: delete every pod and wait until they are gone. A
-    # collection delete of thousands of pods outlasts the client timeout; it goes on anyway.
-    with contextlib.suppress(Unavailable):
-        await kube.request("DELETE", PODS.path(ns), params={"gracePeriodSeconds": 0})
-    deadline = time.monotonic() + 600
+    # collection delete of thousands of pods outlasts the client timeout, and the API server
+    # stops when the client goes, so it is repeated until nothing is left.
+    deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         with contextlib.suppress(Unavailable):
             page = await kube.request("GET", PODS.path(ns), params={"limit": 1})
             if not page.get("items"):
                 break
-        await asyncio.sleep(2.0)
+            await kube.request("DELETE", PODS.path(ns), params={"gracePeriodSeconds": 0})
     with contextlib.suppress(NotFound):
         await kube.delete(NAMESPACES, ns)
     return result
