@@ -46,6 +46,8 @@ class LiveSnapshot(ClusterSnapshot):
     """A ClusterSnapshot plus what only a live cluster has (taints, health, measured use)."""
 
     taints: list[tuple[Obj, ...]] = field(default_factory=list)
+    tainted: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    """Nodes with at least one blocking taint (so filters visit only those)."""
     labels: list[dict[str, str]] = field(default_factory=list)
     unhealthy: BoolArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.bool_))
     withheld: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
@@ -68,6 +70,7 @@ class LiveSnapshot(ClusterSnapshot):
             placed=base.placed,
             _index=base._index,
             taints=self.taints,
+            tainted=self.tainted,
             labels=self.labels,
             unhealthy=self.unhealthy,
             withheld=self.withheld.copy(),
@@ -158,6 +161,7 @@ class SchedulerCache:
             if self._snap is not None:
                 i = self._snap.node_index(info.spec.name)
                 self._snap.taints[i] = info.taints
+                self._snap.tainted[i] = bool(info.taints)
                 self._snap.labels[i] = info.labels
                 self._snap.generation[i] += 1
             return len(info.taints) < len(old.taints) or old.labels != info.labels
@@ -302,6 +306,7 @@ class SchedulerCache:
         assert isinstance(snap, LiveSnapshot)
         width = snap.gpu_free.shape[1]
         snap.taints = [i.taints for i in infos]
+        snap.tainted = np.array([bool(i.taints) for i in infos], dtype=np.bool_)
         snap.labels = [i.labels for i in infos]
         snap.unhealthy = np.zeros((len(infos), width), dtype=np.bool_)
         snap.withheld = np.zeros((len(infos), width), dtype=np.int64)
