@@ -123,9 +123,11 @@ class Prediction(BaseModel):
     runtime_interval_s: Interval | None
     peak_gpu_mem_mib: float = Field(description="per GPU")
     fits_memory: bool
-    low_confidence: bool
+    low_confidence: bool = Field(description="basis is features or extrapolated")
     basis: str = Field(
-        description="anchored: from this job's measurements; features: from its features alone"
+        description="measured: this very measurement; anchored: from this job's measurements "
+        "on other GPUs or counts; features: from its features alone (job never measured); "
+        "extrapolated: GPU type never measured, scaled by specification"
     )
 
 
@@ -135,8 +137,10 @@ class PredictReply(BaseModel):
     interval_level: float
     job: JobSpec
     known_model: bool = Field(description="the model name was measured somewhere")
-    low_confidence: bool
-    memory_basis: str
+    low_confidence: bool = Field(
+        description="the model was never measured, or any prediction below is low-confidence"
+    )
+    memory_basis: str = Field(description="records, catalog or family (name not in catalog)")
     predictions: list[Prediction]
 
 
