@@ -40,7 +40,6 @@ from alnair.predictor.schemas import (
     PredictRequest,
 )
 from alnair.predictor.throughput import (
-    LearnedThroughput,
     ModelKind,
     ThroughputEstimate,
     ThroughputModel,
@@ -357,14 +356,3 @@ def colocation(bundle: ModelBundle, request: ColocationRequest) -> ColocationRep
         job_b=side(log_b, fractions[1]),
         low_confidence=low_confidence,
     )
-
-
-__all__ = [
-    "LearnedThroughput",
-    "ModelBundle",
-    "Validation",
-    "colocation",
-    "predict",
-    "train_bundle",
-    "validate_candidate",
-]

@@ -23,23 +23,21 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 from sklearn.ensemble import HistGradientBoostingRegressor, RandomForestRegressor
 
-from alnair.predictor.catalog import FAMILIES, describe_model
+from alnair.predictor.catalog import describe_model
 from alnair.predictor.compute import single_threaded
 from alnair.predictor.datasets import JobKey, Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
 
 ModelKind = Literal["baseline", "rf", "gb"]
 Basis = Literal["anchored", "features", "extrapolated"]
-FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,10 +286,6 @@ def _groups(observations: Sequence[Observation], folds: int) -> list[list[int]]:
     return [fold for fold in out if fold]
 
 
-class _Fitted(Protocol):
-    def predict_log(self, queries: Sequence[ThroughputQuery]) -> list[tuple[float, Basis]]: ...
-
-
 class BaselineThroughput:
     """Measured throughput elsewhere, scaled by FP32 TFLOPS and GPU count."""
 
@@ -335,16 +329,13 @@ class BaselineThroughput:
         return out
 
     def fit(self, observations: Sequence[Observation]) -> None:
-        self.halfwidth = (
-            _calibrate(
+        if self.calibration_folds > 1:
+            self.halfwidth = _calibrate(
                 observations,
                 lambda: BaselineThroughput(self.level, 0),
                 self.calibration_folds,
                 self.level,
             )
-            if self.calibration_folds > 1
-            else self.halfwidth
-        )
         self._fit_core(observations)
 
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
@@ -480,12 +471,11 @@ class _CoreModel(Protocol):
 
 def _calibrate(
     observations: Sequence[Observation],
-    make: object,
+    make: Callable[[], _CoreModel],
     folds: int,
     level: float,
 ) -> dict[Basis, float]:
     """Conformal half-widths from held-out (job, GPU) groups, per prediction basis."""
-    assert callable(make)
     residuals: dict[Basis, list[float]] = {"anchored": [], "features": []}
     for held in _groups(observations, folds):
         held_set = set(held)
@@ -531,15 +521,3 @@ def make_model(
     if kind == "baseline":
         return BaselineThroughput(level, calibration_folds)
     return LearnedThroughput(kind, level, calibration_folds, features_model=features_model)
-
-
-__all__ = [
-    "FAMILIES",
-    "BaselineThroughput",
-    "LearnedThroughput",
-    "ThroughputEstimate",
-    "ThroughputModel",
-    "ThroughputQuery",
-    "conformal_halfwidth",
-    "make_model",
-]
