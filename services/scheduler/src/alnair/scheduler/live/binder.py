@@ -120,6 +120,7 @@ class Scheduler:
         self._framework: Framework | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.last_result: dict[str, ScheduleResult] = {}
+        self._pg_pending: dict[str, dict[str, Any]] = {}
         self.scheduling = asyncio.Event()
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -488,7 +489,22 @@ class Scheduler:
         if status == st.last_status:
             return
         st.last_status = dict(status)
-        self._writes(self.kube.patch(PODGROUPS, name, {"status": status}, ns, sub="status"))
+        # One writer per gang, always sending the latest status: concurrent patches could land
+        # out of order and leave an older phase behind.
+        first = gang not in self._pg_pending
+        self._pg_pending[gang] = status
+        if first:
+            self._writes(self._write_podgroup_status(gang, ns, name))
+
+    async def _write_podgroup_status(self, gang: str, ns: str, name: str) -> None:
+        try:
+            while gang in self._pg_pending:
+                status = self._pg_pending[gang]
+                await self.kube.patch(PODGROUPS, name, {"status": status}, ns, sub="status")
+                if self._pg_pending.get(gang) is status:
+                    del self._pg_pending[gang]
+        finally:
+            self._pg_pending.pop(gang, None)
 
     def _writes(self, coro: Any) -> None:
         async def guarded() -> None:

@@ -177,7 +177,9 @@ class SchedulerCache:
         """Account a pod that the API server shows bound to a node (idempotent)."""
         uid = pod["metadata"]["uid"]
         node = pod["spec"]["nodeName"]
-        if uid in self.bound:
+        known = self.bound.get(uid)
+        if known is not None:
+            self.bound[uid] = (known[0], known[1], pod)  # keep the latest status (phase)
             return
         try:
             req = parse_pod(pod, self.gpu_memory_table())
