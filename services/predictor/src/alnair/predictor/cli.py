@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--model",
         choices=[k for k in MODEL_KINDS if k != "baseline"],
-        default="rf",
-        help="the model the service uses, reported as `chosen`",
+        default="ratio",
+        help="the model the service uses, reported as `chosen` (ratio: rf for co-location)",
     )
     ev.add_argument("--level", type=float, default=0.9, help="nominal interval coverage")
     ev.add_argument("--workers", type=int, help="processes (default: CPU cores, at most 4)")

@@ -310,7 +310,12 @@ def pair_folds(
 def make_colocation_model(
     kind: ModelKind, level: float = 0.9, calibration_folds: int = 4
 ) -> ColocationModel:
-    """A fresh, unfitted co-location model of `kind`."""
+    """A fresh, unfitted co-location model of `kind`.
+
+    `ratio` is a throughput model only; its bundles predict co-location with the random forest.
+    """
     if kind == "baseline":
         return BaselineColocation(level, calibration_folds)
+    if kind == "ratio":
+        return LearnedColocation("rf", level, calibration_folds)
     return LearnedColocation(kind, level, calibration_folds)

@@ -102,7 +102,7 @@ def _measured(observations: Sequence[Observation]) -> dict[tuple[JobKey, str, in
 def train_bundle(
     gavel: TrainingData,
     records: Sequence[Observation],
-    kind: ModelKind = "rf",
+    kind: ModelKind = "ratio",
     level: float = 0.9,
     calibration_folds: int = 6,
 ) -> ModelBundle:

@@ -37,7 +37,7 @@ class Retrainer:
         store: ModelStore,
         gavel: TrainingData,
         metrics: PredictorMetrics,
-        kind: ModelKind = "rf",
+        kind: ModelKind = "ratio",
         level: float = 0.9,
         debounce_s: float = 5.0,
         max_wait_s: float = 60.0,

@@ -45,9 +45,13 @@ class PredictorSettings(ServiceSettings):
     log_json: bool = Field(
         default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
     )
-    model_kind: Literal["rf", "gb"] = Field(
-        default="rf",
-        description="model that serves: rf (random forest) or gb (gradient-boosted trees)",
+    model_kind: Literal["ratio", "rf", "gb"] = Field(
+        default="ratio",
+        description=(
+            "model that serves: ratio (stacked cross-GPU ratios, random forest for"
+            " co-location; best held-out throughput MAPE), rf (random forest) or gb"
+            " (gradient-boosted trees)"
+        ),
     )
     interval_level: float = Field(
         default=0.9, gt=0.0, lt=1.0, description="nominal coverage of predicted intervals"

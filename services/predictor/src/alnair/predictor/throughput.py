@@ -36,7 +36,7 @@ from alnair.predictor.compute import single_threaded
 from alnair.predictor.datasets import JobKey, Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
 
-ModelKind = Literal["baseline", "rf", "gb"]
+ModelKind = Literal["baseline", "rf", "gb", "ratio"]
 Basis = Literal["anchored", "features", "extrapolated"]
 
 
@@ -520,4 +520,8 @@ def make_model(
     """A fresh, unfitted throughput model of `kind`."""
     if kind == "baseline":
         return BaselineThroughput(level, calibration_folds)
+    if kind == "ratio":
+        from alnair.predictor.ratio import RatioThroughput
+
+        return RatioThroughput(level, calibration_folds, features_model=features_model)
     return LearnedThroughput(kind, level, calibration_folds, features_model=features_model)

@@ -1,0 +1,255 @@
+"""`ratio`: throughput of a job on a GPU type as its measurement elsewhere times a learned ratio.
+
+For a job measured on GPU types A (at some GPU counts) and asked about type B at count n, the
+model never predicts an absolute speed. It predicts log(thr(job, B, n) / thr(job, A, n)) for
+each anchor A from how other jobs' throughput moved between the same two (GPU, count)
+columns, and adds it to the job's own measurement on A. Several estimators of that ratio
+("members") are stacked:
+
+- `nearest` / `all`: the ratio of the same model at the neighbouring batch sizes
+  (interpolated in log batch size), else its family's mean ratio, else the median job's, else
+  FP32 x count; from the anchor closest to B in FP32 throughput, or the geometric mean over
+  every anchor at the same count.
+- `similar2` / `similar5`: a weighted mean of the ratios of the 2 (5) most similar other jobs,
+  where similarity is how closely their measurements on the job's other columns (every GPU
+  count, relative to the anchor) follow the job's own, with a penalty for another model and
+  for batch-size distance within the model. A job that scales across GPU counts the way a
+  sibling does tends to move between GPU types the way that sibling does.
+
+The stacking weights (a simplex grid in steps of 0.1) minimise the mean absolute percentage
+error of the stacked prediction on the training data with each (job, GPU type) pair held out
+on its own, and the same inner residuals give the conformal half-width of the interval, so in
+the held-out evaluation both are nested and never see the held-out pair. A job measured nowhere
+is answered by the random forest's features-only model and flagged (`basis: "features"`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from alnair.predictor.datasets import Observation
+from alnair.predictor.gpus import GpuSpec, lookup_gpu
+from alnair.predictor.throughput import (
+    Basis,
+    ModelKind,
+    ThroughputEstimate,
+    ThroughputQuery,
+    _estimates,
+    _Table,
+    conformal_halfwidth,
+)
+
+if TYPE_CHECKING:
+    from alnair.predictor.throughput import LearnedThroughput
+
+MEMBERS: tuple[str, ...] = ("nearest", "all", "similar2", "similar5")
+# (neighbours, temperature of the exp(-distance / temperature) weights) per similarity member.
+_SIMILAR: dict[str, tuple[int, float]] = {"similar2": (2, 0.1), "similar5": (5, 0.3)}
+_OTHER_MODEL_PENALTY = 1.0
+_BATCH_PENALTY = 0.3
+
+
+def ratio_prior(table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int) -> float:
+    """Log ratio query/anchor: siblings' (interpolated), else family, else median job, else spec."""
+    target = (query.gpu.name, query.gpu_count)
+    anchor = (anchor_gpu.name, count)
+    for value in (
+        table.sibling_ratio(query.job, target, anchor)[0],
+        table.family_ratio(query.job, target, anchor),
+        table.global_ratio(query.job, target, anchor),
+    ):
+        if not math.isnan(value):
+            return value
+    return math.log(query.gpu.fp32_tflops / anchor_gpu.fp32_tflops) + math.log(
+        query.gpu_count / count
+    )
+
+
+def similar_ratio(
+    table: _Table,
+    query: ThroughputQuery,
+    anchor_gpu: GpuSpec,
+    count: int,
+    neighbours: int,
+    temperature: float,
+) -> float | None:
+    """Similarity-weighted log ratio query/anchor of the jobs most like the query's job.
+
+    None when no other job was measured on both columns.
+    """
+    job = query.job
+    target = (query.gpu.name, query.gpu_count)
+    anchor = (anchor_gpu.name, count)
+    own_anchor = table.log_thr[(job, *anchor)]
+    profile = [
+        (gpu, c, value - own_anchor)
+        for gpu, c, value in table.by_job.get(job, [])
+        if gpu != query.gpu.name and (gpu, c) != anchor
+    ]
+    scored: list[tuple[float, float]] = []
+    for other in table.by_job:
+        if other == job:
+            continue
+        here = table.log_thr.get((other, *target))
+        there = table.log_thr.get((other, *anchor))
+        if here is None or there is None:
+            continue
+        diffs = [
+            (value - (theirs - there)) ** 2
+            for gpu, c, value in profile
+            if (theirs := table.log_thr.get((other, gpu, c))) is not None
+        ]
+        distance = math.sqrt(sum(diffs) / len(diffs)) if diffs else 0.0
+        if other.model_name != job.model_name:
+            distance += _OTHER_MODEL_PENALTY
+        else:
+            distance += _BATCH_PENALTY * abs(math.log(other.batch_size / job.batch_size))
+        scored.append((distance, here - there))
+    if not scored:
+        return None
+    scored.sort()
+    chosen = scored[:neighbours]
+    weights = [math.exp(-(d - chosen[0][0]) / temperature) for d, _ in chosen]
+    return sum(w * r for w, (_, r) in zip(weights, chosen, strict=True)) / sum(weights)
+
+
+def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | None:
+    """Log throughput of the query by each member (order of MEMBERS); None if unanchored."""
+    every = table.anchors(query, nearest_only=False)
+    if not every:
+        return None
+    nearest = table.anchors(query)
+    priors = {
+        (gpu.name, count): value + ratio_prior(table, query, gpu, count)
+        for gpu, count, value in every
+    }
+    out = [
+        float(np.mean([priors[(gpu.name, count)] for gpu, count, _ in nearest])),
+        float(np.mean(list(priors.values()))),
+    ]
+    for member in MEMBERS[2:]:
+        neighbours, temperature = _SIMILAR[member]
+        values = []
+        for gpu, count, value in every:
+            ratio = similar_ratio(table, query, gpu, count, neighbours, temperature)
+            values.append(priors[(gpu.name, count)] if ratio is None else value + ratio)
+        out.append(float(np.mean(values)))
+    return out
+
+
+def _simplex(members: int, step: int = 10) -> list[tuple[float, ...]]:
+    """Every weight vector over `members` with weights in multiples of 1/step summing to 1."""
+    grid = []
+    for cut in itertools.combinations(range(step + members - 1), members - 1):
+        bounds = (-1, *cut, step + members - 1)
+        grid.append(tuple((bounds[i + 1] - bounds[i] - 1) / step for i in range(members)))
+    return grid
+
+
+def stack_weights(members: np.ndarray, truth: np.ndarray) -> tuple[float, ...]:
+    """Simplex weights minimising mean |exp(stacked - truth) - 1| (ties: the earliest)."""
+    best: tuple[float, tuple[float, ...]] | None = None
+    for weights in _simplex(members.shape[1]):
+        stacked = members @ np.asarray(weights)
+        loss = float(np.mean(np.abs(np.expm1(stacked - truth))))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, weights)
+    assert best is not None
+    return best[1]
+
+
+class RatioThroughput:
+    """Stacked cross-GPU ratio estimators over the job's own measurements (see module)."""
+
+    kind: ModelKind = "ratio"
+
+    def __init__(
+        self,
+        level: float = 0.9,
+        calibration_folds: int = 4,
+        features_model: bool = True,
+    ) -> None:
+        self.level = level
+        self.calibration_folds = calibration_folds
+        self.features_model = features_model
+        self.weights: tuple[float, ...] = tuple(1.0 / len(MEMBERS) for _ in MEMBERS)
+        self.halfwidth: dict[Basis, float] = {"anchored": math.log(2.0), "features": math.log(4.0)}
+        self.training_size = 0
+        self._observations: Sequence[Observation] = ()
+        self._table = _Table([])
+        self._cold: LearnedThroughput | None = None
+
+    def fit(self, observations: Sequence[Observation]) -> None:
+        if self.calibration_folds > 1:
+            self._calibrate(observations)
+        self._table = _Table(observations)
+        self._observations = observations
+        self.training_size = len(observations)
+        self._cold = None
+        if self.features_model:
+            self._fit_cold()
+
+    def _fit_cold(self) -> None:
+        from alnair.predictor.throughput import LearnedThroughput
+
+        self._cold = LearnedThroughput("rf", self.level, 0, features_model=True)
+        self._cold.fit(self._observations)
+
+    def _calibrate(self, observations: Sequence[Observation]) -> None:
+        """Stacking weights and half-width from leave-one-(job, GPU type)-out predictions.
+
+        The members need no fitting (they read a table), so every pair can be held out on its
+        own, exactly as a prediction faces it. Coarser folds (a third of the pairs at once)
+        also hold out the siblings the sibling members rely on and favoured the wrong member.
+        """
+        pairs: dict[tuple[str, str], list[int]] = {}
+        for index, obs in enumerate(observations):
+            pairs.setdefault((str(obs.job), obs.gpu_type), []).append(index)
+        rows: list[list[float]] = []
+        truth: list[float] = []
+        for held in pairs.values():
+            held_set = set(held)
+            train = [o for i, o in enumerate(observations) if i not in held_set]
+            if not train:
+                continue
+            table = _Table(train)
+            for index in held:
+                obs = observations[index]
+                query = ThroughputQuery(obs.job, lookup_gpu(obs.gpu_type), obs.gpu_count)
+                members = member_predictions(table, query)
+                if members is not None:
+                    rows.append(members)
+                    truth.append(math.log(obs.throughput))
+        if len(rows) < 10:
+            return
+        x, y = np.array(rows), np.array(truth)
+        self.weights = stack_weights(x, y)
+        anchored = conformal_halfwidth(
+            np.abs(x @ np.asarray(self.weights) - y).tolist(), self.level
+        )
+        self.halfwidth = {"anchored": anchored, "features": max(anchored * 2.0, math.log(3.0))}
+
+    def predict_log(self, queries: Sequence[ThroughputQuery]) -> list[tuple[float, Basis]]:
+        out: list[tuple[float, Basis] | None] = []
+        weights = np.asarray(self.weights)
+        for query in queries:
+            members = member_predictions(self._table, query)
+            out.append(
+                None if members is None else (float(np.asarray(members) @ weights), "anchored")
+            )
+        missing = [q for q, o in zip(queries, out, strict=True) if o is None]
+        if missing:
+            if self._cold is None:
+                self._fit_cold()
+            assert self._cold is not None
+            cold = iter(self._cold.predict_log(missing))
+            out = [o if o is not None else next(cold) for o in out]
+        return [o for o in out if o is not None]
+
+    def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
+        return _estimates(self.predict_log(queries), self.halfwidth)
