@@ -125,6 +125,7 @@ class Bus:
         self.name = name
         self._handled_kv: KeyValue | None = None
         self._lru = _Lru(65536)
+        self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subs: list[Subscription] = []
 
     @classmethod
@@ -371,10 +372,32 @@ class Bus:
             await self._dead_letter(msg, durable, str(exc), sub, jetstream)
             return
         key = f"{subject_token(durable)}.{subject_token(env.id)}"
+        # A copy of an event still being handled waits for that outcome instead of racing it.
+        while (running := self._inflight.get(key)) is not None:
+            await asyncio.shield(running)
         if await self._already_handled(key):
             if jetstream:
                 await msg.ack()
             return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = done
+        try:
+            await self._handle(msg, env, handler, durable, sub, max_deliver, key, jetstream)
+        finally:
+            self._inflight.pop(key, None)
+            done.set_result(None)
+
+    async def _handle(
+        self,
+        msg: Msg,
+        env: Envelope[E],
+        handler: Handler[E],
+        durable: str,
+        sub: Subscription,
+        max_deliver: int,
+        key: str,
+        jetstream: bool,
+    ) -> None:
         try:
             await handler(env.data, env)
         except TemporaryError as exc:

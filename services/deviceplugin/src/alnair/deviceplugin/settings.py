@@ -18,31 +18,11 @@ from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.devices import RESOURCES
 
 
-def _both(name: str) -> AliasChoices:
-    return AliasChoices(f"ALNAIR_DEVICEPLUGIN_{name}", f"ALNAIR_{name}")
-
-
 class DevicePluginSettings(ServiceSettings):
     """Everything the device plugin reads from the environment."""
 
     model_config = SettingsConfigDict(env_prefix="ALNAIR_DEVICEPLUGIN_", extra="ignore")
 
-    nats_url: str = Field(
-        default="nats://127.0.0.1:4222",
-        validation_alias=_both("NATS_URL"),
-        description="NATS server URL(s), comma-separated",
-    )
-    kubeconfig: str | None = Field(
-        default=None,
-        validation_alias=_both("KUBECONFIG"),
-        description="kubeconfig path; unset means in-cluster service account",
-    )
-    log_level: str = Field(
-        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
-    )
-    log_json: bool = Field(
-        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
-    )
     node_name: str = Field(
         default="",
         validation_alias=AliasChoices("ALNAIR_DEVICEPLUGIN_NODE_NAME", "NODE_NAME"),

@@ -9,14 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from alnair.common.settings import ServiceSettings
-
-
-def _both(name: str) -> AliasChoices:
-    return AliasChoices(f"ALNAIR_PREDICTOR_{name}", f"ALNAIR_{name}", name.lower())
 
 
 class PredictorSettings(ServiceSettings):
@@ -26,25 +22,6 @@ class PredictorSettings(ServiceSettings):
         env_prefix="ALNAIR_PREDICTOR_", extra="ignore", populate_by_name=True
     )
 
-    nats_url: str = Field(
-        default="nats://127.0.0.1:4222",
-        validation_alias=_both("NATS_URL"),
-        description="NATS server URL(s), comma-separated",
-    )
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        validation_alias=_both("REDIS_URL"),
-        description="Redis URL: execution records (read) and model versions (read/write)",
-    )
-    cluster: str = Field(
-        default="default", validation_alias=_both("CLUSTER"), description="cluster name"
-    )
-    log_level: str = Field(
-        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
-    )
-    log_json: bool = Field(
-        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
-    )
     model_kind: Literal["ratio", "rf", "gb"] = Field(
         default="ratio",
         description=(

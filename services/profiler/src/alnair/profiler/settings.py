@@ -18,42 +18,11 @@ from alnair.common.settings import ServiceSettings
 from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
 
 
-def _both(name: str) -> AliasChoices:
-    return AliasChoices(f"ALNAIR_PROFILER_{name}", f"ALNAIR_{name}")
-
-
 class ProfilerSettings(ServiceSettings):
     """Everything the agent and the aggregator read from the environment."""
 
     model_config = SettingsConfigDict(
         env_prefix="ALNAIR_PROFILER_", extra="ignore", populate_by_name=True
-    )
-
-    nats_url: str = Field(
-        default="nats://127.0.0.1:4222",
-        validation_alias=_both("NATS_URL"),
-        description="NATS server URL(s), comma-separated",
-    )
-    redis_url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        validation_alias=_both("REDIS_URL"),
-        description="Redis URL (aggregator: pod summaries and execution records)",
-    )
-    kubeconfig: str | None = Field(
-        default=None,
-        validation_alias=_both("KUBECONFIG"),
-        description="kubeconfig path; unset means in-cluster service account",
-    )
-    cluster: str = Field(
-        default="default",
-        validation_alias=_both("CLUSTER"),
-        description="cluster name in job events",
-    )
-    log_level: str = Field(
-        default="info", validation_alias=_both("LOG_LEVEL"), description="log level"
-    )
-    log_json: bool = Field(
-        default=True, validation_alias=_both("LOG_JSON"), description="JSON log lines"
     )
 
     role: Literal["agent", "aggregator"] = Field(
