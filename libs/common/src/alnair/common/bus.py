@@ -375,13 +375,14 @@ class Bus:
         # A copy of an event still being handled waits for that outcome instead of racing it.
         while (running := self._inflight.get(key)) is not None:
             await asyncio.shield(running)
-        if await self._already_handled(key):
-            if jetstream:
-                await msg.ack()
-            return
+        # Claimed before the first await, so a copy dispatched meanwhile sees the claim.
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[key] = done
         try:
+            if await self._already_handled(key):
+                if jetstream:
+                    await msg.ack()
+                return
             await self._handle(msg, env, handler, durable, sub, max_deliver, key, jetstream)
         finally:
             self._inflight.pop(key, None)
