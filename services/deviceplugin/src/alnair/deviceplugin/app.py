@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
+from alnair.common.http import bound_port, start_http
 from alnair.common.informer import Informer
 from alnair.common.kube import PODS, KubeClient
 from alnair.common.logs import setup_logging
@@ -63,7 +64,7 @@ class Running:
     @property
     def http_port(self) -> int:
         assert self.server is not None
-        return int(self.server.servers[0].sockets[0].getsockname()[1])
+        return bound_port(self.server)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -160,22 +161,10 @@ async def start(
     server: uvicorn.Server | None = None
     if http:
         app = create_app(state, vgpus, metrics, settings.resources, settings.memory_unit_mib)
-        config_http = uvicorn.Config(
-            app,
-            host=settings.http_host,
-            port=settings.http_port,
-            log_config=None,
-            lifespan="off",
-            access_log=False,
+        server, http_task = await start_http(
+            app, settings.http_host, settings.http_port, name="deviceplugin.http", on_death=on_death
         )
-        server = uvicorn.Server(config_http)
-        tasks.append(spawn(server.serve(), name="deviceplugin.http", on_death=on_death))
-        while not server.started:
-            if tasks[-1].done():
-                raise ConfigError(
-                    f"HTTP server did not start on {settings.http_host}:{settings.http_port}"
-                )
-            await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once
+        tasks.append(http_task)
     log.info(
         "device plugin started",
         extra={"node": settings.node_name, "resources": settings.resources, "restored": restored},

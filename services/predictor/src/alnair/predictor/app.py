@@ -20,7 +20,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus, Subscription
-from alnair.common.errors import ConfigError
+from alnair.common.http import bound_port, start_http
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
 from alnair.predictor.api import create_app
@@ -50,7 +50,7 @@ class Running:
 
     @property
     def http_port(self) -> int:
-        return int(self.server.servers[0].sockets[0].getsockname()[1])
+        return bound_port(self.server)
 
     @property
     def url(self) -> str:
@@ -96,24 +96,10 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
         bus, retrainer, metrics, settings.durable, settings.predict_subject
     )
     app = create_app(retrainer, store, metrics)
-    config = uvicorn.Config(
-        app,
-        host=settings.http_host,
-        port=settings.http_port,
-        log_config=None,
-        lifespan="off",
-        access_log=False,
+    server, http_task = await start_http(
+        app, settings.http_host, settings.http_port, name="predictor.http", on_death=on_death
     )
-    server = uvicorn.Server(config)
-    tasks.append(spawn(server.serve(), name="predictor.http", on_death=on_death))
-    while not server.started:
-        if tasks[-1].done():
-            raise ConfigError(
-                f"HTTP server did not start on {settings.http_host}:{settings.http_port}",
-                host=settings.http_host,
-                port=settings.http_port,
-            )
-        await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once, at startup
+    tasks.append(http_task)
     return Running(settings, metrics, bus, redis, retrainer, server, subscriptions, tasks, died)
 
 

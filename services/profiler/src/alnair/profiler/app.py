@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
+from alnair.common.http import bound_port, start_http
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
@@ -60,7 +61,7 @@ class Running:
 
     @property
     def http_port(self) -> int:
-        return int(self.server.servers[0].sockets[0].getsockname()[1])
+        return bound_port(self.server)
 
     @property
     def url(self) -> str:
@@ -87,15 +88,8 @@ class Running:
 async def _start_http(
     app: FastAPI, host: str, port: int, tasks: list[asyncio.Task[Any]]
 ) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="off", access_log=False
-    )
-    server = uvicorn.Server(config)
-    tasks.append(spawn(server.serve(), name="profiler.http"))
-    while not server.started:
-        if tasks[-1].done():
-            raise ConfigError(f"HTTP server did not start on {host}:{port}", host=host, port=port)
-        await asyncio.sleep(0.01)  # uvicorn exposes no start event; this waits once, at startup
+    server, task = await start_http(app, host, port, name="profiler.http")
+    tasks.append(task)
     return server
 
 

@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 import logging
 
-import uvicorn
-
 from alnair.common.bus import Bus
+from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import spawn
@@ -38,16 +37,9 @@ async def serve(settings: SchedulerSettings) -> int:
     if settings.nats_enabled:
         bus = await Bus.connect(settings.nats_url, name=f"scheduler-{settings.identity}")
         await handlers.subscribe(bus, scheduler, settings.identity)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            build_api(scheduler),
-            host=settings.http_host,
-            port=settings.http_port,
-            log_config=None,
-            access_log=False,
-        )
+    server, http = await start_http(
+        build_api(scheduler), settings.http_host, settings.http_port, name="scheduler.http"
     )
-    http = spawn(server.serve(), name="scheduler.http")
     elector: LeaderElector | None = None
     try:
         if settings.leader_elect:
