@@ -14,6 +14,7 @@ and expose it through the cycle state.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
@@ -39,51 +40,48 @@ def exclusive_gpus(pod: PodRequest, snapshot: ClusterSnapshot, node: int) -> tup
     return tuple(int(g) for g in whole[: pod.num_gpu])
 
 
-class BestFitGpu:
+class _FittingGpuSelector(ABC):
+    """Whole GPUs: the first free ones. A fraction: `choose` picks among the GPUs it fits."""
+
+    NAME: ClassVar[str] = ""
+
+    def select_gpus(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
+    ) -> tuple[int, ...] | None:
+        if not pod.is_fractional:
+            return exclusive_gpus(pod, snapshot, node)
+        fits = fitting_gpus(pod, snapshot, node)
+        if fits.size == 0:
+            return None
+        return (int(fits[self.choose(snapshot.gpu_free[node, fits], state)]),)
+
+    @abstractmethod
+    def choose(self, free: IntArray, state: CycleState) -> int:
+        """The position in `free` (the fitting GPUs' free milli-GPU) of the GPU to use."""
+
+
+class BestFitGpu(_FittingGpuSelector):
     """Fractional pods take the fitting GPU with the least free milli-GPU (lowest index on ties)."""
 
     NAME: ClassVar[str] = "BestFitGpu"
 
-    def select_gpus(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
-    ) -> tuple[int, ...] | None:
-        if not pod.is_fractional:
-            return exclusive_gpus(pod, snapshot, node)
-        fits = fitting_gpus(pod, snapshot, node)
-        if fits.size == 0:
-            return None
-        free = snapshot.gpu_free[node, fits]
-        return (int(fits[int(np.argmin(free))]),)
+    def choose(self, free: IntArray, state: CycleState) -> int:
+        return int(np.argmin(free))
 
 
-class WorstFitGpu:
+class WorstFitGpu(_FittingGpuSelector):
     """Fractional pods take the fitting GPU with the most free milli-GPU (lowest index on ties)."""
 
     NAME: ClassVar[str] = "WorstFitGpu"
 
-    def select_gpus(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
-    ) -> tuple[int, ...] | None:
-        if not pod.is_fractional:
-            return exclusive_gpus(pod, snapshot, node)
-        fits = fitting_gpus(pod, snapshot, node)
-        if fits.size == 0:
-            return None
-        free = snapshot.gpu_free[node, fits]
-        return (int(fits[int(np.argmax(free))]),)
+    def choose(self, free: IntArray, state: CycleState) -> int:
+        return int(np.argmax(free))
 
 
-class RandomGpu:
+class RandomGpu(_FittingGpuSelector):
     """Fractional pods go to a uniformly random fitting GPU."""
 
     NAME: ClassVar[str] = "RandomGpu"
 
-    def select_gpus(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
-    ) -> tuple[int, ...] | None:
-        if not pod.is_fractional:
-            return exclusive_gpus(pod, snapshot, node)
-        fits = fitting_gpus(pod, snapshot, node)
-        if fits.size == 0:
-            return None
-        return (int(fits[int(state.rng.integers(fits.size))]),)
+    def choose(self, free: IntArray, state: CycleState) -> int:
+        return int(state.rng.integers(free.size))

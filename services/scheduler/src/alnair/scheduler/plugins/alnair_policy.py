@@ -23,13 +23,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
-
-from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
-from alnair.scheduler.placement import exclusive_gpus
-from alnair.scheduler.plugins.fgd import best_per_node, gpu_from_state, sigmoid
-from alnair.scheduler.plugins.fragmentation import FragmentationModel, TypicalPods, candidates
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
+from alnair.scheduler.plugins.fgd import FGDScore
+from alnair.scheduler.plugins.fragmentation import TypicalPods
+from alnair.scheduler.snapshot import PodRequest
 
 _BEST_GPU = "Alnair/best-gpu"
 
@@ -42,28 +38,11 @@ def typical_pods(workload: list[PodRequest] | tuple[PodRequest, ...]) -> Typical
     return TypicalPods.from_pods(workload, memory_quantile=MEMORY_QUANTILE)
 
 
-class AlnairScore:
-    """Score plugin and GPU selector of the alnair policy."""
+class AlnairScore(FGDScore):
+    """Score plugin and GPU selector of the alnair policy: FGD's, over memory-aware shapes.
+
+    The difference lies entirely in the typical pods it is built with (`typical_pods`).
+    """
 
     NAME: ClassVar[str] = "AlnairScore"
-
-    def __init__(self, typical: TypicalPods) -> None:
-        self.model = FragmentationModel(typical)
-        self._memo_key = f"{self.NAME}/{id(self)}"
-
-    def score(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> FloatArray:
-        stats = self.model.node_stats(snapshot, self._memo_key)
-        cand = candidates(self.model, stats, pod, snapshot, nodes)
-        value = np.floor(sigmoid(-cand.delta / 1000.0) * MAX_NODE_SCORE)
-        best, gpu = best_per_node(cand.node_pos, cand.gpu, value, nodes.size)
-        state.data[_BEST_GPU] = (nodes, gpu)
-        return np.where(np.isfinite(best), best, 0.0)
-
-    def select_gpus(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
-    ) -> tuple[int, ...] | None:
-        if not pod.is_fractional:
-            return exclusive_gpus(pod, snapshot, node)
-        return gpu_from_state(state, _BEST_GPU, node)
+    STATE_KEY: ClassVar[str] = _BEST_GPU

@@ -48,6 +48,8 @@ class FGDScore:
     """Score plugin and GPU selector of the FGD policy."""
 
     NAME: ClassVar[str] = "FGDScore"
+    STATE_KEY: ClassVar[str] = _BEST_GPU
+    """Where `score` leaves each node's best GPU for `select_gpus` in the cycle state."""
 
     def __init__(self, typical: TypicalPods) -> None:
         self.model = FragmentationModel(typical)
@@ -60,7 +62,7 @@ class FGDScore:
         cand = candidates(self.model, stats, pod, snapshot, nodes)
         value = np.floor(sigmoid(-cand.delta / 1000.0) * MAX_NODE_SCORE)
         best, gpu = best_per_node(cand.node_pos, cand.gpu, value, nodes.size)
-        state.data[_BEST_GPU] = (nodes, gpu)
+        state.data[self.STATE_KEY] = (nodes, gpu)
         return np.where(np.isfinite(best), best, 0.0)
 
     def select_gpus(
@@ -68,7 +70,7 @@ class FGDScore:
     ) -> tuple[int, ...] | None:
         if not pod.is_fractional:
             return exclusive_gpus(pod, snapshot, node)
-        return gpu_from_state(state, _BEST_GPU, node)
+        return gpu_from_state(state, self.STATE_KEY, node)
 
 
 def gpu_from_state(state: CycleState, key: str, node: int) -> tuple[int, ...] | None:
