@@ -31,27 +31,9 @@ from alnair.common.kube import ELASTICJOBS, NODES, STATEFULSETS, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.profiler.app import start_agent, start_aggregator
 from alnair.profiler.records import RecordStore
-from alnair.profiler.settings import ProfilerSettings
+from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e
-
-
-def settings(
-    cp: ControlPlane, nats_url: str, redis_url: str, node: str, **over: Any
-) -> ProfilerSettings:
-    return ProfilerSettings.model_validate(
-        {
-            "nats_url": nats_url,
-            "redis_url": redis_url,
-            "kubeconfig": str(cp.kubeconfig),
-            "http_host": "127.0.0.1",
-            "http_port": 0,
-            "backend": "sim",
-            "sim_node_selector": f"kubernetes.io/hostname={node}",
-            "log_json": False,
-            **over,
-        }
-    )
 
 
 def bare_gpu_node(name: str) -> dict[str, Any]:
@@ -98,9 +80,11 @@ async def test_labels_health_and_crd_owner(
     await watcher.nc.subscribe(f"alnair.health.{node}.>", cb=on_health)
     await watcher.nc.subscribe(f"alnair.jobs.*.{namespace}.>", cb=on_job)
     await watcher.nc.subscribe(f"alnair.metrics.pod.{node}", cb=on_metric)
-    agent = await start_agent(settings(control_plane, nats_url, redis_url, node))
+    agent = await start_agent(
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node)
+    )
     aggregator = await start_aggregator(
-        settings(control_plane, nats_url, redis_url, node, role="aggregator")
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node, role="aggregator")
     )
     redis = aioredis.from_url(redis_url)
     try:

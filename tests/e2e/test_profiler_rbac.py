@@ -17,12 +17,13 @@ from nats.aio.msg import Msg
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, decode
-from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, TRIALJOBS, Conflict, KubeClient
+from alnair.common.kube import JOBS, NAMESPACES, NODES, TRIALJOBS, Conflict, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.common.localstack.controlplane import load_manifests
 from alnair.profiler.app import start_agent, start_aggregator
 from alnair.profiler.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings
+from profiler_support import bind_pending_pods, profiler_settings
 
 pytestmark = pytest.mark.e2e
 
@@ -59,24 +60,6 @@ async def service_account_kubeconfig(cp: ControlPlane, kube: KubeClient, path: P
     return path
 
 
-async def bind_to(kube: KubeClient, namespace: str, node: str) -> None:
-    """Stands in for the scheduler (not running here): binds the namespace's pending pods."""
-    listed = await kube.list(PODS, namespace)
-    version = listed["metadata"]["resourceVersion"]
-    pending = list(listed["items"])
-    while True:
-        for pod in pending:
-            if not pod["spec"].get("nodeName"):
-                with contextlib.suppress(Conflict):
-                    await kube.bind(namespace, pod["metadata"]["name"], node)
-        pending = []
-        async for kind, pod in kube.watch(PODS, namespace, resource_version=version):
-            version = pod["metadata"]["resourceVersion"]
-            if kind == "ADDED":
-                pending = [pod]
-                break
-
-
 async def test_profiler_works_with_only_its_own_rbac(
     control_plane: ControlPlane,
     kube: KubeClient,
@@ -107,19 +90,7 @@ async def test_profiler_works_with_only_its_own_rbac(
     )
 
     def settings(**over: Any) -> ProfilerSettings:
-        return ProfilerSettings.model_validate(
-            {
-                "nats_url": nats_url,
-                "redis_url": redis_url,
-                "kubeconfig": str(kubeconfig),
-                "http_host": "127.0.0.1",
-                "http_port": 0,
-                "backend": "sim",
-                "sim_node_selector": f"kubernetes.io/hostname={node}",
-                "log_json": False,
-                **over,
-            }
-        )
+        return profiler_settings(kubeconfig, nats_url, redis_url, node, **over)
 
     listener = await Bus.connect(nats_url, name="rbac-listener")
     finished: asyncio.Queue[JobEvent] = asyncio.Queue()
@@ -130,7 +101,7 @@ async def test_profiler_works_with_only_its_own_rbac(
     await listener.nc.subscribe(f"alnair.jobs.*.{namespace}.>", cb=on_job)
     agent = await start_agent(settings())
     aggregator = await start_aggregator(settings(role="aggregator"))
-    binder = asyncio.create_task(bind_to(kube, namespace, node))
+    binder = asyncio.create_task(bind_pending_pods(kube, namespace, lambda _pod: node))
     redis = aioredis.from_url(redis_url)
     try:
         labels = (await kube.get(NODES, node))["metadata"]["labels"]

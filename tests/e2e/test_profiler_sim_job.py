@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from functools import partial
 from typing import Any
 
 import httpx
@@ -21,34 +22,16 @@ from nats.aio.msg import Msg
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric, decode
-from alnair.common.kube import JOBS, PODS, TRIALJOBS, Conflict, KubeClient
+from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from alnair.profiler.records import RECORDS_INDEX, RecordStore
-from alnair.profiler.settings import ProfilerSettings
 from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
+from profiler_support import bind_pending_pods, profiler_settings
 
 pytestmark = pytest.mark.e2e
 
 JOB_SECONDS = 12
-
-
-def settings(
-    cp: ControlPlane, nats_url: str, redis_url: str, node: str, **over: Any
-) -> ProfilerSettings:
-    return ProfilerSettings.model_validate(
-        {
-            "nats_url": nats_url,
-            "redis_url": redis_url,
-            "kubeconfig": str(cp.kubeconfig),
-            "http_host": "127.0.0.1",
-            "http_port": 0,
-            "backend": "sim",
-            "sim_node_selector": f"kubernetes.io/hostname={node}",
-            "log_json": False,
-            **over,
-        }
-    )
 
 
 def job_manifest(namespace: str, node: str) -> dict[str, Any]:
@@ -98,9 +81,11 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
     (node,) = await control_plane.create_gpu_nodes(
         "1x V100M32:4", kube=kube, prefix=f"prof-{namespace}"
     )
-    agent = await start_agent(settings(control_plane, nats_url, redis_url, node))
+    agent = await start_agent(
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node)
+    )
     aggregator: Running = await start_aggregator(
-        settings(control_plane, nats_url, redis_url, node, role="aggregator")
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node, role="aggregator")
     )
     watcher = await Bus.connect(nats_url, name="e2e-watcher")
     redis = aioredis.from_url(redis_url)
@@ -164,7 +149,9 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
         assert not done.is_set()
         await aggregator.stop()
         aggregator = await start_aggregator(
-            settings(control_plane, nats_url, redis_url, node, role="aggregator")
+            profiler_settings(
+                control_plane.kubeconfig, nats_url, redis_url, node, role="aggregator"
+            )
         )
 
         await asyncio.wait_for(done.wait(), timeout=JOB_SECONDS + 60)
@@ -245,29 +232,10 @@ def gavel_rate(gpu: str, job: str, scale: int) -> float:
     return float(raw[gpu][str((job, scale))]["null"])
 
 
-async def bind_pending_pods(
-    kube: KubeClient, namespace: str, nodes_by_model: dict[str, str]
-) -> None:
-    """Stands in for the scheduler, which this test does not run: binds each pending pod of
-    the namespace to the node whose GPU model its node selector names."""
-    listed = await kube.list(PODS, namespace)
-    version = listed["metadata"]["resourceVersion"]
-    pods = list(listed["items"])
-    while True:
-        for pod in pods:
-            spec = pod.get("spec", {})
-            if spec.get("nodeName") or pod["metadata"].get("deletionTimestamp"):
-                continue
-            model = (spec.get("nodeSelector") or {}).get(res.LABEL_GPU_MODEL)
-            if model in nodes_by_model:
-                with contextlib.suppress(Conflict):
-                    await kube.bind(namespace, pod["metadata"]["name"], nodes_by_model[model])
-        pods = []
-        async for kind, pod in kube.watch(PODS, namespace, resource_version=version):
-            version = pod["metadata"]["resourceVersion"]
-            if kind == "ADDED":
-                pods = [pod]
-                break
+def node_by_model(nodes_by_model: dict[str, str], pod: dict[str, Any]) -> str | None:
+    """The node whose GPU model the pod's node selector names."""
+    model = (pod["spec"].get("nodeSelector") or {}).get(res.LABEL_GPU_MODEL)
+    return nodes_by_model.get(model) if model else None
 
 
 async def test_trialjob_measures_each_candidate(
@@ -277,12 +245,16 @@ async def test_trialjob_measures_each_candidate(
         "1x V100M32:4, 1x K80:4", kube=kube, prefix=f"trial-{namespace}"
     )
     agent = await start_agent(
-        settings(control_plane, nats_url, redis_url, v100, sim_node_selector="type=kwok")
+        profiler_settings(
+            control_plane.kubeconfig, nats_url, redis_url, v100, sim_node_selector="type=kwok"
+        )
     )
     aggregator = await start_aggregator(
-        settings(control_plane, nats_url, redis_url, v100, role="aggregator")
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, v100, role="aggregator")
     )
-    binder = asyncio.create_task(bind_pending_pods(kube, namespace, {"V100M32": v100, "K80": k80}))
+    binder = asyncio.create_task(
+        bind_pending_pods(kube, namespace, partial(node_by_model, {"V100M32": v100, "K80": k80}))
+    )
     redis = aioredis.from_url(redis_url)
     try:
         trial = {

@@ -176,6 +176,24 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
         scheduler.on_gpu_health(nodes[0], gpu, healthy=True)
     assert await wait_for(lambda: _bound_node(kube, namespace, "two"), 20) == nodes[0]
 
+    # Required node affinity: pods pinned to nodes[1] go there and only there; the one that no
+    # longer fits is told which nodes its affinity excluded.
+    await kube.delete(PODS, "one", namespace)
+    pinned = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [nodes[1]]}]}
+    for name in ("pin-a", "pin-b", "pin-c"):
+        pod = make_pod(name, namespace).pool(namespace).gpus(3).obj()
+        pod["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [pinned]}
+            }
+        }
+        await kube.create(PODS, pod, namespace)
+    for name in ("pin-a", "pin-b"):
+        assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == nodes[1]
+    ev = (await wait_for(lambda: failed("pin-c", "FailedScheduling"), 20))[0]
+    assert "node affinity mismatch" in ev["message"], ev["message"]
+    assert await _bound_node(kube, namespace, "pin-c") is None
+
 
 async def _bound_node(kube: KubeClient, ns: str, name: str) -> str | None:
     pod = await kube.get(PODS, name, ns)

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alnair.common import resources as r
+from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.live.cache import SchedulerCache
+from alnair.scheduler.live.plugins import NodeAffinity
 from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
 from alnair.scheduler.live.preemption import select_victims
 from alnair.scheduler.live.queue import SchedulingQueue
@@ -171,3 +173,100 @@ def test_preemption_picks_fewest_lowest_priority_and_keeps_gangs_whole() -> None
         name="p", uid="p", cpu_milli=0, memory_mib=0, num_gpu=4, gpu_milli=1000, priority=1
     )
     assert select_victims(peer, snap, [0, 1], {"ns/g": 4}) is None
+
+
+def with_required_affinity(pod: dict[str, Any], *terms: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
+        }
+    }
+    return pod
+
+
+def test_required_node_affinity_filters_nodes_as_upstream() -> None:
+    cache = SchedulerCache()
+    zones = {"n1": ("a", "4"), "n2": ("b", "8"), "n3": (None, "16")}
+    for name, (zone, gen) in zones.items():
+        obj = node(name)
+        if zone:
+            obj["metadata"]["labels"]["zone"] = zone
+        obj["metadata"]["labels"]["gen"] = gen
+        cache.upsert_node(obj)
+    snap = cache.snapshot()
+    nodes = np.arange(len(snap.names), dtype=np.int64)
+
+    def admitted(*terms: dict[str, Any]) -> set[str]:
+        req = parse_pod(with_required_affinity(make_pod("p", "ns").gpus(1).obj(), *terms))
+        verdict = NodeAffinity().filter(req, snap, CycleState(np.random.default_rng(0)), nodes)
+        return {snap.names[int(n)] for n in nodes[verdict.passed]}
+
+    def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+        return (
+            {"key": key, "operator": op, "values": list(values)}
+            if values
+            else {
+                "key": key,
+                "operator": op,
+            }
+        )
+
+    assert admitted({"matchExpressions": [expr("zone", "In", "a", "b")]}) == {"n1", "n2"}
+    assert admitted({"matchExpressions": [expr("zone", "NotIn", "a")]}) == {"n2", "n3"}
+    assert admitted({"matchExpressions": [expr("zone", "DoesNotExist")]}) == {"n3"}
+    assert admitted({"matchExpressions": [expr("gen", "Gt", "4")]}) == {"n2", "n3"}
+    assert admitted({"matchExpressions": [expr("gen", "Lt", "16"), expr("zone", "Exists")]}) == {
+        "n1",
+        "n2",
+    }
+    # Terms are ORed; matchFields names the node; an empty term matches nothing.
+    assert admitted(
+        {"matchExpressions": [expr("zone", "In", "a")]},
+        {"matchFields": [expr("metadata.name", "In", "n3")]},
+        {},
+    ) == {"n1", "n3"}
+    # The filter names its reason for the nodes it rejects.
+    req = parse_pod(
+        with_required_affinity(
+            make_pod("q", "ns").gpus(1).obj(), {"matchExpressions": [expr("zone", "In", "z")]}
+        )
+    )
+    verdict = NodeAffinity().filter(req, snap, CycleState(np.random.default_rng(0)), nodes)
+    assert [(reason, int(mask.sum())) for reason, mask in verdict.failures] == [
+        ("node affinity mismatch", 3)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("term", "field", "value"),
+    [
+        (
+            {"matchExpressions": [{"key": "zone", "operator": "Near", "values": ["a"]}]},
+            "operator",
+            "Near",
+        ),
+        ({"matchExpressions": [{"key": "zone", "operator": "In"}]}, "values", "[]"),
+        ({"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["x"]}]}, "values", "x"),
+        (
+            {"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]},
+            "values",
+            "a",
+        ),
+        (
+            {"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["u"]}]},
+            "key",
+            "metadata.uid",
+        ),
+    ],
+)
+def test_malformed_node_affinity_is_an_invalid_request_naming_it(
+    term: dict[str, Any], field: str, value: str
+) -> None:
+    pod = with_required_affinity(make_pod("p", "ns").gpus(1).obj(), term)
+    with pytest.raises(InvalidPodError) as err:
+        parse_pod(pod)
+    assert err.value.field.startswith(
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+    )
+    assert err.value.field.endswith(field)
+    assert value in str(err.value)

@@ -42,7 +42,13 @@ from alnair.scheduler.framework import (
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.gang import GangManager
-from alnair.scheduler.live.plugins import GpuHealth, GpuUtilization, NodeSelector, TaintToleration
+from alnair.scheduler.live.plugins import (
+    GpuHealth,
+    GpuUtilization,
+    NodeAffinity,
+    NodeSelector,
+    TaintToleration,
+)
 from alnair.scheduler.live.pods import (
     InvalidPodError,
     LivePod,
@@ -69,7 +75,7 @@ CAPACITY_REASONS = frozenset(
 def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) -> Profile:
     """The policy's profile with the live-only filters and the utilization score added."""
     base = find_policy(policy_name).build(workload)
-    filters: list[FilterPlugin] = [TaintToleration(), NodeSelector()]
+    filters: list[FilterPlugin] = [TaintToleration(), NodeSelector(), NodeAffinity()]
     for f in base.filter:
         if isinstance(f, GpuFit):
             filters.append(GpuHealth())

@@ -3,6 +3,9 @@
 - `TaintToleration`: nodes that are not Ready, cordoned, or carry a NoSchedule/NoExecute taint
   the pod does not tolerate are filtered out (upstream's TaintToleration + NodeUnschedulable).
 - `NodeSelector`: the pod's `nodeSelector` labels must all match.
+- `NodeAffinity`: the pod's required node affinity (any term of
+  `requiredDuringSchedulingIgnoredDuringExecution`, every expression of that term; `matchFields`
+  on the node name), as upstream. Preferred affinity is not scored.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
   "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
 - `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
@@ -18,7 +21,7 @@ import numpy as np
 
 from alnair.scheduler.framework.interface import CycleState, NodeVerdicts
 from alnair.scheduler.live.cache import LiveSnapshot
-from alnair.scheduler.live.pods import LivePod
+from alnair.scheduler.live.pods import LivePod, node_affinity_matches
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
@@ -66,6 +69,23 @@ class NodeSelector:
             dtype=np.bool_,
         )
         return NodeVerdicts(passed=passed, failures=(("node selector mismatch", ~passed),))
+
+
+class NodeAffinity:
+    NAME: ClassVar[str] = "NodeAffinity"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        terms = pod.node_affinity if isinstance(pod, LivePod) else ()
+        if live is None or not terms:
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        passed = np.array(
+            [node_affinity_matches(terms, live.labels[int(n)], live.names[int(n)]) for n in nodes],
+            dtype=np.bool_,
+        )
+        return NodeVerdicts(passed=passed, failures=(("node affinity mismatch", ~passed),))
 
 
 class GpuHealth:

@@ -5,13 +5,15 @@ Whole GPUs come from `nvidia.com/gpu`. A fraction comes from `alnair.io/gpu-comp
 one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory` (MiB): memory is converted into
 milli-GPU against the smallest GPU memory among the models the pod accepts, so a fraction never
 asks for less than its memory needs on any GPU it may land on. Asking for both whole and
-fractional GPUs, a fraction over one GPU, or an unknown GPU model is an `InvalidPodError` that
-names the field and value; the binder records it as an Event on the pod.
+fractional GPUs, a fraction over one GPU, an unknown GPU model or a malformed required node
+affinity is an `InvalidPodError` that names the field and value; the binder records it as an
+Event on the pod.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -41,6 +43,97 @@ class Toleration:
         return self.key == taint.get("key") and self.value == taint.get("value", "")
 
 
+NODE_NAME_FIELD = "metadata.name"
+"""The one node field `matchFields` may name."""
+
+_SET_OPERATORS = frozenset({"In", "NotIn"})
+_EXISTENCE_OPERATORS = frozenset({"Exists", "DoesNotExist"})
+_NUMERIC_OPERATORS = frozenset({"Gt", "Lt"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """One `matchExpressions` or `matchFields` entry of a node selector term."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+    on_field: bool = False
+    """True for `matchFields` (the node's name), False for a label."""
+
+    def matches(self, labels: Mapping[str, str], node_name: str) -> bool:
+        value = node_name if self.on_field else labels.get(self.key)
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        if self.operator == "Exists":
+            return value is not None
+        if self.operator == "DoesNotExist":
+            return value is None
+        # Gt / Lt: the label must hold an integer (checked at parse time for the pod's side).
+        try:
+            number = int(value) if value is not None else None
+        except ValueError:
+            return False
+        if number is None:
+            return False
+        bound = int(self.values[0])
+        return number > bound if self.operator == "Gt" else number < bound
+
+
+NodeSelectorTerm = tuple[NodeRequirement, ...]
+"""Requirements that must all hold (an empty term matches no node, as upstream)."""
+
+
+def node_affinity_matches(
+    terms: tuple[NodeSelectorTerm, ...], labels: Mapping[str, str], node_name: str
+) -> bool:
+    """Upstream's required node affinity: any term whose requirements all hold."""
+    return any(term and all(q.matches(labels, node_name) for q in term) for term in terms)
+
+
+def _requirement(raw: Obj, where: str, on_field: bool) -> NodeRequirement:
+    key, operator = raw.get("key", ""), raw.get("operator", "")
+    values = tuple(str(v) for v in raw.get("values") or ())
+    if not key:
+        raise InvalidPodError(f"{where}.key", key, "a requirement needs a key")
+    if on_field and key != NODE_NAME_FIELD:
+        raise InvalidPodError(f"{where}.key", key, f"matchFields supports only {NODE_NAME_FIELD}")
+    if operator in _SET_OPERATORS:
+        if not values:
+            raise InvalidPodError(f"{where}.values", [], f"{operator} needs at least one value")
+    elif operator in _EXISTENCE_OPERATORS:
+        if values:
+            raise InvalidPodError(f"{where}.values", list(values), f"{operator} takes none")
+    elif operator in _NUMERIC_OPERATORS and not on_field:
+        if len(values) != 1 or not values[0].lstrip("-").isdigit():
+            raise InvalidPodError(
+                f"{where}.values", list(values), f"{operator} takes exactly one integer"
+            )
+    else:
+        raise InvalidPodError(f"{where}.operator", operator, "not a node selector operator")
+    return NodeRequirement(key=key, operator=operator, values=values, on_field=on_field)
+
+
+def _required_node_affinity(spec: Obj) -> tuple[NodeSelectorTerm, ...]:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    terms: list[NodeSelectorTerm] = []
+    for i, term in enumerate(required.get("nodeSelectorTerms") or []):
+        where = f"{base}.nodeSelectorTerms[{i}]"
+        reqs = [
+            _requirement(e, f"{where}.matchExpressions[{j}]", on_field=False)
+            for j, e in enumerate(term.get("matchExpressions") or [])
+        ] + [
+            _requirement(e, f"{where}.matchFields[{j}]", on_field=True)
+            for j, e in enumerate(term.get("matchFields") or [])
+        ]
+        terms.append(tuple(reqs))
+    return tuple(terms)
+
+
 @dataclass(frozen=True, slots=True)
 class LivePod(PodRequest):
     """A PodRequest with what only a live cluster has: priority, gang, placement constraints."""
@@ -50,6 +143,8 @@ class LivePod(PodRequest):
     """`<namespace>/<podgroup>` when the pod belongs to a gang."""
     tolerations: tuple[Toleration, ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    """Required node affinity terms (any may match); empty when the pod has none."""
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
@@ -132,6 +227,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
         for t in spec.get("tolerations") or []
     )
     group = labels.get(r.POD_GROUP_LABEL)
+    affinity = _required_node_affinity(spec)
     try:
         return LivePod(
             name=name,
@@ -146,6 +242,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             gang=f"{ns}/{group}" if group else None,
             tolerations=tolerations,
             node_selector=tuple(sorted(selector.items())),
+            node_affinity=affinity,
             created=_ts(meta.get("creationTimestamp")),
         )
     except InvalidValueError as exc:
