@@ -1,22 +1,90 @@
-"""Every service's HTTP API runs the same way: uvicorn on the service's own event loop.
+"""Every service's HTTP API runs the same way: uvicorn on the service's own event loop, and
+every error is an RFC 9457 problem response (`application/problem+json`).
 
 `start_http` starts the server as a guarded task and returns once it listens (uvicorn offers
 no start event, so it waits on `server.started`, once, at start-up) or raises `ConfigError`
 naming the address when it cannot bind; `bound_port` is the port actually bound (tests ask
 for port 0). To stop, set `server.should_exit` and await the task: uvicorn must close its
 listening socket itself before anything is cancelled (cancelling it first leaks the socket).
+
+`install_problem_handlers` turns what FastAPI would answer in its own shapes into problems:
+a body or parameter that fails validation is a 422 whose `detail` names every bad field and
+whose `invalid_params` lists them (field path, message, the value received); an
+`InvalidValueError` raised by a route is a 422 naming its field and value; an `HTTPException`
+keeps its status; anything unexpected is a logged 500 that leaks no internals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from alnair.common.errors import ConfigError
+from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.tasks import spawn
+
+PROBLEM_JSON = "application/problem+json"
+
+log = logging.getLogger(__name__)
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    """An RFC 9457 problem response; `extra` members are added as extensions."""
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
+    return JSONResponse(jsonable_encoder(body), status_code=status, media_type=PROBLEM_JSON)
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in {"body", "query", "path", "header"}:
+        parts = parts[1:] or parts
+    return ".".join(parts)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Every error `app` answers becomes a problem response (see the module's docstring)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        params = [
+            {"name": _field(e.get("loc", ())), "reason": e.get("msg", ""), "value": e.get("input")}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(f"{p['name']}: {p['reason']}" for p in params) or "invalid request"
+        return problem(422, "Invalid request", detail, invalid_params=params)
+
+    @app.exception_handler(InvalidValueError)
+    async def _invalid_value(_request: Request, exc: InvalidValueError) -> JSONResponse:
+        params = [{"name": exc.field, "reason": exc.reason, "value": exc.value}]
+        return problem(422, "Invalid request", str(exc), invalid_params=params)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = _TITLES.get(exc.status_code, "Error")
+        return problem(exc.status_code, title, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", extra={"path": request.url.path}, exc_info=exc)
+        return problem(500, "Internal Server Error", f"unexpected {type(exc).__name__}")
+
+
+_TITLES = {
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    422: "Invalid request",
+    503: "Service Unavailable",
+}
 
 
 async def start_http(

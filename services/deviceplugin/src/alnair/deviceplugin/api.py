@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
+from alnair.common.http import install_problem_handlers
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.registry import VgpuRegistry
@@ -25,6 +26,7 @@ def create_app(
     memory_unit_mib: int,
 ) -> FastAPI:
     app = FastAPI(title="alnair-deviceplugin")
+    install_problem_handlers(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

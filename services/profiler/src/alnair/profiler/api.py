@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from alnair.common.errors import AlnairError
 from alnair.common.events import GpuInventory
+from alnair.common.http import install_problem_handlers, problem
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.metrics import ProfilerMetrics
@@ -34,11 +35,6 @@ class NotFoundProblem(AlnairError):
         self.name = name
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
-    return JSONResponse(body, status_code=status, media_type="application/problem+json")
-
-
 def create_app(
     metrics: ProfilerMetrics,
     inventory: KeyValue | None = None,
@@ -46,6 +42,7 @@ def create_app(
 ) -> FastAPI:
     """The API; routes needing the aggregator answer 404 problems on an agent."""
     app = FastAPI(title="alnair profiler", version="v1")
+    install_problem_handlers(app)
 
     @app.exception_handler(NotFoundProblem)
     async def _not_found(_request: Request, exc: NotFoundProblem) -> JSONResponse:

@@ -14,21 +14,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.live.binder import Scheduler
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
-    return JSONResponse(
-        {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra},
-        status_code=status,
-        media_type="application/problem+json",
-    )
-
-
 def build_api(scheduler: Scheduler) -> FastAPI:
     app = FastAPI(title="alnair-scheduler", version="0.1.0")
+    install_problem_handlers(app)
 
     @app.exception_handler(NotFound)
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
