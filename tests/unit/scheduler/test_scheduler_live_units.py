@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from alnair.common import resources as r
 from alnair.scheduler.framework.interface import CycleState
+from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.plugins import NodeAffinity
 from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
@@ -173,6 +174,75 @@ def test_preemption_picks_fewest_lowest_priority_and_keeps_gangs_whole() -> None
         name="p", uid="p", cpu_milli=0, memory_mib=0, num_gpu=4, gpu_milli=1000, priority=1
     )
     assert select_victims(peer, snap, [0, 1], {"ns/g": 4}) is None
+
+
+def pdb(name: str, allowed: int, selector: dict[str, Any] | None, ns: str = "ns") -> dict[str, Any]:
+    spec = {} if selector is None else {"selector": selector}
+    return {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
+def test_disruption_budgets_select_and_count_as_policy_v1() -> None:
+    budgets = DisruptionBudgets()
+    budgets.upsert(pdb("web", 1, {"matchLabels": {"app": "web"}}))
+    budgets.upsert(pdb("all", 5, {}, ns="other"))  # empty selector: the whole namespace
+    budgets.upsert(pdb("none", 0, None))  # no selector: no pod
+    budgets.upsert(
+        pdb("tier", 0, {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["db"]}]})
+    )
+    assert len(budgets) == 3
+    victims = [
+        ("a", "ns", {"app": "web"}),
+        ("b", "ns", {"app": "web"}),  # the second web pod breaks "web" (1 allowed)
+        ("c", "ns", {"tier": "db"}),  # "tier" allows none
+        ("d", "ns", {"tier": "cache"}),
+        ("e", "other", {"x": "y"}),
+    ]
+    assert budgets.violations(victims) == {"b", "c"}
+    budgets.delete(pdb("tier", 0, {}))
+    assert budgets.violations(victims) == {"b"}
+
+
+def test_preemption_prefers_victims_no_budget_protects() -> None:
+    cache = SchedulerCache()
+    cache.upsert_node(node("n1", 4))
+    cache.upsert_node(node("n2", 4))
+    snap = cache.snapshot()
+
+    def place(uid: str, n: int, gpus: tuple[int, ...], prio: int, app: str) -> None:
+        pod = LivePod(
+            name=uid, uid=uid, namespace="ns", cpu_milli=0, memory_mib=0, num_gpu=len(gpus),
+            gpu_milli=1000, priority=prio, labels=(("app", app),),
+        )  # fmt: skip
+        cache.assume(pod, Placement(n, snap.names[n], gpus, 1000))
+
+    # n1: the lowest-priority pod is protected; n2: a slightly higher one is not.
+    place("guarded", 0, (0, 1, 2, 3), 1, "db")
+    place("free", 1, (0, 1, 2, 3), 5, "batch")
+    wants = LivePod(
+        name="hi", uid="hi", cpu_milli=0, memory_mib=0, num_gpu=4, gpu_milli=1000, priority=100
+    )
+    budgets = DisruptionBudgets()
+    assert select_victims(wants, snap, [0, 1], {}, budgets).victims == ("guarded",)  # type: ignore[union-attr]
+    budgets.upsert(pdb("db", 0, {"matchLabels": {"app": "db"}}))
+    nom = select_victims(wants, snap, [0, 1], {}, budgets)
+    assert nom is not None and nom.victims == ("free",) and nom.budget_violations == 0
+    # On one node, the unprotected victim goes first even at a higher priority ...
+    cache.remove_pod("free")
+    place("b1", 1, (0, 1), 1, "db")
+    place("b2", 1, (2, 3), 9, "batch")
+    two = LivePod(
+        name="two", uid="two", cpu_milli=0, memory_mib=0, num_gpu=2, gpu_milli=1000, priority=100
+    )
+    nom = select_victims(two, snap, [1], {}, budgets)
+    assert nom is not None and nom.victims == ("b2",)
+    # ... and when only protected pods make room, a budget is broken, and said so.
+    nom = select_victims(wants, snap, [0], {}, budgets)
+    assert nom is not None and nom.victims == ("guarded",) and nom.budget_violations == 1
+    assert "PodDisruptionBudget" in nom.describe()
 
 
 def with_required_affinity(pod: dict[str, Any], *terms: dict[str, Any]) -> dict[str, Any]:

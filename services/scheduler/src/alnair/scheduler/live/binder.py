@@ -30,7 +30,17 @@ import numpy as np
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import NODES, PODGROUPS, PODS, ApiError, Conflict, KubeClient, NotFound, Obj
+from alnair.common.kube import (
+    NODES,
+    PODDISRUPTIONBUDGETS,
+    PODGROUPS,
+    PODS,
+    ApiError,
+    Conflict,
+    KubeClient,
+    NotFound,
+    Obj,
+)
 from alnair.common.tasks import spawn
 from alnair.scheduler.framework import (
     FilterPlugin,
@@ -40,6 +50,7 @@ from alnair.scheduler.framework import (
     WeightedScore,
 )
 from alnair.scheduler.framework.status import Code
+from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.plugins import (
@@ -115,9 +126,12 @@ class Scheduler:
         self.nodes = Informer(kube, NODES, name="nodes")
         self.pods = Informer(kube, PODS, name="pods")
         self.podgroups = Informer(kube, PODGROUPS, name="podgroups")
+        self.pdbs = Informer(kube, PODDISRUPTIONBUDGETS, name="poddisruptionbudgets")
+        self.budgets = DisruptionBudgets()
         self.nodes.add_handler(self._on_node)
         self.pods.add_handler(self._on_pod)
         self.podgroups.add_handler(self._on_podgroup)
+        self.pdbs.add_handler(self._on_pdb)
         self._bind_slots = asyncio.Semaphore(settings.max_binds_in_flight)
         self._binds: set[asyncio.Task[None]] = set()
         self._events: asyncio.Queue[tuple[Obj, EventType, str, str]] = asyncio.Queue(10000)
@@ -133,9 +147,11 @@ class Scheduler:
 
     async def start_watching(self) -> None:
         """Start the informers and wait for the first complete view."""
-        for inf in (self.nodes, self.podgroups, self.pods):
+        for inf in (self.nodes, self.podgroups, self.pdbs, self.pods):
             self._tasks.append(spawn(inf.run(), name=f"scheduler.informer.{inf.name}"))
-        await asyncio.gather(self.nodes.synced.wait(), self.podgroups.synced.wait())
+        await asyncio.gather(
+            self.nodes.synced.wait(), self.podgroups.synced.wait(), self.pdbs.synced.wait()
+        )
         await self.pods.synced.wait()
 
     async def run(self) -> None:
@@ -189,6 +205,12 @@ class Scheduler:
             self.queue.gang_ts[key] = _ts(ts)
         if old is None:
             self.queue.move_all_to_active()
+
+    def _on_pdb(self, event: WatchEvent, pdb: Obj, old: Obj | None) -> None:
+        if event is WatchEvent.DELETED:
+            self.budgets.delete(pdb)
+        else:
+            self.budgets.upsert(pdb)
 
     def _on_pod(self, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -379,13 +401,20 @@ class Scheduler:
         candidates = [n for n, why in explained.node_reasons.items() if why in CAPACITY_REASONS]
         if not candidates:
             return False
-        nomination = select_victims(req, snapshot, candidates, self.gangs.min_members())
+        nomination = select_victims(
+            req, snapshot, candidates, self.gangs.min_members(), self.budgets
+        )
         if nomination is None:
             return False
         victims = [self._pod_by_uid(uid) for uid in nomination.victims]
         message = (
             f"{result.message()} Preempting {len(victims)} lower-priority pod(s) "
-            f"on {nomination.node_name}."
+            f"on {nomination.node_name}"
+            + (
+                f", {nomination.budget_violations} against a PodDisruptionBudget."
+                if nomination.budget_violations
+                else "."
+            )
         )
         entry.last_message = message
         self._emit(entry.obj, "Normal", "Preempting", message)

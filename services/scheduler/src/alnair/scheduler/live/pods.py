@@ -145,6 +145,8 @@ class LivePod(PodRequest):
     node_selector: tuple[tuple[str, str], ...] = ()
     node_affinity: tuple[NodeSelectorTerm, ...] = ()
     """Required node affinity terms (any may match); empty when the pod has none."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The pod's labels (disruption budgets select victims by them)."""
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
@@ -243,6 +245,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             tolerations=tolerations,
             node_selector=tuple(sorted(selector.items())),
             node_affinity=affinity,
+            labels=tuple(sorted(labels.items())),
             created=_ts(meta.get("creationTimestamp")),
         )
     except InvalidValueError as exc:

@@ -5,9 +5,14 @@ room (not for taints, selectors or GPU model), victims are the pods of lower pri
 there. Gangs are kept whole: evicting a member of a gang that would then drop below its
 `minMember` means evicting the whole gang (every member, on every node), counted as such.
 Victims are removed lowest priority first until the pod fits, then given back one by one
-(highest priority first) while it still fits, as upstream's reprieve does. The node whose
-victim set has the lowest highest-priority, then the fewest pods, then the lowest priority sum
-wins.
+(highest priority first) while it still fits, as upstream's reprieve does.
+
+PodDisruptionBudgets (`budgets`): a victim whose eviction would take a budget below zero
+allowed disruptions (the more important victims use a budget's allowance first, as upstream)
+is taken only after every victim that breaks nothing, and given back first. A budget can still
+be broken when nothing else makes room, as upstream does; the node choice then minimises the
+broken budgets first. The node whose victim set breaks the fewest budgets, then has the lowest
+highest-priority, then the fewest pods, then the lowest priority sum wins.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
 
@@ -27,9 +33,14 @@ class Nomination:
     victims: tuple[str, ...]
     """Keys (uids) of the pods to evict."""
     highest_priority: int
+    budget_violations: int = 0
+    """How many victims are evicted against a PodDisruptionBudget."""
 
     def describe(self) -> str:
-        return f"preempting {len(self.victims)} pod(s) on {self.node_name}"
+        text = f"preempting {len(self.victims)} pod(s) on {self.node_name}"
+        if self.budget_violations:
+            text += f" ({self.budget_violations} against a PodDisruptionBudget)"
+        return text
 
 
 def _priority(req: PodRequest) -> int:
@@ -41,6 +52,7 @@ def select_victims(
     snapshot: ClusterSnapshot,
     candidate_nodes: list[int],
     gang_min_member: dict[str, int],
+    budgets: DisruptionBudgets | None = None,
 ) -> Nomination | None:
     by_node: dict[int, list[tuple[PodRequest, Placement]]] = defaultdict(list)
     gang_members: dict[str, list[tuple[PodRequest, Placement]]] = defaultdict(list)
@@ -49,7 +61,7 @@ def select_victims(
         if isinstance(req, LivePod) and req.gang:
             gang_members[req.gang].append((req, placement))
 
-    best: tuple[tuple[int, int, int], Nomination] | None = None
+    best: tuple[tuple[int, int, int, int], Nomination] | None = None
     for n in candidate_nodes:
         lower = [(q, p) for q, p in by_node.get(n, []) if _priority(q) < pod.priority]
         if not lower:
@@ -64,23 +76,27 @@ def select_victims(
                 units[f"gang:{gang}"] = members
             else:
                 units[q.key] = [(q, p)]
-        order = sorted(
-            units.items(), key=lambda kv: (max(_priority(q) for q, _ in kv[1]), len(kv[1]))
-        )
+        breaking = _budget_breakers(units, budgets)
+
+        top = {k: max(_priority(q) for q, _ in members) for k, members in units.items()}
+        order = sorted(units, key=lambda k: (k in breaking, top[k], len(units[k])))
         chosen: list[str] = []
-        for unit_key, _members in order:
+        for unit_key in order:
             chosen.append(unit_key)
             if _fits_without(pod, snapshot, n, [m for k in chosen for m in units[k]]):
                 break
         else:
             continue
-        # Reprieve: give back the most important victims that are not needed after all.
-        for unit_key in sorted(chosen, key=lambda k: -max(_priority(q) for q, _ in units[k])):
+        # Reprieve: give back the victims that are not needed after all, those that break a
+        # budget first, then the most important.
+        for unit_key in sorted(chosen, key=lambda k: (k not in breaking, -top[k])):
             trial = [k for k in chosen if k != unit_key]
             if _fits_without(pod, snapshot, n, [m for k in trial for m in units[k]]):
                 chosen = trial
         victims = [m for k in chosen for m in units[k]]
+        broken = sum(len(units[k]) for k in chosen if k in breaking)
         cost = (
+            broken,
             max(_priority(q) for q, _ in victims),
             len(victims),
             sum(_priority(q) for q, _ in victims),
@@ -88,11 +104,28 @@ def select_victims(
         nomination = Nomination(
             node_name=snapshot.names[n],
             victims=tuple(q.key for q, _ in victims),
-            highest_priority=cost[0],
+            highest_priority=cost[1],
+            budget_violations=broken,
         )
         if best is None or cost < best[0]:
             best = (cost, nomination)
     return best[1] if best else None
+
+
+def _budget_breakers(
+    units: dict[str, list[tuple[PodRequest, Placement]]], budgets: DisruptionBudgets | None
+) -> set[str]:
+    """Units with a member whose eviction, were every candidate evicted, breaks a budget."""
+    if budgets is None or not len(budgets):
+        return set()
+    members = sorted(
+        ((q, unit) for unit, qs in units.items() for q, _ in qs), key=lambda m: -_priority(m[0])
+    )
+    unit_of = {q.key: unit for q, unit in members}
+    breaking = budgets.violations(
+        (q.key, q.namespace, dict(q.labels) if isinstance(q, LivePod) else {}) for q, _ in members
+    )
+    return {unit_of[key] for key in breaking}
 
 
 def _fits_without(
