@@ -12,7 +12,8 @@ BIN := $(VENV)/bin
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
 setup-python:
-	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv
+	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check --user --break-system-packages uv
 	@$(UV) sync --all-packages --quiet
 	@$(BIN)/python -m alnair.deviceplugin.protos >/dev/null 2>&1 || true
 
