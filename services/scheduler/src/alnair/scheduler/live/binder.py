@@ -58,6 +58,7 @@ from alnair.scheduler.live.plugins import (
     GpuUtilization,
     NodeAffinity,
     NodeSelector,
+    PreferredNodeAffinity,
     TaintToleration,
 )
 from alnair.scheduler.live.pods import (
@@ -91,7 +92,7 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
         if isinstance(f, GpuFit):
             filters.append(GpuHealth())
         filters.append(f)
-    scores = list(base.score)
+    scores = [*base.score, WeightedScore(PreferredNodeAffinity())]
     if util_weight > 0:
         scores.append(WeightedScore(GpuUtilization(), util_weight))
     return replace(base, name=f"live-{base.name}", filter=tuple(filters), score=tuple(scores))

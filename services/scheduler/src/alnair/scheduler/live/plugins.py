@@ -5,7 +5,10 @@
 - `NodeSelector`: the pod's `nodeSelector` labels must all match.
 - `NodeAffinity`: the pod's required node affinity (any term of
   `requiredDuringSchedulingIgnoredDuringExecution`, every expression of that term; `matchFields`
-  on the node name), as upstream. Preferred affinity is not scored.
+  on the node name), as upstream.
+- `PreferredNodeAffinity`: score, the summed weights of the preferred terms a node matches,
+  normalised so the best node scores 100 (upstream's NodeAffinity score); 0 everywhere for a
+  pod without preferences, so it never disturbs the placement policy then.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
   "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
 - `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
@@ -19,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from alnair.scheduler.framework.interface import CycleState, NodeVerdicts
+from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
 from alnair.scheduler.live.cache import LiveSnapshot
 from alnair.scheduler.live.pods import LivePod, node_affinity_matches
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
@@ -86,6 +89,36 @@ class NodeAffinity:
             dtype=np.bool_,
         )
         return NodeVerdicts(passed=passed, failures=(("node affinity mismatch", ~passed),))
+
+
+class PreferredNodeAffinity:
+    NAME: ClassVar[str] = "PreferredNodeAffinity"
+
+    def score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> FloatArray:
+        live = _live(snapshot)
+        preferences = pod.node_preferences if isinstance(pod, LivePod) else ()
+        if live is None or not preferences:
+            return np.zeros(nodes.size, dtype=np.float64)
+        return np.array(
+            [
+                sum(
+                    weight
+                    for weight, term in preferences
+                    if node_affinity_matches((term,), live.labels[int(n)], live.names[int(n)])
+                )
+                for n in nodes
+            ],
+            dtype=np.float64,
+        )
+
+    def normalize_score(self, pod: PodRequest, state: CycleState, scores: FloatArray) -> FloatArray:
+        top = float(scores.max()) if scores.size else 0.0
+        if top <= 0:
+            return scores
+        normalized: FloatArray = scores * (MAX_NODE_SCORE / top)
+        return normalized
 
 
 class GpuHealth:

@@ -5,9 +5,9 @@ Whole GPUs come from `nvidia.com/gpu`. A fraction comes from `alnair.io/gpu-comp
 one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory` (MiB): memory is converted into
 milli-GPU against the smallest GPU memory among the models the pod accepts, so a fraction never
 asks for less than its memory needs on any GPU it may land on. Asking for both whole and
-fractional GPUs, a fraction over one GPU, an unknown GPU model or a malformed required node
-affinity is an `InvalidPodError` that names the field and value; the binder records it as an
-Event on the pod.
+fractional GPUs, a fraction over one GPU, an unknown GPU model or a malformed node affinity
+(required or preferred) is an `InvalidPodError` that names the field and value; the binder
+records it as an Event on the pod.
 """
 
 from __future__ import annotations
@@ -134,6 +134,29 @@ def _required_node_affinity(spec: Obj) -> tuple[NodeSelectorTerm, ...]:
     return tuple(terms)
 
 
+def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], ...]:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    preferences: list[tuple[int, NodeSelectorTerm]] = []
+    for i, item in enumerate(
+        node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    ):
+        where = f"{base}[{i}]"
+        weight = item.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise InvalidPodError(f"{where}.weight", weight, "an integer 1-100")
+        term = item.get("preference") or {}
+        reqs = [
+            _requirement(e, f"{where}.preference.matchExpressions[{j}]", on_field=False)
+            for j, e in enumerate(term.get("matchExpressions") or [])
+        ] + [
+            _requirement(e, f"{where}.preference.matchFields[{j}]", on_field=True)
+            for j, e in enumerate(term.get("matchFields") or [])
+        ]
+        preferences.append((weight, tuple(reqs)))
+    return tuple(preferences)
+
+
 @dataclass(frozen=True, slots=True)
 class LivePod(PodRequest):
     """A PodRequest with what only a live cluster has: priority, gang, placement constraints."""
@@ -145,6 +168,8 @@ class LivePod(PodRequest):
     node_selector: tuple[tuple[str, str], ...] = ()
     node_affinity: tuple[NodeSelectorTerm, ...] = ()
     """Required node affinity terms (any may match); empty when the pod has none."""
+    node_preferences: tuple[tuple[int, NodeSelectorTerm], ...] = ()
+    """Preferred node affinity: (weight, term) pairs."""
     labels: tuple[tuple[str, str], ...] = ()
     """The pod's labels (disruption budgets select victims by them)."""
     created: float = 0.0
@@ -230,6 +255,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
     )
     group = labels.get(r.POD_GROUP_LABEL)
     affinity = _required_node_affinity(spec)
+    preferences = _preferred_node_affinity(spec)
     try:
         return LivePod(
             name=name,
@@ -245,6 +271,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             tolerations=tolerations,
             node_selector=tuple(sorted(selector.items())),
             node_affinity=affinity,
+            node_preferences=preferences,
             labels=tuple(sorted(labels.items())),
             created=_ts(meta.get("creationTimestamp")),
         )
