@@ -21,6 +21,7 @@ from alnair.common.kube import (
     PRIORITYCLASSES,
     Conflict,
     KubeClient,
+    NotFound,
 )
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
@@ -102,8 +103,8 @@ def assert_no_overcommit(pods: list[dict[str, Any]], gpus_per_node: int) -> None
     whole: dict[tuple[str, int], int] = defaultdict(int)
     for p in pods:
         node = p["spec"].get("nodeName")
-        if not node:
-            continue
+        if not node or (p.get("status") or {}).get("phase") in {"Succeeded", "Failed"}:
+            continue  # finished pods hold no GPU
         ann = p["metadata"].get("annotations") or {}
         indices = r.parse_indices(ann[r.ANN_GPU_INDICES]) if ann.get(r.ANN_GPU_INDICES) else []
         milli = int(ann.get(r.ANN_GPU_MILLI, "0"))
@@ -204,7 +205,11 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
 
 
 async def _bound_node(kube: KubeClient, ns: str, name: str) -> str | None:
-    pod = await kube.get(PODS, name, ns)
+    """The node the pod is bound to; None while it is pending or not created yet."""
+    try:
+        pod = await kube.get(PODS, name, ns)
+    except NotFound:
+        return None
     node: str | None = pod["spec"].get("nodeName")
     return node
 
@@ -545,3 +550,56 @@ def _parked(scheduler: Scheduler) -> list[Any]:
     return [
         scheduler.queue.pods[u] for u in scheduler.queue.unschedulable if u in scheduler.queue.pods
     ]
+
+
+async def test_a_starving_pod_reserves_a_node_and_lands(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """A 4-GPU pod behind a stream of 1-GPU pods: without the guard each freed GPU goes to the
+    next small pod and the large one waits forever; with it, the node is reserved and drains."""
+    await pool(control_plane, kube, "1x T4:4", namespace)
+    created = 0
+
+    async def feed() -> None:
+        nonlocal created
+        while True:
+            small = make_pod(f"s-{created}", namespace).pool(namespace).gpus(1).runs_for(3)
+            await kube.create(PODS, small.obj(), namespace)
+            created += 1
+            await asyncio.sleep(0.4)
+
+    unguarded = Running(kube, starvation_after_s=0)
+    await unguarded.start()
+    feeder = asyncio.create_task(feed())
+    try:
+        await wait_for(lambda: _bound_node(kube, namespace, "s-3"), 20)
+        big = make_pod("big", namespace).pool(namespace).gpus(4).runs_for(2)
+        await kube.create(PODS, big.obj(), namespace)
+        await asyncio.sleep(8)
+        # Starved: small pods kept binding (each in a GPU freed meanwhile), the big one never.
+        assert await _bound_node(kube, namespace, "big") is None
+        later = [p for p in await pods_in(kube, namespace) if p["spec"].get("nodeName")]
+        assert len(later) > 6
+        await unguarded.stop()
+
+        guarded = Running(kube, starvation_after_s=2)
+        sched = await guarded.start()
+        assert await wait_for(lambda: _bound_node(kube, namespace, "big"), 20)
+        reserved = [
+            e for e in await events_for(kube, namespace, "big") if e["reason"] == "NodeReserved"
+        ]
+        assert reserved and "reserved for this pod" in reserved[0]["message"]
+        # Placed, it holds no reservation any more (small pods starving meanwhile may).
+        big_key = f"{namespace}/big"
+        await wait_for(
+            lambda: _true(big_key not in sched.cache.reservations.describe().values()), 10
+        )
+        feeder.cancel()
+        pods = await pods_in(kube, namespace)
+        assert_no_overcommit(pods, 4)
+        await guarded.stop()
+    finally:
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+        await unguarded.stop()

@@ -16,10 +16,11 @@ from alnair.scheduler.framework.runtime import Framework
 from alnair.scheduler.live.binder import live_profile
 from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.plugins import NodeAffinity, PreferredNodeAffinity
+from alnair.scheduler.live.plugins import NodeAffinity, NodeReservation, PreferredNodeAffinity
 from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
 from alnair.scheduler.live.preemption import select_victims
 from alnair.scheduler.live.queue import SchedulingQueue
+from alnair.scheduler.live.reservations import Holder, Reservations, closest_node
 from alnair.scheduler.snapshot import Placement
 from kube_builders import make_pod
 
@@ -395,3 +396,59 @@ def test_preferred_node_affinity_steers_placement_and_is_validated() -> None:
         InvalidPodError, match=r"preferredDuringSchedulingIgnoredDuringExecution\[0\]\.weight"
     ):
         parse_pod(pod)
+
+
+def test_reservations_admit_only_pods_that_outrank_the_holder() -> None:
+    holder = Holder(uid="big", key="ns/big", priority=10, created=100.0, gang="ns/g")
+
+    def pod(uid: str, priority: int, created: float, gang: str | None = None) -> LivePod:
+        return LivePod(
+            name=uid, uid=uid, cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=1000,
+            priority=priority, created=created, gang=gang,
+        )  # fmt: skip
+
+    assert holder.admits(pod("big", 10, 100.0))  # itself
+    assert holder.admits(pod("vip", 11, 500.0))  # higher priority
+    assert holder.admits(pod("old", 10, 99.0))  # as high and older
+    assert holder.admits(pod("mate", 0, 900.0, gang="ns/g"))  # its gang
+    assert not holder.admits(pod("young", 10, 101.0))
+    assert not holder.admits(pod("low", 9, 1.0))
+
+    res = Reservations()
+    assert res.reserve("n1", holder) is True
+    assert res.reserve("n2", holder) is False  # one node per pod
+    junior = Holder(uid="j", key="ns/j", priority=10, created=200.0)
+    assert res.reserve("n1", junior) is False  # held by a senior
+    senior = Holder(uid="s", key="ns/s", priority=50, created=300.0)
+    assert res.reserve("n1", senior) == holder  # taken over
+    assert res.node_of("big") is None and res.node_of("s") == "n1"
+    assert res.describe() == {"n1": "ns/s"}
+    assert res.release("s") == "n1" and len(res) == 0
+    assert res.reserve("n3", junior) is True
+    assert res.drop_node("n3") == junior and res.node_of("j") is None
+
+
+def test_a_reserved_node_is_filtered_and_the_closest_node_is_chosen() -> None:
+    cache = SchedulerCache()
+    for name in ("n1", "n2", "n3"):
+        cache.upsert_node(node(name, 4))
+    cache.add_bound(bound("a", "n1", 3, "0,1,2", "ua"))
+    cache.add_bound(bound("b", "n2", 1, "3", "ub"))
+    cache.add_bound(bound("c", "n3", 2, "0,1", "uc"))
+    snap = cache.snapshot()
+    big = LivePod(name="big", uid="big", cpu_milli=0, memory_mib=0, num_gpu=4, gpu_milli=1000)
+    # n2 has 3 of its 4 GPUs free: closest to the 4-GPU pod. A node too small never qualifies.
+    assert closest_node(big, snap, [0, 1, 2]) == 1
+    huge = LivePod(name="h", uid="h", cpu_milli=0, memory_mib=0, num_gpu=8, gpu_milli=1000)
+    assert closest_node(huge, snap, [0, 1, 2]) is None
+    cache.reservations.reserve("n2", Holder(uid="big", key="ns/big", priority=0, created=50.0))
+    nodes = np.arange(3, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+    late = LivePod(
+        name="late", uid="late", cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=1000,
+        created=60.0,
+    )  # fmt: skip
+    verdict = NodeReservation().filter(late, cache.snapshot(), state, nodes)
+    assert list(verdict.passed) == [True, False, True]
+    assert verdict.failures[0][0] == "reserved for a starving pod"
+    assert NodeReservation().filter(big, cache.snapshot(), state, nodes).passed.all()

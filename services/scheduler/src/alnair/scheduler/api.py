@@ -38,6 +38,7 @@ def build_api(scheduler: Scheduler) -> FastAPI:
             "depth": scheduler.queue.depth(),
             "cache": scheduler.cache.stats(),
             "pods": scheduler.queue.snapshot(),
+            "reserved_nodes": scheduler.cache.reservations.describe(),
         }
 
     @app.get("/metrics")

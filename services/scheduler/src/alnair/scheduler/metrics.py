@@ -30,4 +30,5 @@ class SchedulerMetrics:
         self.preemptions = m.counter("preemption_victims_total", "Pods evicted by preemption")
         self.gang_timeouts = m.counter("gang_timeouts_total", "Gangs released after timeout")
         self.events_dropped = m.counter("events_dropped_total", "Events not written (overload)")
+        self.reserved_nodes = m.gauge("reserved_nodes", "Nodes reserved for starving pods")
         self.leader = m.gauge("is_leader", "1 when this replica is the active scheduler")

@@ -34,6 +34,14 @@ class SchedulerSettings(ServiceSettings):
     event_writers: int = Field(default=16, ge=1, description="concurrent Event writers")
     initial_backoff_s: float = Field(default=1.0, gt=0, description="first retry delay")
     max_backoff_s: float = Field(default=10.0, gt=0, description="longest retry delay")
+    starvation_after_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="a pod pending this long reserves the node closest to fitting it (0: never)",
+    )
+    max_reserved_nodes: int = Field(
+        default=16, ge=0, description="most nodes reserved for starving pods at once"
+    )
     seed: int | None = Field(default=None, description="random seed for tie-breaking (tests)")
     identity: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",

@@ -51,12 +51,13 @@ from alnair.scheduler.framework import (
 )
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.budgets import DisruptionBudgets
-from alnair.scheduler.live.cache import SchedulerCache
+from alnair.scheduler.live.cache import LiveSnapshot, SchedulerCache
 from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.plugins import (
     GpuHealth,
     GpuUtilization,
     NodeAffinity,
+    NodeReservation,
     NodeSelector,
     PreferredNodeAffinity,
     TaintToleration,
@@ -70,6 +71,7 @@ from alnair.scheduler.live.pods import (
 )
 from alnair.scheduler.live.preemption import select_victims
 from alnair.scheduler.live.queue import QueuedPod, SchedulingQueue
+from alnair.scheduler.live.reservations import Holder, closest_node
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.plugins.fit import GpuFit
 from alnair.scheduler.plugins.registry import policy as find_policy
@@ -87,7 +89,12 @@ CAPACITY_REASONS = frozenset(
 def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) -> Profile:
     """The policy's profile with the live-only filters and the utilization score added."""
     base = find_policy(policy_name).build(workload)
-    filters: list[FilterPlugin] = [TaintToleration(), NodeSelector(), NodeAffinity()]
+    filters: list[FilterPlugin] = [
+        TaintToleration(),
+        NodeSelector(),
+        NodeAffinity(),
+        NodeReservation(),
+    ]
     for f in base.filter:
         if isinstance(f, GpuFit):
             filters.append(GpuHealth())
@@ -189,6 +196,8 @@ class Scheduler:
     def _on_node(self, event: WatchEvent, node: Obj, old: Obj | None) -> None:
         if event is WatchEvent.DELETED:
             self.cache.delete_node(node["metadata"]["name"])
+            if self.cache.reservations.drop_node(node["metadata"]["name"]):
+                self.metrics.reserved_nodes.set(len(self.cache.reservations))
             return
         if self.cache.upsert_node(node):
             self.queue.move_all_to_active()
@@ -221,6 +230,7 @@ class Scheduler:
         if event is WatchEvent.DELETED or is_terminal(pod):
             freed = self.cache.remove_pod(uid)
             self.queue.remove(uid)
+            self._release_reservation(uid)
             if gang_key:
                 self.gangs.member_gone(gang_key, uid)
                 self._podgroup_status(gang_key)
@@ -231,6 +241,8 @@ class Scheduler:
             self.cache.add_bound(pod)
             if uid in self.queue.pods:
                 self.queue.done(uid)
+            if self.cache.reservations.node_of(uid) is not None:  # bound by another replica
+                self._release_reservation(uid)
             if gang_key:
                 self.gangs.mark_bound(gang_key, uid)
                 if old is None or (old.get("status") or {}).get("phase") != (
@@ -305,6 +317,7 @@ class Scheduler:
             if not status.ok:
                 self.metrics.attempts.labels(result="unschedulable").inc()
                 self._unschedulable(entry, status.reason)
+                self._maybe_reserve(entry, req, snapshot, framework)
                 return
         result = framework.schedule(req, snapshot, self.rng)
         self.metrics.algorithm_seconds.observe(time.perf_counter() - t0)
@@ -314,8 +327,10 @@ class Scheduler:
             if await self._try_preempt(entry, req, result):
                 return
             self._unschedulable(entry, result.message())
+            self._maybe_reserve(entry, req, snapshot, framework)
             return
         self.cache.assume(req, result.placement)
+        self._release_reservation(entry.uid)
         self.metrics.attempts.labels(result="scheduled").inc()
         if req.gang and req.gang in self.gangs.groups:
             if not self.gangs.add_waiting(entry, req, result.placement):
@@ -386,6 +401,58 @@ class Scheduler:
         )
 
     # --- failure paths -------------------------------------------------------------------
+
+    def _maybe_reserve(
+        self, entry: QueuedPod, req: LivePod, snapshot: LiveSnapshot, framework: Framework
+    ) -> None:
+        """Reserve a node for a pod that has waited past `starvation_after_s` (see
+        `reservations`)."""
+        after = self.settings.starvation_after_s
+        waited = time.time() - req.created if req.created else 0.0
+        reservations = self.cache.reservations
+        if (
+            after <= 0
+            or waited < after
+            or reservations.node_of(entry.uid) is not None
+            or len(reservations) >= self.settings.max_reserved_nodes
+        ):
+            return
+        explained = framework.schedule(req, snapshot, self.rng, explain=True)
+        if explained.placement is not None:  # fits alone; its gang does not yet
+            node: int | None = explained.placement.node
+        else:
+            candidates = [n for n, why in explained.node_reasons.items() if why in CAPACITY_REASONS]
+            node = closest_node(req, snapshot, candidates)
+        if node is None:
+            return
+        name = snapshot.names[node]
+        holder = Holder(
+            uid=entry.uid,
+            key=entry.key,
+            priority=req.priority,
+            created=req.created,
+            gang=req.gang,
+            since=time.time(),
+        )
+        taken = reservations.reserve(name, holder)
+        if taken is False:
+            return
+        if isinstance(taken, Holder):
+            log.info("reservation taken over", extra={"node": name, "from": taken.key})
+        self.metrics.reserved_nodes.set(len(reservations))
+        self._emit(
+            entry.obj,
+            "Normal",
+            "NodeReserved",
+            f"Pending for {waited:.0f} s: node {name} is reserved for this pod; pods that do "
+            "not outrank it stay off the node until this pod is placed.",
+        )
+        log.info("node reserved", extra={"pod": entry.key, "node": name, "waited_s": waited})
+
+    def _release_reservation(self, uid: str) -> None:
+        if self.cache.reservations.release(uid) is not None:
+            self.metrics.reserved_nodes.set(len(self.cache.reservations))
+            self.queue.move_all_to_active()
 
     def _unschedulable(self, entry: QueuedPod, message: str) -> None:
         if message != entry.last_message:

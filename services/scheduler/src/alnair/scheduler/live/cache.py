@@ -25,6 +25,7 @@ from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.scheduler.live.pods import LivePod, parse_pod, placement_annotations
+from alnair.scheduler.live.reservations import Holder, Reservations
 from alnair.scheduler.snapshot import (
     MAX_GPUS_PER_NODE,
     BoolArray,
@@ -52,6 +53,8 @@ class LiveSnapshot(ClusterSnapshot):
     unhealthy: BoolArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.bool_))
     withheld: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
     gpu_util: FloatArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float64))
+    reserved: dict[str, Holder] = field(default_factory=dict)
+    """Node name -> the starving pod it is reserved for (the cache's live dict, shared)."""
 
     def copy(self) -> LiveSnapshot:
         base = ClusterSnapshot.copy(self)
@@ -75,6 +78,7 @@ class LiveSnapshot(ClusterSnapshot):
             unhealthy=self.unhealthy,
             withheld=self.withheld.copy(),
             gpu_util=self.gpu_util,
+            reserved=self.reserved,
         )
 
 
@@ -122,6 +126,7 @@ class SchedulerCache:
         self._snap: LiveSnapshot | None = None
         self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
+        self.reservations = Reservations()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -313,6 +318,7 @@ class SchedulerCache:
         snap.unhealthy = np.zeros((len(infos), width), dtype=np.bool_)
         snap.withheld = np.zeros((len(infos), width), dtype=np.int64)
         snap.gpu_util = np.zeros((len(infos), width), dtype=np.float64)
+        snap.reserved = self.reservations.by_node
         for (node, gpu), pct in self.util.items():
             if node in snap._index and gpu < width:
                 snap.gpu_util[snap.node_index(node), gpu] = pct

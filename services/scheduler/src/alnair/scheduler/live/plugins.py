@@ -9,6 +9,8 @@
 - `PreferredNodeAffinity`: score, the summed weights of the preferred terms a node matches,
   normalised so the best node scores 100 (upstream's NodeAffinity score); 0 everywhere for a
   pod without preferences, so it never disturbs the placement policy then.
+- `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
+  that does not outrank that pod.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
   "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
 - `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
@@ -25,6 +27,7 @@ import numpy as np
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
 from alnair.scheduler.live.cache import LiveSnapshot
 from alnair.scheduler.live.pods import LivePod, node_affinity_matches
+from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
@@ -119,6 +122,23 @@ class PreferredNodeAffinity:
             return scores
         normalized: FloatArray = scores * (MAX_NODE_SCORE / top)
         return normalized
+
+
+class NodeReservation:
+    NAME: ClassVar[str] = "NodeReservation"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        if live is None or not live.reserved:
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        refused = np.zeros(len(live.names), dtype=np.bool_)
+        for name, holder in live.reserved.items():
+            if name in live._index and not holder.admits(pod):
+                refused[live.node_index(name)] = True
+        blocked = refused[nodes]
+        return NodeVerdicts(passed=~blocked, failures=((RESERVED_REASON, blocked),))
 
 
 class GpuHealth:
