@@ -15,6 +15,13 @@ columns, and adds it to the job's own measurement on A. Several estimators of th
   count, relative to the anchor) follow the job's own, with a penalty for another model and
   for batch-size distance within the model. A job that scales across GPU counts the way a
   sibling does tends to move between GPU types the way that sibling does.
+- `direct`: the same model's batch-size neighbours measured on the target (GPU, count)
+  itself, interpolated in log batch size, ignoring the job's own measurements (only between
+  two siblings; `nearest` otherwise). Its errors are not the anchor's: where the job's anchor
+  is odd (Transformer at batch 256 runs as fast on the V100 as on the P100) it is not misled.
+- `anycount`: the median, over every measurement of the job on another GPU type at any count,
+  of that measurement times the siblings' ratio from its (GPU, count) to the target; a median
+  so that one odd anchor cell does not move it.
 
 The stacking weights (a simplex grid in steps of 0.1) minimise the mean absolute percentage
 error of the stacked prediction on the training data with each (job, GPU type) pair held out
@@ -47,7 +54,7 @@ from alnair.predictor.throughput import (
 if TYPE_CHECKING:
     from alnair.predictor.throughput import LearnedThroughput
 
-MEMBERS: tuple[str, ...] = ("nearest", "all", "similar2", "similar5")
+MEMBERS: tuple[str, ...] = ("nearest", "all", "similar2", "similar5", "direct", "anycount")
 # (neighbours, temperature of the exp(-distance / temperature) weights) per similarity member.
 _SIMILAR: dict[str, tuple[int, float]] = {"similar2": (2, 0.1), "similar5": (5, 0.3)}
 _OTHER_MODEL_PENALTY = 1.0
@@ -70,18 +77,10 @@ def ratio_prior(table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, coun
     )
 
 
-def similar_ratio(
-    table: _Table,
-    query: ThroughputQuery,
-    anchor_gpu: GpuSpec,
-    count: int,
-    neighbours: int,
-    temperature: float,
-) -> float | None:
-    """Similarity-weighted log ratio query/anchor of the jobs most like the query's job.
-
-    None when no other job was measured on both columns.
-    """
+def similar_scores(
+    table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int
+) -> list[tuple[float, float]]:
+    """(distance, log ratio query/anchor) of every other job measured on both, nearest first."""
     job = query.job
     target = (query.gpu.name, query.gpu_count)
     anchor = (anchor_gpu.name, count)
@@ -110,12 +109,70 @@ def similar_ratio(
         else:
             distance += _BATCH_PENALTY * abs(math.log(other.batch_size / job.batch_size))
         scored.append((distance, here - there))
+    scored.sort()
+    return scored
+
+
+def weighted_neighbours(
+    scored: Sequence[tuple[float, float]], neighbours: int, temperature: float
+) -> float | None:
+    """exp(-distance / temperature)-weighted mean ratio of the `neighbours` nearest (None: none)."""
     if not scored:
         return None
-    scored.sort()
     chosen = scored[:neighbours]
     weights = [math.exp(-(d - chosen[0][0]) / temperature) for d, _ in chosen]
     return sum(w * r for w, (_, r) in zip(weights, chosen, strict=True)) / sum(weights)
+
+
+def similar_ratio(
+    table: _Table,
+    query: ThroughputQuery,
+    anchor_gpu: GpuSpec,
+    count: int,
+    neighbours: int,
+    temperature: float,
+) -> float | None:
+    """Similarity-weighted log ratio query/anchor of the jobs most like the query's job.
+
+    None when no other job was measured on both columns.
+    """
+    scored = similar_scores(table, query, anchor_gpu, count)
+    return weighted_neighbours(scored, neighbours, temperature)
+
+
+def direct_interpolation(table: _Table, query: ThroughputQuery) -> float | None:
+    """Log throughput of the same model's batch-size neighbours on the target column itself.
+
+    Interpolated in log batch size between the nearest smaller and larger sibling measured on
+    (target GPU, count); None without one on each side (no extrapolation). Unlike the ratio
+    members it ignores the job's own measurements, so its errors are not the anchor's.
+    """
+    target = (query.job.model_name, query.gpu.name, query.gpu_count)
+    points = [
+        (math.log(sibling.batch_size / query.job.batch_size), value)
+        for sibling in table.siblings.get(target[0], [])
+        if sibling != query.job and (value := table.log_thr.get((sibling, *target[1:]))) is not None
+    ]
+    below = max((p for p in points if p[0] < 0), default=None)
+    above = min((p for p in points if p[0] > 0), default=None)
+    if below is None or above is None:
+        return None
+    weight = -below[0] / (above[0] - below[0])
+    return below[1] * (1.0 - weight) + above[1] * weight
+
+
+def any_count_median(table: _Table, query: ThroughputQuery) -> float | None:
+    """Median over every measurement of the job on another GPU type, at any count, times the
+    siblings' (interpolated) ratio from that (GPU, count) to the target; None without one."""
+    target = (query.gpu.name, query.gpu_count)
+    values = []
+    for gpu, count, value in table.by_job.get(query.job, []):
+        if gpu == query.gpu.name:
+            continue
+        ratio = table.sibling_ratio(query.job, target, (gpu, count))[0]
+        if not math.isnan(ratio):
+            values.append(value + ratio)
+    return float(np.median(values)) if values else None
 
 
 def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | None:
@@ -132,13 +189,16 @@ def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | N
         float(np.mean([priors[(gpu.name, count)] for gpu, count, _ in nearest])),
         float(np.mean(list(priors.values()))),
     ]
-    for member in MEMBERS[2:]:
-        neighbours, temperature = _SIMILAR[member]
+    scores = [similar_scores(table, query, gpu, count) for gpu, count, _ in every]
+    for neighbours, temperature in _SIMILAR.values():
         values = []
-        for gpu, count, value in every:
-            ratio = similar_ratio(table, query, gpu, count, neighbours, temperature)
+        for (gpu, count, value), scored in zip(every, scores, strict=True):
+            ratio = weighted_neighbours(scored, neighbours, temperature)
             values.append(priors[(gpu.name, count)] if ratio is None else value + ratio)
         out.append(float(np.mean(values)))
+    # Members that can be undefined fall back to `nearest`.
+    for extra in (direct_interpolation(table, query), any_count_median(table, query)):
+        out.append(out[0] if extra is None else extra)
     return out
 
 
@@ -153,14 +213,10 @@ def _simplex(members: int, step: int = 10) -> list[tuple[float, ...]]:
 
 def stack_weights(members: np.ndarray, truth: np.ndarray) -> tuple[float, ...]:
     """Simplex weights minimising mean |exp(stacked - truth) - 1| (ties: the earliest)."""
-    best: tuple[float, tuple[float, ...]] | None = None
-    for weights in _simplex(members.shape[1]):
-        stacked = members @ np.asarray(weights)
-        loss = float(np.mean(np.abs(np.expm1(stacked - truth))))
-        if best is None or loss < best[0] - 1e-12:
-            best = (loss, weights)
-    assert best is not None
-    return best[1]
+    grid = _simplex(members.shape[1])
+    losses = np.mean(np.abs(np.expm1(members @ np.asarray(grid).T - truth[:, None])), axis=0)
+    # The earliest weights within 1e-12 of the best loss.
+    return grid[int(np.flatnonzero(losses <= losses.min() + 1e-12)[0])]
 
 
 class RatioThroughput:

@@ -87,7 +87,8 @@ class _Table:
         sums: dict[tuple[JobKey, str, int], list[float]] = defaultdict(list)
         for obs in observations:
             sums[(obs.job, obs.gpu_type, obs.gpu_count)].append(math.log(obs.throughput))
-        self.log_thr = {key: float(np.mean(values)) for key, values in sums.items()}
+        # fsum / len, not np.mean: this runs for every held-out pair of the evaluation.
+        self.log_thr = {key: math.fsum(values) / len(values) for key, values in sums.items()}
         self.by_job: dict[JobKey, list[tuple[str, int, float]]] = defaultdict(list)
         for (job, gpu, count), value in self.log_thr.items():
             self.by_job[job].append((gpu, count, value))
