@@ -187,13 +187,15 @@ async def test_nonsense_input_is_refused_naming_the_field(predictor: Running) ->
             "/v1/colocation",
             json={"job_a": {"model_name": "lm"}, "job_b": {"model_name": ""}, "gpu_type": "V100"},
         )
-    assert bad_batch.status_code == 422
-    assert bad_batch.json()["detail"][0]["loc"] == ["body", "job", "batch_size"]
-    assert bad_gpu.status_code == 422
-    assert bad_gpu.json()["detail"][0]["loc"] == ["body", "gpu_types"]
-    assert "'G9'" in bad_gpu.json()["detail"][0]["msg"]
-    assert bad_pair.status_code == 422
-    assert bad_pair.json()["detail"][0]["loc"] == ["body", "job_b", "model_name"]
+    for reply in (bad_batch, bad_gpu, bad_pair):
+        assert reply.status_code == 422
+        assert reply.headers["content-type"] == "application/problem+json"
+    assert bad_batch.json()["invalid_params"][0]["name"] == "job.batch_size"
+    assert bad_batch.json()["invalid_params"][0]["value"] == -4
+    assert "job.batch_size" in bad_batch.json()["detail"]
+    assert bad_gpu.json()["invalid_params"][0]["name"] == "gpu_types"
+    assert "'G9'" in bad_gpu.json()["invalid_params"][0]["reason"]
+    assert bad_pair.json()["invalid_params"][0]["name"] == "job_b.model_name"
 
 
 async def test_colocation_and_unknown_models(predictor: Running, nats_url: str) -> None:

@@ -6,9 +6,10 @@
 - `GET /v1/models`: serving version, training size, last validation, kept history.
 - `GET /healthz`, `GET /readyz` (ready once a model serves), `GET /metrics`.
 
-Bad input is refused by the request models (`schemas`) with a 422 whose `detail` names the
-field. Requests are answered from the retrainer's current snapshot, so they keep being answered
-while a new model trains.
+Bad input is refused by the request models (`schemas`) with a 422 problem response
+(`application/problem+json`) whose `detail` and `invalid_params` name each bad field.
+Requests are answered from the retrainer's current snapshot, so they keep being answered while
+a new model trains.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
 
+from alnair.common.http import install_problem_handlers
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.predictor.metrics import PredictorMetrics
 from alnair.predictor.predictor import ModelBundle, colocation, predict
@@ -33,6 +35,7 @@ from alnair.predictor.store import ModelStore
 
 def create_app(retrainer: Retrainer, store: ModelStore, metrics: PredictorMetrics) -> FastAPI:
     app = FastAPI(title="Alnair predictor", version="1")
+    install_problem_handlers(app)
 
     def serving() -> ModelBundle:
         bundle = retrainer.current
