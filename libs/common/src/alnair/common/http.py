@@ -109,3 +109,16 @@ async def start_http(
 
 def bound_port(server: uvicorn.Server) -> int:
     return int(server.servers[0].sockets[0].getsockname()[1])
+
+
+async def stop_http(server: uvicorn.Server, task: asyncio.Task[Any] | None) -> None:
+    """Ask uvicorn to exit and wait (up to 5 s) for it to close its socket: it must close it
+    itself before anything is cancelled, or the socket leaks."""
+    server.should_exit = True
+    if task is not None:
+        await asyncio.wait({task}, timeout=5.0)
+
+
+def named_task(tasks: list[asyncio.Task[Any]], name: str) -> asyncio.Task[Any] | None:
+    """The task called `name` among `tasks` (the HTTP server's, for `stop_http`)."""
+    return next((t for t in tasks if t.get_name() == name), None)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
-from alnair.common.http import bound_port, start_http
+from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.informer import Informer
 from alnair.common.kube import PODS, KubeClient
 from alnair.common.logs import setup_logging
@@ -68,11 +68,7 @@ class Running:
 
     async def stop(self) -> None:
         if self.server is not None:
-            # uvicorn must close its listening socket itself; cancelling it first leaks it
-            self.server.should_exit = True
-            http = [t for t in self.tasks if t.get_name() == "deviceplugin.http"]
-            if http:
-                await asyncio.wait(http, timeout=5.0)
+            await stop_http(self.server, named_task(self.tasks, "deviceplugin.http"))
         await cancel_all(self.tasks)
         await self.vgpus.stop()
         if self.bus is not None:

@@ -20,7 +20,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus, Subscription
-from alnair.common.http import bound_port, start_http
+from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
 from alnair.predictor.api import create_app
@@ -57,10 +57,7 @@ class Running:
         return f"http://127.0.0.1:{self.http_port}"
 
     async def stop(self) -> None:
-        self.server.should_exit = True
-        http = [t for t in self.tasks if t.get_name() == "predictor.http"]
-        if http:
-            await asyncio.wait(http, timeout=5.0)
+        await stop_http(self.server, named_task(self.tasks, "predictor.http"))
         for sub in self.subscriptions:
             await sub.stop()
         await cancel_all(self.tasks)

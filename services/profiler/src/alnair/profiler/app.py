@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
-from alnair.common.http import bound_port, start_http
+from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn
@@ -68,11 +68,7 @@ class Running:
         return f"http://127.0.0.1:{self.http_port}"
 
     async def stop(self) -> None:
-        # Let uvicorn close its listening socket before anything is cancelled.
-        self.server.should_exit = True
-        http = [t for t in self.tasks if t.get_name() == "profiler.http"]
-        if http:
-            await asyncio.wait(http, timeout=5.0)
+        await stop_http(self.server, named_task(self.tasks, "profiler.http"))
         await cancel_all(self.tasks)
         if self.aggregator is not None:
             await self.aggregator.close()

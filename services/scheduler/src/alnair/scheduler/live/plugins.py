@@ -20,7 +20,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -60,38 +62,53 @@ class TaintToleration:
         )
 
 
-class NodeSelector:
+class _NodeLabelFilter(ABC):
+    """Judges nodes one by one, on their labels and name, against a constraint of the pod."""
+
+    NAME: ClassVar[str] = ""
+    REASON: ClassVar[str] = ""
+
+    @abstractmethod
+    def constraint(self, pod: LivePod) -> Any:
+        """The pod's constraint; falsy when it has none (every node passes)."""
+
+    @abstractmethod
+    def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool: ...
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        constraint = self.constraint(pod) if isinstance(pod, LivePod) else None
+        if live is None or not constraint:
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        passed = np.array(
+            [self.admits(constraint, live.labels[int(n)], live.names[int(n)]) for n in nodes],
+            dtype=np.bool_,
+        )
+        return NodeVerdicts(passed=passed, failures=((self.REASON, ~passed),))
+
+
+class NodeSelector(_NodeLabelFilter):
     NAME: ClassVar[str] = "NodeSelector"
+    REASON: ClassVar[str] = "node selector mismatch"
 
-    def filter(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> NodeVerdicts:
-        live = _live(snapshot)
-        selector = pod.node_selector if isinstance(pod, LivePod) else ()
-        if live is None or not selector:
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        passed = np.array(
-            [all(live.labels[int(n)].get(k) == v for k, v in selector) for n in nodes],
-            dtype=np.bool_,
-        )
-        return NodeVerdicts(passed=passed, failures=(("node selector mismatch", ~passed),))
+    def constraint(self, pod: LivePod) -> Any:
+        return pod.node_selector
+
+    def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool:
+        return all(labels.get(k) == v for k, v in constraint)
 
 
-class NodeAffinity:
+class NodeAffinity(_NodeLabelFilter):
     NAME: ClassVar[str] = "NodeAffinity"
+    REASON: ClassVar[str] = "node affinity mismatch"
 
-    def filter(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> NodeVerdicts:
-        live = _live(snapshot)
-        terms = pod.node_affinity if isinstance(pod, LivePod) else ()
-        if live is None or not terms:
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        passed = np.array(
-            [node_affinity_matches(terms, live.labels[int(n)], live.names[int(n)]) for n in nodes],
-            dtype=np.bool_,
-        )
-        return NodeVerdicts(passed=passed, failures=(("node affinity mismatch", ~passed),))
+    def constraint(self, pod: LivePod) -> Any:
+        return pod.node_affinity
+
+    def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool:
+        return node_affinity_matches(constraint, labels, name)
 
 
 class PreferredNodeAffinity:
