@@ -603,3 +603,56 @@ async def test_a_starving_pod_reserves_a_node_and_lands(
         with contextlib.suppress(asyncio.CancelledError):
             await feeder
         await unguarded.stop()
+
+
+async def test_multi_gpu_pods_get_the_best_connected_gpus(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    scheduler: Scheduler,
+    nats_url: str,
+) -> None:
+    """The profiler's inventory (NVLink pairs 0-3 and 1-2) reaches the scheduler through the KV
+    bucket; 2-GPU pods then get NVLink pairs, not the lowest free indices."""
+    from alnair.common.bus import Bus
+    from alnair.common.events import GpuDevice, GpuInventory, GpuLink, subject_token
+    from alnair.scheduler import handlers
+
+    (node_name,) = await pool(control_plane, kube, "1x V100M32:4", namespace)
+    nv, sys_, me = GpuLink.NVLINK, GpuLink.SYS, GpuLink.SELF
+    topology = [
+        [me, sys_, sys_, nv],
+        [sys_, me, nv, sys_],
+        [sys_, nv, me, sys_],
+        [nv, sys_, sys_, me],
+    ]
+    inventory = GpuInventory(
+        node=node_name,
+        gpus=[
+            GpuDevice(index=i, uuid=f"GPU-{i}", model="V100M32", memory_mib=32768) for i in range(4)
+        ],
+        topology=topology,
+    )
+    bus = await Bus.connect(nats_url, name="test-inventory")
+    kv = await bus.kv(GpuInventory.BUCKET)
+    await kv.put(subject_token(node_name), inventory.model_dump_json().encode())
+    watcher = asyncio.create_task(handlers.watch_inventory(bus, scheduler))
+    try:
+        await wait_for(lambda: _true(node_name in scheduler.cache.topology), 10, 0.05)
+        for name in ("a", "b"):
+            pod = make_pod(name, namespace).pool(namespace).gpus(2).obj()
+            await kube.create(PODS, pod, namespace)
+            assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20)
+        pairs = {
+            p["metadata"]["name"]: p["metadata"]["annotations"][r.ANN_GPU_INDICES]
+            for p in await pods_in(kube, namespace)
+        }
+        assert sorted(pairs.values()) == ["0,3", "1,2"], pairs
+        # The agent going away (its key deleted) forgets the topology.
+        await kv.delete(subject_token(node_name))
+        await wait_for(lambda: _true(node_name not in scheduler.cache.topology), 10, 0.05)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await bus.close()

@@ -6,13 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alnair.common.events import GpuLink
+from alnair.common.topology import set_score
 from alnair.deviceplugin.allocation import (
     Layout,
     grant_fraction,
     grant_whole,
     pick_fraction,
     pick_whole,
-    set_score,
 )
 
 NV, SYS, PIX, X = GpuLink.NVLINK, GpuLink.SYS, GpuLink.PIX, GpuLink.SELF

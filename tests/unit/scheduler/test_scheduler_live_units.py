@@ -11,16 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alnair.common import resources as r
+from alnair.common.events import GpuLink
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.framework.runtime import Framework
 from alnair.scheduler.live.binder import live_profile
 from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.plugins import NodeAffinity, NodeReservation, PreferredNodeAffinity
+from alnair.scheduler.live.plugins import (
+    NodeAffinity,
+    NodeReservation,
+    PreferredNodeAffinity,
+    TopologyAwareGpus,
+)
 from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
 from alnair.scheduler.live.preemption import select_victims
 from alnair.scheduler.live.queue import SchedulingQueue
 from alnair.scheduler.live.reservations import Holder, Reservations, closest_node
+from alnair.scheduler.placement import BestFitGpu
 from alnair.scheduler.snapshot import Placement
 from kube_builders import make_pod
 
@@ -452,3 +459,28 @@ def test_a_reserved_node_is_filtered_and_the_closest_node_is_chosen() -> None:
     assert list(verdict.passed) == [True, False, True]
     assert verdict.failures[0][0] == "reserved for a starving pod"
     assert NodeReservation().filter(big, cache.snapshot(), state, nodes).passed.all()
+
+
+def test_topology_aware_gpus_pick_linked_sets_and_defer_otherwise() -> None:
+    cache = SchedulerCache()
+    cache.upsert_node(node("n1", 4))
+    nv, sys_, me = GpuLink.NVLINK, GpuLink.SYS, GpuLink.SELF
+    cache.topology["n1"] = [
+        [me, sys_, nv, sys_],
+        [sys_, me, sys_, nv],
+        [nv, sys_, me, sys_],
+        [sys_, nv, sys_, me],
+    ]
+    snap = cache.snapshot()
+    selector = TopologyAwareGpus(BestFitGpu())
+    state = CycleState(np.random.default_rng(0))
+
+    def pod(gpus: int, milli: int = 1000) -> LivePod:
+        return LivePod(name="p", uid="p", cpu_milli=0, memory_mib=0, num_gpu=gpus, gpu_milli=milli)
+
+    assert selector.select_gpus(pod(2), snap, state, 0) == (0, 2)
+    assert selector.select_gpus(pod(1), snap, state, 0) == (0,)  # one GPU: the policy's choice
+    assert selector.select_gpus(pod(1, 300), snap, state, 0) == (0,)  # a fraction, likewise
+    cache.add_bound(bound("x", "n1", 1, "0", "ux"))
+    assert selector.select_gpus(pod(2), cache.snapshot(), state, 0) == (1, 3)
+    assert selector.select_gpus(pod(4), cache.snapshot(), state, 0) is None

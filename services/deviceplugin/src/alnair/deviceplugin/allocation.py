@@ -5,8 +5,7 @@ compute percent) of one container must all come from one GPU, since a process ca
 memory on one GPU with SMs of another: the GPU the scheduler chose wins, else the GPU the
 must-include units are on, else the tightest fit (fewest free units that still suffice), so
 large holes stay open for large requests. Whole-GPU requests go to the best-connected set
-(NVLink over PCIe switch over host bridge over socket interconnect), exhaustively for the
-sizes real nodes have and greedily beyond.
+(`alnair.common.topology`, the same rule the scheduler uses).
 
 `grant_whole` / `grant_fraction` build the container's environment and mounts. In intercept
 mode a fraction gets the shim (LD_PRELOAD, mounted read-only), its limits, its accounting
@@ -17,7 +16,6 @@ memory and compute resources of one container sees identical values, never a con
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,18 +23,7 @@ from pathlib import PurePosixPath
 from typing import Final, Literal
 
 from alnair.common.events import GpuLink
-
-LINK_SCORE: Final[dict[GpuLink, int]] = {
-    GpuLink.SELF: 0,
-    GpuLink.NVLINK: 5,
-    GpuLink.PIX: 4,
-    GpuLink.PXB: 3,
-    GpuLink.PHB: 2,
-    GpuLink.NODE: 1,
-    GpuLink.SYS: 0,
-}
-EXHAUSTIVE_LIMIT: Final = 20000
-"""Above this many candidate sets the whole-GPU choice is greedy."""
+from alnair.common.topology import best_connected
 
 SharingMode = Literal["intercept", "mps"]
 
@@ -85,15 +72,6 @@ def pick_fraction(
     return chosen
 
 
-def set_score(gpus: Sequence[int], topology: Sequence[Sequence[GpuLink]]) -> int:
-    """Sum of link scores over every pair of `gpus` (unknown links score as SYS)."""
-    total = 0
-    for a, b in itertools.combinations(gpus, 2):
-        link = topology[a][b] if a < len(topology) and b < len(topology[a]) else GpuLink.SYS
-        total += LINK_SCORE.get(link, 0)
-    return total
-
-
 def pick_whole(
     available: Sequence[int],
     must_include: Sequence[int],
@@ -113,28 +91,7 @@ def pick_whole(
     wanted = [g for g in dict.fromkeys(scheduler_gpus) if g in pool or g in must]
     if len(wanted) == size and all(g in wanted for g in must):
         return wanted
-    need = size - len(must)
-    if need > len(pool):
-        return must + pool
-    numa = numa or {}
-
-    def key(combo: Sequence[int]) -> tuple[int, int, list[int]]:
-        full = [*must, *combo]
-        nodes = {numa.get(g) for g in full}
-        # best links first, then fewest NUMA nodes, then lowest indices (stable answers)
-        return (-set_score(full, topology), len(nodes), sorted(full))
-
-    count = 1
-    for i in range(need):
-        count = count * (len(pool) - i) // (i + 1)
-    if count <= EXHAUSTIVE_LIMIT:
-        best = min(itertools.combinations(pool, need), key=key)
-        return [*must, *best]
-    chosen: list[int] = []
-    for _ in range(need):
-        nxt = min((g for g in pool if g not in chosen), key=lambda g: key([*chosen, g]))
-        chosen.append(nxt)
-    return [*must, *chosen]
+    return best_connected(pool, size - len(must), topology, must=must, numa=numa)
 
 
 def group_by_gpu(ids: Sequence[str], gpu_of: Mapping[str, int]) -> dict[int, list[str]]:

@@ -34,9 +34,11 @@ async def serve(settings: SchedulerSettings) -> int:
     scheduler = Scheduler(kube, settings, metrics)
     await scheduler.start_watching()
     bus: Bus | None = None
+    inventory: asyncio.Task[None] | None = None
     if settings.nats_enabled:
         bus = await Bus.connect(settings.nats_url, name=f"scheduler-{settings.identity}")
         await handlers.subscribe(bus, scheduler, settings.identity)
+        inventory = spawn(handlers.watch_inventory(bus, scheduler), name="scheduler.inventory")
     server, http = await start_http(
         build_api(scheduler), settings.http_host, settings.http_port, name="scheduler.http"
     )
@@ -69,6 +71,10 @@ async def serve(settings: SchedulerSettings) -> int:
         await scheduler.stop()
         if elector is not None:
             await elector.release()
+        if inventory is not None:
+            inventory.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await inventory
         if bus is not None:
             await bus.close()
         await kube.close()

@@ -5,20 +5,29 @@
 - PodMetric (core NATS, a queue group per replica so every replica sees every sample): the
   latest GPU utilization per (node, GPU) feeds the GpuUtilization score.
 - JobEvent completed/failed (durable `scheduler-jobs`): room may have freed; drain the pool.
+- GpuInventory (a watch on the whole `gpu-inventory` KV bucket): each node's GPU link matrix,
+  so multi-GPU pods get the best-connected GPUs (`TopologyAwareGpus`).
 """
 
 from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
 
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import (
     Envelope,
     GpuHealthChanged,
+    GpuInventory,
     JobEvent,
     JobPhase,
     PodMetric,
     subject_token,
 )
 from alnair.scheduler.live.binder import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subscription]:
@@ -40,3 +49,28 @@ async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subsc
         await bus.subscribe(PodMetric, on_metric, durable=f"scheduler-{subject_token(identity)}"),
         await bus.subscribe(JobEvent, on_job, durable=f"scheduler-jobs-{subject_token(identity)}"),
     ]
+
+
+async def watch_inventory(bus: Bus, scheduler: Scheduler) -> None:
+    """Follow every node's inventory until cancelled: its topology feeds GPU selection."""
+    kv = await bus.kv(GpuInventory.BUCKET)
+    watcher = await kv.watchall()
+    node_of_key: dict[str, str] = {}
+    try:
+        async for entry in watcher:
+            if entry is None:
+                continue  # the end-of-history marker
+            if not entry.value:  # deleted or purged: the node's agent is gone
+                node = node_of_key.pop(entry.key, None)
+                if node is not None:
+                    scheduler.on_inventory(node, [])
+                continue
+            try:
+                inventory = GpuInventory.model_validate_json(entry.value)
+            except ValidationError as exc:
+                log.error("unreadable GPU inventory", extra={"key": entry.key, "error": str(exc)})
+                continue
+            node_of_key[entry.key] = inventory.node
+            scheduler.on_inventory(inventory.node, inventory.topology)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]

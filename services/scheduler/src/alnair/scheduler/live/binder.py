@@ -42,6 +42,7 @@ from alnair.common.kube import (
     Obj,
 )
 from alnair.common.tasks import spawn
+from alnair.common.topology import Topology
 from alnair.scheduler.framework import (
     FilterPlugin,
     Framework,
@@ -61,6 +62,7 @@ from alnair.scheduler.live.plugins import (
     NodeSelector,
     PreferredNodeAffinity,
     TaintToleration,
+    TopologyAwareGpus,
 )
 from alnair.scheduler.live.pods import (
     InvalidPodError,
@@ -102,7 +104,13 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
     scores = [*base.score, WeightedScore(PreferredNodeAffinity())]
     if util_weight > 0:
         scores.append(WeightedScore(GpuUtilization(), util_weight))
-    return replace(base, name=f"live-{base.name}", filter=tuple(filters), score=tuple(scores))
+    return replace(
+        base,
+        name=f"live-{base.name}",
+        filter=tuple(filters),
+        score=tuple(scores),
+        gpu_selector=TopologyAwareGpus(base.gpu_selector),
+    )
 
 
 def _scheduling_relevant_change(old: Obj | None, new: Obj) -> bool:
@@ -274,6 +282,13 @@ class Scheduler:
 
     def on_gpu_util(self, node: str, gpu: int, pct: float) -> None:
         self.cache.set_gpu_util(node, gpu, pct)
+
+    def on_inventory(self, node: str, topology: Topology) -> None:
+        """A node's GPU link matrix from the profiler (an empty one forgets it)."""
+        if topology:
+            self.cache.topology[node] = topology
+        else:
+            self.cache.topology.pop(node, None)
 
     def on_job_finished(self) -> None:
         self.queue.move_all_to_active()

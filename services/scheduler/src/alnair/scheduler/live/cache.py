@@ -24,6 +24,7 @@ import numpy as np
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
+from alnair.common.topology import Topology
 from alnair.scheduler.live.pods import LivePod, parse_pod, placement_annotations
 from alnair.scheduler.live.reservations import Holder, Reservations
 from alnair.scheduler.snapshot import (
@@ -55,6 +56,8 @@ class LiveSnapshot(ClusterSnapshot):
     gpu_util: FloatArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float64))
     reserved: dict[str, Holder] = field(default_factory=dict)
     """Node name -> the starving pod it is reserved for (the cache's live dict, shared)."""
+    topology: dict[str, Topology] = field(default_factory=dict)
+    """Node name -> its GPU link matrix, from the profiler's inventory (shared, like reserved)."""
 
     def copy(self) -> LiveSnapshot:
         base = ClusterSnapshot.copy(self)
@@ -79,6 +82,7 @@ class LiveSnapshot(ClusterSnapshot):
             withheld=self.withheld.copy(),
             gpu_util=self.gpu_util,
             reserved=self.reserved,
+            topology=self.topology,
         )
 
 
@@ -127,6 +131,8 @@ class SchedulerCache:
         self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
         self.reservations = Reservations()
+        self.topology: dict[str, Topology] = {}
+        """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
 
     # --- reading -------------------------------------------------------------------------
 
@@ -319,6 +325,7 @@ class SchedulerCache:
         snap.withheld = np.zeros((len(infos), width), dtype=np.int64)
         snap.gpu_util = np.zeros((len(infos), width), dtype=np.float64)
         snap.reserved = self.reservations.by_node
+        snap.topology = self.topology
         for (node, gpu), pct in self.util.items():
             if node in snap._index and gpu < width:
                 snap.gpu_util[snap.node_index(node), gpu] = pct

@@ -13,6 +13,9 @@
   that does not outrank that pod.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
   "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
+- `TopologyAwareGpus`: GPU selector: a pod asking for several whole GPUs gets the
+  best-connected free set of the node (`alnair.common.topology`, the rule the device plugin
+  uses too) when the profiler reported the node's topology; otherwise the policy's own choice.
 - `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
   room, like Alnair's UtilSched: for a fraction, the GPU it would share; for whole GPUs, the
   node's busiest GPU (hot neighbours share PCIe and power).
@@ -26,7 +29,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
+from alnair.common.resources import MILLI_PER_GPU
+from alnair.common.topology import best_connected
+from alnair.scheduler.framework.interface import (
+    MAX_NODE_SCORE,
+    CycleState,
+    GpuSelector,
+    NodeVerdicts,
+)
 from alnair.scheduler.live.cache import LiveSnapshot
 from alnair.scheduler.live.pods import LivePod, node_affinity_matches
 from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
@@ -193,3 +203,23 @@ class GpuUtilization:
             busy = util.max(axis=1)
         scores: FloatArray = np.clip(100.0 - busy, 0.0, 100.0)
         return scores
+
+
+class TopologyAwareGpus:
+    NAME: ClassVar[str] = "TopologyAwareGpus"
+
+    def __init__(self, base: GpuSelector) -> None:
+        self.base = base
+
+    def select_gpus(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
+    ) -> tuple[int, ...] | None:
+        live = _live(snapshot)
+        topology = live.topology.get(live.names[node]) if live is not None else None
+        if live is None or not topology or pod.is_fractional or pod.num_gpu < 2:
+            return self.base.select_gpus(pod, snapshot, state, node)
+        count = int(live.gpu_count[node])
+        free = np.flatnonzero(live.gpu_free[node, :count] == MILLI_PER_GPU).tolist()
+        if len(free) < pod.num_gpu:
+            return None
+        return tuple(sorted(best_connected(free, pod.num_gpu, topology)))
