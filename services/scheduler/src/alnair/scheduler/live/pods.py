@@ -116,22 +116,27 @@ def _requirement(raw: Obj, where: str, on_field: bool) -> NodeRequirement:
     return NodeRequirement(key=key, operator=operator, values=values, on_field=on_field)
 
 
+def _term(term: Obj, where: str) -> NodeSelectorTerm:
+    return tuple(
+        [
+            _requirement(e, f"{where}.matchExpressions[{j}]", on_field=False)
+            for j, e in enumerate(term.get("matchExpressions") or [])
+        ]
+        + [
+            _requirement(e, f"{where}.matchFields[{j}]", on_field=True)
+            for j, e in enumerate(term.get("matchFields") or [])
+        ]
+    )
+
+
 def _required_node_affinity(spec: Obj) -> tuple[NodeSelectorTerm, ...]:
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    terms: list[NodeSelectorTerm] = []
-    for i, term in enumerate(required.get("nodeSelectorTerms") or []):
-        where = f"{base}.nodeSelectorTerms[{i}]"
-        reqs = [
-            _requirement(e, f"{where}.matchExpressions[{j}]", on_field=False)
-            for j, e in enumerate(term.get("matchExpressions") or [])
-        ] + [
-            _requirement(e, f"{where}.matchFields[{j}]", on_field=True)
-            for j, e in enumerate(term.get("matchFields") or [])
-        ]
-        terms.append(tuple(reqs))
-    return tuple(terms)
+    return tuple(
+        _term(term, f"{base}.nodeSelectorTerms[{i}]")
+        for i, term in enumerate(required.get("nodeSelectorTerms") or [])
+    )
 
 
 def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], ...]:
@@ -145,15 +150,7 @@ def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], .
         weight = item.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
             raise InvalidPodError(f"{where}.weight", weight, "an integer 1-100")
-        term = item.get("preference") or {}
-        reqs = [
-            _requirement(e, f"{where}.preference.matchExpressions[{j}]", on_field=False)
-            for j, e in enumerate(term.get("matchExpressions") or [])
-        ] + [
-            _requirement(e, f"{where}.preference.matchFields[{j}]", on_field=True)
-            for j, e in enumerate(term.get("matchFields") or [])
-        ]
-        preferences.append((weight, tuple(reqs)))
+        preferences.append((weight, _term(item.get("preference") or {}, f"{where}.preference")))
     return tuple(preferences)
 
 
