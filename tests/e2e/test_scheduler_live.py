@@ -345,13 +345,20 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
         return status.get("currentHealthy") == 2 and status.get("disruptionsAllowed") == 0
 
     await wait_for(counted, 30)
+    # A pending low-priority pod, older than the preemptor, must not take the room being freed.
+    waiting = make_pod("waiting", namespace).pool(namespace).gpus(1)
+    await kube.create(PODS, waiting.priority_class(f"{namespace}-low").obj(), namespace)
+    await wait_for(lambda: _true(any(e.key == f"{namespace}/waiting" for e in _parked(scheduler))))
     high = make_pod("high", namespace).pool(namespace).gpus(2).priority_class(f"{namespace}-high")
     await kube.create(PODS, high.obj(), namespace)
     assert await wait_for(lambda: _bound_node(kube, namespace, "high"), 30)
+    assert await _bound_node(kube, namespace, "waiting") is None
+    await wait_for(lambda: _true(len(scheduler.cache.reservations) == 0), 10)
     pods = await pods_in(kube, namespace)
     low_left = sorted(
         p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("low-")
     )
+    assert "waiting" in {p["metadata"]["name"] for p in pods}
     # The fewest victims (two 1-GPU pods), and not the ones the budget protects.
     assert low_left == ["low-0", "low-1"]
     assert_no_overcommit(pods, 4)

@@ -441,15 +441,7 @@ class Scheduler:
         if node is None:
             return
         name = snapshot.names[node]
-        holder = Holder(
-            uid=entry.uid,
-            key=entry.key,
-            priority=req.priority,
-            created=req.created,
-            gang=req.gang,
-            since=time.time(),
-        )
-        taken = reservations.reserve(name, holder)
+        taken = reservations.reserve(name, self._holder(entry, req))
         if taken is False:
             return
         if isinstance(taken, Holder):
@@ -463,6 +455,27 @@ class Scheduler:
             "not outrank it stay off the node until this pod is placed.",
         )
         log.info("node reserved", extra={"pod": entry.key, "node": name, "waited_s": waited})
+
+    @staticmethod
+    def _holder(entry: QueuedPod, req: LivePod) -> Holder:
+        return Holder(
+            uid=entry.uid,
+            key=entry.key,
+            priority=req.priority,
+            created=req.created,
+            gang=req.gang,
+            since=time.time(),
+        )
+
+    def _hold_for_preemptor(self, entry: QueuedPod, req: LivePod, node: str) -> None:
+        """Keep the room being freed for the preemptor: pods that do not outrank it stay off
+        the node until it lands (upstream keeps a nominated pod's room the same way)."""
+        reservations = self.cache.reservations
+        if reservations.node_of(entry.uid) not in (None, node):
+            reservations.release(entry.uid)
+        if reservations.node_of(entry.uid) is None:
+            reservations.reserve(node, self._holder(entry, req))
+        self.metrics.reserved_nodes.set(len(reservations))
 
     def _release_reservation(self, uid: str) -> None:
         if self.cache.reservations.release(uid) is not None:
@@ -510,6 +523,7 @@ class Scheduler:
                 entry.obj["metadata"]["namespace"],
                 sub="status",
             )
+        self._hold_for_preemptor(entry, req, nomination.node_name)
         for victim in victims:
             if victim is None:
                 continue
