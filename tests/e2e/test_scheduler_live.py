@@ -663,3 +663,43 @@ async def test_multi_gpu_pods_get_the_best_connected_gpus(
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await bus.close()
+
+
+async def test_pod_anti_affinity_spreads_replicas_one_per_node(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    nodes = await pool(control_plane, kube, "3x T4:4", namespace)
+    term = {
+        "labelSelector": {"matchLabels": {"app": "web"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    for i in range(4):
+        pod = make_pod(f"web-{i}", namespace).pool(namespace).gpus(1).obj()
+        pod["metadata"]["labels"]["app"] = "web"
+        pod["spec"]["affinity"] = {
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        }
+        await kube.create(PODS, pod, namespace)
+
+    async def three_bound() -> list[str] | None:
+        placed = [p["spec"].get("nodeName") for p in await pods_in(kube, namespace)]
+        found = [n for n in placed if n]
+        return found if len(found) == 3 else None
+
+    placed = await wait_for(three_bound, 20)
+    assert sorted(placed) == sorted(nodes)  # one per node, though each node has 4 GPUs
+    pending = next(
+        p["metadata"]["name"]
+        for p in await pods_in(kube, namespace)
+        if not p["spec"].get("nodeName")
+    )
+
+    async def failed() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await events_for(kube, namespace, pending)
+            if e["reason"] == "FailedScheduling"
+        ]
+
+    ev = (await wait_for(failed, 20))[0]
+    assert "3 pod anti-affinity" in ev["message"], ev["message"]

@@ -18,6 +18,7 @@ from alnair.scheduler.live.binder import live_profile
 from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.plugins import (
+    InterPodAffinity,
     NodeAffinity,
     NodeReservation,
     PreferredNodeAffinity,
@@ -484,3 +485,76 @@ def test_topology_aware_gpus_pick_linked_sets_and_defer_otherwise() -> None:
     cache.add_bound(bound("x", "n1", 1, "0", "ux"))
     assert selector.select_gpus(pod(2), cache.snapshot(), state, 0) == (1, 3)
     assert selector.select_gpus(pod(4), cache.snapshot(), state, 0) is None
+
+
+def test_inter_pod_affinity_and_anti_affinity_as_upstream() -> None:
+    cache = SchedulerCache()
+    for name, zone in (("n1", "a"), ("n2", "a"), ("n3", "b")):
+        obj = node(name)
+        obj["metadata"]["labels"].update({"zone": zone, "kubernetes.io/hostname": name})
+        cache.upsert_node(obj)
+
+    def with_terms(pod: dict[str, Any], kind: str, app: str, key: str) -> dict[str, Any]:
+        term = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key}
+        pod["spec"].setdefault("affinity", {})[kind] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [term]
+        }
+        return pod
+
+    def labelled(pod: dict[str, Any], app: str) -> dict[str, Any]:
+        pod["metadata"]["labels"]["app"] = app
+        return pod
+
+    web = labelled(bound("web-1", "n1", 1, "0", "uw"), "web")
+    cache.add_bound(web)
+    nodes = np.arange(3, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+
+    def admitted(pod: dict[str, Any]) -> set[str]:
+        snap = cache.snapshot()
+        verdict = InterPodAffinity().filter(parse_pod(pod), snap, state, nodes)
+        return {snap.names[int(n)] for n in nodes[verdict.passed]}
+
+    def new(name: str) -> dict[str, Any]:
+        return make_pod(name, "ns").gpus(1).obj()
+
+    assert admitted(with_terms(new("p"), "podAntiAffinity", "web", "zone")) == {"n3"}
+    hostname = "kubernetes.io/hostname"
+    assert admitted(with_terms(new("p"), "podAntiAffinity", "web", hostname)) == {"n2", "n3"}
+    assert admitted(with_terms(new("p"), "podAffinity", "web", "zone")) == {"n1", "n2"}
+    # The first pod of a group that wants its own kind may go anywhere.
+    first = labelled(with_terms(new("db-0"), "podAffinity", "db", "zone"), "db")
+    assert admitted(first) == {"n1", "n2", "n3"}
+    # Other namespaces are out of a term's scope unless named.
+    elsewhere = with_terms(make_pod("p", "other").gpus(1).obj(), "podAntiAffinity", "web", "zone")
+    assert admitted(elsewhere) == {"n1", "n2", "n3"}
+    # Symmetry: a placed pod's anti-affinity keeps matching newcomers out of its domain.
+    loner = with_terms(bound("loner", "n3", 1, "0", "ul"), "podAntiAffinity", "web", hostname)
+    cache.add_bound(loner)
+    assert admitted(labelled(new("web-2"), "web")) == {"n1", "n2"}
+    assert admitted(new("plain")) == {"n1", "n2", "n3"}
+    verdict = InterPodAffinity().filter(
+        parse_pod(labelled(new("web-3"), "web")), cache.snapshot(), state, nodes
+    )
+    assert [(reason, int(mask.sum())) for reason, mask in verdict.failures] == [
+        ("pod anti-affinity", 1),
+        ("pod affinity not satisfied", 0),
+    ]
+    cache.remove_pod("ul")
+    assert admitted(labelled(new("web-2"), "web")) == {"n1", "n2", "n3"}
+
+
+def test_malformed_pod_affinity_terms_are_invalid_requests() -> None:
+    pod = make_pod("p", "ns").gpus(1).obj()
+    term: dict[str, Any] = {"labelSelector": {"matchLabels": {"app": "x"}}}
+    pod["spec"]["affinity"] = {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    }
+    with pytest.raises(InvalidPodError, match="topologyKey"):
+        parse_pod(pod)
+    term["topologyKey"] = "zone"
+    term["namespaceSelector"] = {"matchLabels": {"team": "a"}}
+    with pytest.raises(InvalidPodError, match="namespaceSelector"):
+        parse_pod(pod)
+    term["namespaceSelector"] = {}
+    assert parse_pod(pod).pod_anti_affinity[0].namespaces == frozenset()  # every namespace

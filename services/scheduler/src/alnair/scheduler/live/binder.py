@@ -57,6 +57,7 @@ from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.plugins import (
     GpuHealth,
     GpuUtilization,
+    InterPodAffinity,
     NodeAffinity,
     NodeReservation,
     NodeSelector,
@@ -95,6 +96,7 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
         TaintToleration(),
         NodeSelector(),
         NodeAffinity(),
+        InterPodAffinity(),
         NodeReservation(),
     ]
     for f in base.filter:

@@ -15,37 +15,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from alnair.common.kube import Obj
-
-_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+from alnair.scheduler.live.selectors import LabelSelector
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
     namespace: str
-    match_labels: tuple[tuple[str, str], ...]
-    expressions: tuple[tuple[str, str, frozenset[str]], ...]
-    """(key, operator, values); an unknown operator matches nothing, as the API server would
-    have refused it."""
+    selector: LabelSelector
     allowed: int
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        if namespace != self.namespace:
-            return False
-        if any(labels.get(k) != v for k, v in self.match_labels):
-            return False
-        for key, op, values in self.expressions:
-            value = labels.get(key)
-            if op == "In" and value not in values:
-                return False
-            if op == "NotIn" and value is not None and value in values:
-                return False
-            if op == "Exists" and value is None:
-                return False
-            if op == "DoesNotExist" and value is not None:
-                return False
-            if op not in _OPERATORS:
-                return False
-        return True
+        return namespace == self.namespace and self.selector.matches(labels)
 
 
 def parse_budget(pdb: Obj) -> Budget | None:
@@ -53,14 +33,9 @@ def parse_budget(pdb: Obj) -> Budget | None:
     selector = (pdb.get("spec") or {}).get("selector")
     if selector is None:
         return None
-    expressions = tuple(
-        (e.get("key", ""), e.get("operator", ""), frozenset(e.get("values") or ()))
-        for e in selector.get("matchExpressions") or []
-    )
     return Budget(
         namespace=pdb["metadata"].get("namespace", "default"),
-        match_labels=tuple(sorted((selector.get("matchLabels") or {}).items())),
-        expressions=expressions,
+        selector=LabelSelector.parse(selector),
         allowed=int((pdb.get("status") or {}).get("disruptionsAllowed") or 0),
     )
 

@@ -9,6 +9,11 @@
 - `PreferredNodeAffinity`: score, the summed weights of the preferred terms a node matches,
   normalised so the best node scores 100 (upstream's NodeAffinity score); 0 everywhere for a
   pod without preferences, so it never disturbs the placement policy then.
+- `InterPodAffinity`: required pod affinity and anti-affinity, as upstream: a term of the pod
+  needs (affinity) or forbids (anti-affinity) a matching placed pod in the node's topology
+  domain (nodes sharing the value of `topologyKey`); placed pods' anti-affinity terms keep
+  matching newcomers out of their domains too (symmetry). The first pod of a group whose
+  affinity term matches itself may go anywhere. Preferred terms are not scored.
 - `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
   that does not outrank that pod.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
@@ -38,9 +43,9 @@ from alnair.scheduler.framework.interface import (
     NodeVerdicts,
 )
 from alnair.scheduler.live.cache import LiveSnapshot
-from alnair.scheduler.live.pods import LivePod, node_affinity_matches
+from alnair.scheduler.live.pods import LivePod, PodAffinityTerm, node_affinity_matches
 from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
+from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
 def _live(snapshot: ClusterSnapshot) -> LiveSnapshot | None:
@@ -149,6 +154,72 @@ class PreferredNodeAffinity:
             return scores
         normalized: FloatArray = scores * (MAX_NODE_SCORE / top)
         return normalized
+
+
+class InterPodAffinity:
+    NAME: ClassVar[str] = "InterPodAffinity"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        if live is None or not isinstance(pod, LivePod):
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        if not (pod.pod_affinity or pod.pod_anti_affinity or live.repellers):
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        own = dict(pod.labels)
+        unmet = np.zeros(len(live.names), dtype=np.bool_)
+        repelled = np.zeros(len(live.names), dtype=np.bool_)
+        if pod.pod_affinity or pod.pod_anti_affinity:
+            others = [
+                (q.namespace, dict(q.labels), p.node)
+                for q, p in live.placed.values()
+                if isinstance(q, LivePod) and q.key != pod.key
+            ]
+            for term in pod.pod_affinity:
+                domains = _domains(live, term, others)
+                if not domains and term.covers(pod.namespace, own):
+                    continue  # the first pod of its group
+                unmet |= ~_in_domains(live, term.topology_key, domains)
+            for term in pod.pod_anti_affinity:
+                repelled |= _in_domains(live, term.topology_key, _domains(live, term, others))
+        for key, holder in live.repellers.items():
+            placed = live.placed.get(key)
+            if placed is None or key == pod.key:
+                continue
+            for term in holder.pod_anti_affinity:
+                value = live.labels[placed[1].node].get(term.topology_key)
+                if value is not None and term.covers(pod.namespace, own):
+                    repelled |= _in_domains(live, term.topology_key, {value})
+        blocked_anti = repelled[nodes]
+        blocked_aff = unmet[nodes] & ~blocked_anti
+        return NodeVerdicts(
+            passed=~(blocked_anti | blocked_aff),
+            failures=(
+                ("pod anti-affinity", blocked_anti),
+                ("pod affinity not satisfied", blocked_aff),
+            ),
+        )
+
+
+def _domains(
+    live: LiveSnapshot, term: PodAffinityTerm, pods: list[tuple[str, dict[str, str], int]]
+) -> set[str]:
+    """The topology values of the nodes holding a pod that `term` selects."""
+    found: set[str] = set()
+    for namespace, labels, node in pods:
+        if term.covers(namespace, labels):
+            value = live.labels[node].get(term.topology_key)
+            if value is not None:
+                found.add(value)
+    return found
+
+
+def _in_domains(live: LiveSnapshot, key: str, domains: set[str]) -> BoolArray:
+    """Per node: does its `key` label hold one of `domains`?"""
+    if not domains:
+        return np.zeros(len(live.names), dtype=np.bool_)
+    return np.array([labels.get(key) in domains for labels in live.labels], dtype=np.bool_)
 
 
 class NodeReservation:

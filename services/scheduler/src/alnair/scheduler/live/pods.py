@@ -21,6 +21,7 @@ from typing import Any
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
+from alnair.scheduler.live.selectors import LabelSelector
 from alnair.scheduler.snapshot import PodRequest
 
 
@@ -155,6 +156,53 @@ def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], .
 
 
 @dataclass(frozen=True, slots=True)
+class PodAffinityTerm:
+    """A required inter-pod (anti-)affinity term: pods matching `selector` in `namespaces`,
+    on nodes sharing the value of the `topology_key` label."""
+
+    selector: LabelSelector
+    namespaces: frozenset[str]
+    """Empty: every namespace (`namespaceSelector: {}`)."""
+    topology_key: str
+
+    def covers(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Does the term select a pod with these namespace and labels?"""
+        in_scope = not self.namespaces or namespace in self.namespaces
+        return in_scope and self.selector.matches(labels)
+
+
+def _pod_affinity_terms(spec: Obj, kind: str, namespace: str) -> tuple[PodAffinityTerm, ...]:
+    block = (spec.get("affinity") or {}).get(kind) or {}
+    base = f"spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
+    terms: list[PodAffinityTerm] = []
+    for i, raw in enumerate(block.get("requiredDuringSchedulingIgnoredDuringExecution") or []):
+        where = f"{base}[{i}]"
+        topology_key = raw.get("topologyKey") or ""
+        if not topology_key:
+            raise InvalidPodError(f"{where}.topologyKey", topology_key, "a node label key")
+        raw_selector = raw.get("labelSelector")
+        selector = (
+            LabelSelector(nothing=True)
+            if raw_selector is None
+            else LabelSelector.parse(raw_selector)
+        )
+        bad = selector.invalid_operator()
+        if bad is not None:
+            raise InvalidPodError(f"{where}.labelSelector", bad, "not a label selector operator")
+        ns_selector = raw.get("namespaceSelector")
+        if ns_selector:
+            raise InvalidPodError(
+                f"{where}.namespaceSelector", ns_selector, "only {} (all namespaces) is supported"
+            )
+        if ns_selector is not None:  # {}: every namespace
+            namespaces: frozenset[str] = frozenset()
+        else:
+            namespaces = frozenset(raw.get("namespaces") or ()) or frozenset({namespace})
+        terms.append(PodAffinityTerm(selector, namespaces, topology_key))
+    return tuple(terms)
+
+
+@dataclass(frozen=True, slots=True)
 class LivePod(PodRequest):
     """A PodRequest with what only a live cluster has: priority, gang, placement constraints."""
 
@@ -168,7 +216,9 @@ class LivePod(PodRequest):
     node_preferences: tuple[tuple[int, NodeSelectorTerm], ...] = ()
     """Preferred node affinity: (weight, term) pairs."""
     labels: tuple[tuple[str, str], ...] = ()
-    """The pod's labels (disruption budgets select victims by them)."""
+    """The pod's labels (disruption budgets and inter-pod affinity select pods by them)."""
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
@@ -253,6 +303,8 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
     group = labels.get(r.POD_GROUP_LABEL)
     affinity = _required_node_affinity(spec)
     preferences = _preferred_node_affinity(spec)
+    pod_affinity = _pod_affinity_terms(spec, "podAffinity", ns)
+    pod_anti_affinity = _pod_affinity_terms(spec, "podAntiAffinity", ns)
     try:
         return LivePod(
             name=name,
@@ -270,6 +322,8 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             node_affinity=affinity,
             node_preferences=preferences,
             labels=tuple(sorted(labels.items())),
+            pod_affinity=pod_affinity,
+            pod_anti_affinity=pod_anti_affinity,
             created=_ts(meta.get("creationTimestamp")),
         )
     except InvalidValueError as exc:
