@@ -703,3 +703,55 @@ async def test_pod_anti_affinity_spreads_replicas_one_per_node(
 
     ev = (await wait_for(failed, 20))[0]
     assert "3 pod anti-affinity" in ev["message"], ev["message"]
+
+
+async def test_topology_spread_constraints_balance_zones_and_explain_refusals(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    """Two nodes in zone a, one in zone b, 4 GPUs each: a packing policy would fill one node,
+    a hard spread over zones puts two replicas in each zone; a key no node carries is refused
+    with the reason on the pod."""
+    zone_of: dict[str, str] = {}
+    for zone, count in (("a", 2), ("b", 1)):
+        names = await control_plane.create_gpu_nodes(
+            f"{count}x T4:4",
+            kube=kube,
+            prefix=f"{namespace}-{zone}",
+            labels={"alnair.io/test-pool": namespace, "topology.kubernetes.io/zone": zone},
+        )
+        zone_of.update(dict.fromkeys(names, zone))
+
+    def spread_pod(name: str, key: str) -> dict[str, Any]:
+        pod = make_pod(name, namespace).pool(namespace).gpus(1).obj()
+        pod["metadata"]["labels"]["app"] = "web"
+        pod["spec"]["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "web"}},
+            }
+        ]
+        return pod
+
+    for i in range(4):
+        await kube.create(PODS, spread_pod(f"web-{i}", "topology.kubernetes.io/zone"), namespace)
+        assert await wait_for(lambda n=f"web-{i}": _bound_node(kube, namespace, n), 20)
+    zones = sorted(
+        zone_of[p["spec"]["nodeName"]]
+        for p in await pods_in(kube, namespace)
+        if p["metadata"]["name"].startswith("web-")
+    )
+    assert zones == ["a", "a", "b", "b"]
+
+    await kube.create(PODS, spread_pod("nowhere", "example.com/rack"), namespace)
+
+    async def failed() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in await events_for(kube, namespace, "nowhere")
+            if e["reason"] == "FailedScheduling"
+        ]
+
+    ev = (await wait_for(failed, 20))[0]
+    assert "3 missing topology spread label" in ev["message"], ev["message"]

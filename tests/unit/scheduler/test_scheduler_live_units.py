@@ -21,6 +21,8 @@ from alnair.scheduler.live.plugins import (
     InterPodAffinity,
     NodeAffinity,
     NodeReservation,
+    PodTopologySpread,
+    PreferredInterPodAffinity,
     PreferredNodeAffinity,
     TopologyAwareGpus,
 )
@@ -558,3 +560,202 @@ def test_malformed_pod_affinity_terms_are_invalid_requests() -> None:
         parse_pod(pod)
     term["namespaceSelector"] = {}
     assert parse_pod(pod).pod_anti_affinity[0].namespaces == frozenset()  # every namespace
+
+
+def zoned_cache(layout: tuple[tuple[str, str | None], ...]) -> SchedulerCache:
+    cache = SchedulerCache()
+    for name, zone in layout:
+        obj = node(name)
+        obj["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        if zone is not None:
+            obj["metadata"]["labels"]["zone"] = zone
+        cache.upsert_node(obj)
+    return cache
+
+
+def app_pod(name: str, app: str = "web", ns: str = "ns") -> dict[str, Any]:
+    pod = make_pod(name, ns).gpus(1).obj()
+    pod["metadata"]["labels"]["app"] = app
+    return pod
+
+
+def placed_app(
+    name: str, node_name: str, uid: str, app: str = "web", gpu: int = 0
+) -> dict[str, Any]:
+    pod = bound(name, node_name, 1, str(gpu), uid)
+    pod["metadata"]["labels"]["app"] = app
+    return pod
+
+
+def spread(pod: dict[str, Any], when: str = "DoNotSchedule", **extra: Any) -> dict[str, Any]:
+    constraint = {
+        "maxSkew": 1,
+        "topologyKey": "zone",
+        "whenUnsatisfiable": when,
+        "labelSelector": {"matchLabels": {"app": "web"}},
+        **extra,
+    }
+    pod["spec"].setdefault("topologySpreadConstraints", []).append(constraint)
+    return pod
+
+
+def test_topology_spread_filter_as_upstream() -> None:
+    cache = zoned_cache((("a1", "a"), ("a2", "a"), ("b1", "b"), ("x1", None)))
+    cache.add_bound(placed_app("w1", "a1", "u1"))
+    cache.add_bound(placed_app("w2", "a2", "u2"))
+    cache.add_bound(placed_app("w3", "b1", "u3"))
+    cache.add_bound(placed_app("other", "b1", "u4", app="db", gpu=1))
+    nodes = np.arange(4, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+
+    def verdict(pod: dict[str, Any]) -> tuple[set[str], list[tuple[str, int]]]:
+        snap = cache.snapshot()
+        v = PodTopologySpread().filter(parse_pod(pod), snap, state, nodes)
+        admitted = {snap.names[int(n)] for n in nodes[v.passed]}
+        return admitted, [(reason, int(mask.sum())) for reason, mask in v.failures]
+
+    # Zone a holds 2 web pods, zone b 1 (the db pod does not match): one more in a would make
+    # the skew 3 - 1 = 2 > 1; the node without a zone label can never satisfy the constraint.
+    admitted, failures = verdict(spread(app_pod("w4")))
+    assert admitted == {"b1"}
+    assert failures == [
+        (PodTopologySpread.MISSING, 1),
+        (PodTopologySpread.SKEWED, 2),
+    ]
+    # maxSkew 2 admits zone a as well.
+    assert verdict(spread(app_pod("w4"), maxSkew=2))[0] == {"a1", "a2", "b1"}
+    # A pod the selector does not match does not count itself: 2 + 0 - 1 <= 1.
+    assert verdict(spread(app_pod("d", app="db")))[0] == {"a1", "a2", "b1"}
+    # Pods of other namespaces are not counted: every zone is at 0 for this one.
+    assert verdict(spread(app_pod("w", ns="other")))[0] == {"a1", "a2", "b1"}
+    # minDomains 3 with two eligible zones: the global minimum counts as 0, so a zone already
+    # holding one matching pod is full at maxSkew 1.
+    assert verdict(spread(app_pod("w4"), minDomains=3))[0] == set()
+    # Node affinity policy Honor (default): zone b, excluded by the pod's node selector, is not
+    # a domain, so zone a is the minimum and admits the pod (b1 is left to NodeSelector to
+    # refuse, as upstream); Ignore counts zone b again and zone a is over the skew.
+    only_a = spread(app_pod("w4"))
+    only_a["spec"]["nodeSelector"] = {"zone": "a"}
+    assert verdict(only_a)[0] == {"a1", "a2", "b1"}
+    only_a["spec"]["topologySpreadConstraints"][0]["nodeAffinityPolicy"] = "Ignore"
+    assert verdict(only_a)[0] == {"b1"}
+    # Soft constraints do not filter.
+    assert verdict(spread(app_pod("w4"), when="ScheduleAnyway"))[0] == {"a1", "a2", "b1", "x1"}
+
+
+def test_topology_spread_taint_policy_and_match_label_keys() -> None:
+    cache = zoned_cache((("a1", "a"), ("b1", "b")))
+    tainted = node("c1", spec={"taints": [{"key": "gpu", "effect": "NoSchedule"}]})
+    tainted["metadata"]["labels"].update({"zone": "c", "kubernetes.io/hostname": "c1"})
+    cache.upsert_node(tainted)
+    cache.add_bound(placed_app("w1", "a1", "u1"))
+    cache.add_bound(placed_app("w2", "b1", "u2"))
+    nodes = np.arange(3, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+
+    def admitted(pod: dict[str, Any]) -> set[str]:
+        snap = cache.snapshot()
+        v = PodTopologySpread().filter(parse_pod(pod), snap, state, nodes)
+        return {snap.names[int(n)] for n in nodes[v.passed]}
+
+    # Taints ignored (default): zone c (0 pods) is the minimum, a and b are at the limit.
+    assert admitted(spread(app_pod("w3"))) == {"c1"}
+    # Taints honoured: the untolerated zone c is not a domain; a and b tie at 1.
+    assert admitted(spread(app_pod("w3"), nodeTaintsPolicy="Honor")) == {"a1", "b1", "c1"}
+    # matchLabelKeys narrows the selector to the pod's own revision: no placed pod matches.
+    fresh = spread(app_pod("w3"), matchLabelKeys=["rev"])
+    fresh["metadata"]["labels"]["rev"] = "2"
+    assert parse_pod(fresh).spread[0].selector.match_labels == (("app", "web"), ("rev", "2"))
+    assert admitted(fresh) == {"a1", "b1", "c1"}
+
+
+def test_topology_spread_score_prefers_the_emptier_domain() -> None:
+    cache = zoned_cache((("a1", "a"), ("a2", "a"), ("b1", "b"), ("x1", None)))
+    cache.add_bound(placed_app("w1", "a1", "u1"))
+    cache.add_bound(placed_app("w2", "a2", "u2"))
+    snap = cache.snapshot()
+    nodes = np.arange(4, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+    soft = parse_pod(spread(app_pod("w3"), when="ScheduleAnyway"))
+    scores = PodTopologySpread().score(soft, snap, state, nodes)
+    # Zone b (0 matching) scores 100, zone a (2) scores 0, the unlabelled node 0.
+    assert list(scores) == [0.0, 0.0, 100.0, 0.0]
+    # Hard constraints and pods without any do not score.
+    assert not PodTopologySpread().score(parse_pod(spread(app_pod("h"))), snap, state, nodes).any()
+    assert not PodTopologySpread().score(parse_pod(app_pod("p")), snap, state, nodes).any()
+    # Through the live profile, the soft constraint steers the pod to zone b.
+    framework = Framework(live_profile("alnair", [soft], util_weight=0.0))
+    chosen = {
+        placement.node_name
+        for seed in range(8)
+        if (placement := framework.schedule(soft, snap, np.random.default_rng(seed)).placement)
+    }
+    assert chosen == {"b1"}
+
+
+def test_preferred_inter_pod_affinity_scores_domains() -> None:
+    cache = zoned_cache((("a1", "a"), ("a2", "a"), ("b1", "b")))
+    cache.add_bound(placed_app("w1", "a1", "u1"))
+    cache.add_bound(placed_app("c1", "b1", "u2", app="cache"))
+    cache.add_bound(placed_app("c2", "b1", "u3", app="cache", gpu=1))
+    snap = cache.snapshot()
+    nodes = np.arange(3, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+
+    def preferring(**kinds: list[tuple[int, str]]) -> LivePod:
+        pod = app_pod("p", app="api")
+        affinity = pod["spec"].setdefault("affinity", {})
+        for kind, terms in kinds.items():
+            affinity[kind] = {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": weight,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"app": app}},
+                            "topologyKey": "zone",
+                        },
+                    }
+                    for weight, app in terms
+                ]
+            }
+        return parse_pod(pod)
+
+    plugin = PreferredInterPodAffinity()
+    # Near the caches (two of them in zone b), away from web (zone a).
+    near_cache = preferring(podAffinity=[(10, "cache")])
+    assert list(plugin.score(near_cache, snap, state, nodes)) == [0.0, 0.0, 100.0]
+    away_from_web = preferring(podAntiAffinity=[(50, "web")])
+    assert list(plugin.score(away_from_web, snap, state, nodes)) == [0.0, 0.0, 100.0]
+    # Wanting web (+40 in zone a) beats wanting one cache pod's zone... twice (+15 x 2 in b).
+    mixed = preferring(podAffinity=[(40, "web"), (15, "cache")])
+    assert list(plugin.score(mixed, snap, state, nodes)) == [100.0, 100.0, 0.0]
+    # No preferred terms, or nothing they select: 0 everywhere.
+    assert not plugin.score(parse_pod(app_pod("q")), snap, state, nodes).any()
+    assert not plugin.score(preferring(podAffinity=[(5, "none")]), snap, state, nodes).any()
+
+
+def test_malformed_spread_and_preferred_pod_terms_name_the_field() -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"maxSkew": 0}, r"topologySpreadConstraints\[0\]\.maxSkew"),
+        ({"whenUnsatisfiable": "Sometimes"}, r"whenUnsatisfiable"),
+        ({"topologyKey": ""}, r"topologySpreadConstraints\[0\]\.topologyKey"),
+        ({"minDomains": 2, "whenUnsatisfiable": "ScheduleAnyway"}, r"minDomains"),
+        ({"nodeTaintsPolicy": "Maybe"}, r"nodeTaintsPolicy"),
+        (
+            {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
+            r"labelSelector",
+        ),
+    ]
+    for extra, field_pattern in cases:
+        with pytest.raises(InvalidPodError, match=field_pattern):
+            parse_pod(spread(app_pod("p"), **extra))
+    pod = app_pod("p")
+    pod["spec"]["affinity"] = {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 101, "podAffinityTerm": {"topologyKey": "zone"}}
+            ]
+        }
+    }
+    with pytest.raises(InvalidPodError, match=r"preferredDuringSchedulingIgnoredDuringExecution"):
+        parse_pod(pod)

@@ -61,6 +61,8 @@ from alnair.scheduler.live.plugins import (
     NodeAffinity,
     NodeReservation,
     NodeSelector,
+    PodTopologySpread,
+    PreferredInterPodAffinity,
     PreferredNodeAffinity,
     TaintToleration,
     TopologyAwareGpus,
@@ -97,13 +99,19 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
         NodeSelector(),
         NodeAffinity(),
         InterPodAffinity(),
+        PodTopologySpread(),
         NodeReservation(),
     ]
     for f in base.filter:
         if isinstance(f, GpuFit):
             filters.append(GpuHealth())
         filters.append(f)
-    scores = [*base.score, WeightedScore(PreferredNodeAffinity())]
+    scores = [
+        *base.score,
+        WeightedScore(PreferredNodeAffinity()),
+        WeightedScore(PreferredInterPodAffinity()),
+        WeightedScore(PodTopologySpread()),
+    ]
     if util_weight > 0:
         scores.append(WeightedScore(GpuUtilization(), util_weight))
     return replace(

@@ -13,7 +13,12 @@
   needs (affinity) or forbids (anti-affinity) a matching placed pod in the node's topology
   domain (nodes sharing the value of `topologyKey`); placed pods' anti-affinity terms keep
   matching newcomers out of their domains too (symmetry). The first pod of a group whose
-  affinity term matches itself may go anywhere. Preferred terms are not scored.
+  affinity term matches itself may go anywhere.
+- `PreferredInterPodAffinity`: score from the pod's preferred pod affinity (+weight) and
+  anti-affinity (-weight) terms, per matching placed pod in the node's domain, normalised to
+  0-100. Placed pods' preferred terms are not applied to newcomers (upstream does that too).
+- `PodTopologySpread`: topology spread constraints: `DoNotSchedule` ones filter, with
+  `minDomains`, `matchLabelKeys` and the node inclusion policies; `ScheduleAnyway` ones score.
 - `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
   that does not outrank that pod.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
@@ -28,6 +33,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -43,7 +49,12 @@ from alnair.scheduler.framework.interface import (
     NodeVerdicts,
 )
 from alnair.scheduler.live.cache import LiveSnapshot
-from alnair.scheduler.live.pods import LivePod, PodAffinityTerm, node_affinity_matches
+from alnair.scheduler.live.pods import (
+    LivePod,
+    PodAffinityTerm,
+    SpreadConstraint,
+    node_affinity_matches,
+)
 from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
 from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
 
@@ -220,6 +231,178 @@ def _in_domains(live: LiveSnapshot, key: str, domains: set[str]) -> BoolArray:
     if not domains:
         return np.zeros(len(live.names), dtype=np.bool_)
     return np.array([labels.get(key) in domains for labels in live.labels], dtype=np.bool_)
+
+
+def _others(live: LiveSnapshot, pod: LivePod) -> list[tuple[LivePod, int]]:
+    """The placed pods other than `pod`, with their node index."""
+    return [
+        (q, placed.node)
+        for q, placed in live.placed.values()
+        if isinstance(q, LivePod) and q.key != pod.key
+    ]
+
+
+def _admitted(live: LiveSnapshot, pod: LivePod, constraint: SpreadConstraint) -> BoolArray:
+    """Per node: does it count as a domain for `constraint` (its inclusion policies)?"""
+    admitted = np.ones(len(live.names), dtype=np.bool_)
+    if constraint.honor_node_affinity and (pod.node_selector or pod.node_affinity):
+        for n, labels in enumerate(live.labels):
+            admitted[n] = all(labels.get(k) == v for k, v in pod.node_selector) and (
+                not pod.node_affinity
+                or node_affinity_matches(pod.node_affinity, labels, live.names[n])
+            )
+    if constraint.honor_node_taints:
+        for n in np.flatnonzero(live.tainted).tolist():
+            taints = live.taints[n]
+            admitted[n] &= all(any(t.tolerates(x) for t in pod.tolerations) for x in taints)
+    return admitted
+
+
+def _spread_counts(
+    live: LiveSnapshot,
+    pod: LivePod,
+    constraint: SpreadConstraint,
+    keys: set[str],
+    others: list[tuple[LivePod, int]],
+) -> dict[str, int]:
+    """Matching pods (the pod's namespace, the constraint's selector) per domain of the
+    constraint's key, over the eligible nodes: those carrying every key in `keys` and admitted
+    by the inclusion policies. Every eligible domain is present, with 0 when it has none."""
+    admitted = _admitted(live, pod, constraint)
+    eligible = [
+        admitted[n] and all(k in labels for k in keys) for n, labels in enumerate(live.labels)
+    ]
+    key = constraint.topology_key
+    counts = {live.labels[n][key]: 0 for n, ok in enumerate(eligible) if ok}
+    for other, node in others:
+        if (
+            eligible[node]
+            and other.namespace == pod.namespace
+            and constraint.selector.matches(dict(other.labels))
+        ):
+            counts[live.labels[node][key]] += 1
+    return counts
+
+
+class PodTopologySpread:
+    """Topology spread constraints, as upstream: `DoNotSchedule` ones filter (a node whose
+    domain would exceed `maxSkew` over the least-loaded eligible domain, or that lacks the
+    key), `ScheduleAnyway` ones score (fewer matching pods in the node's domain is better)."""
+
+    NAME: ClassVar[str] = "PodTopologySpread"
+    MISSING: ClassVar[str] = "missing topology spread label"
+    SKEWED: ClassVar[str] = "topology spread constraint not satisfied"
+
+    @staticmethod
+    def _constraints(pod: PodRequest, hard: bool) -> tuple[SpreadConstraint, ...]:
+        if not isinstance(pod, LivePod):
+            return ()
+        return tuple(c for c in pod.spread if c.hard == hard)
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        constraints = self._constraints(pod, hard=True)
+        if live is None or not constraints or not isinstance(pod, LivePod):
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        keys = {c.topology_key for c in constraints}
+        others = _others(live, pod)
+        own = dict(pod.labels)
+        missing = np.zeros(nodes.size, dtype=np.bool_)
+        skewed = np.zeros(nodes.size, dtype=np.bool_)
+        for c in constraints:
+            counts = _spread_counts(live, pod, c, keys, others)
+            floor = min(counts.values()) if len(counts) >= c.min_domains else 0
+            mine = 1 if c.selector.matches(own) else 0
+            for k, n in enumerate(nodes.tolist()):
+                value = live.labels[n].get(c.topology_key)
+                if value is None:
+                    missing[k] = True
+                elif counts.get(value, 0) + mine - floor > c.max_skew:
+                    skewed[k] = True
+        skewed &= ~missing
+        return NodeVerdicts(
+            passed=~(missing | skewed),
+            failures=((self.MISSING, missing), (self.SKEWED, skewed)),
+        )
+
+    def score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> FloatArray:
+        live = _live(snapshot)
+        constraints = self._constraints(pod, hard=False)
+        if live is None or not constraints or not isinstance(pod, LivePod):
+            return np.zeros(nodes.size, dtype=np.float64)
+        keys = {c.topology_key for c in constraints}
+        others = _others(live, pod)
+        raw = np.zeros(nodes.size, dtype=np.float64)
+        lacking = np.zeros(nodes.size, dtype=np.bool_)
+        for c in constraints:
+            counts = _spread_counts(live, pod, c, keys, others)
+            # More domains make a constraint weigh more (one pod moves its skew less).
+            weight = math.log(len(counts) + 2)
+            for k, n in enumerate(nodes.tolist()):
+                value = live.labels[n].get(c.topology_key)
+                if value is None:
+                    lacking[k] = True
+                else:
+                    raw[k] += weight * (counts.get(value, 0) + c.max_skew - 1)
+        ranked = ~lacking
+        if not ranked.any():
+            return np.zeros(nodes.size, dtype=np.float64)
+        high, low = float(raw[ranked].max()), float(raw[ranked].min())
+        spread = (
+            MAX_NODE_SCORE * (high + low - raw) / high
+            if high > 0
+            else np.full(nodes.size, float(MAX_NODE_SCORE))
+        )
+        scores: FloatArray = np.where(ranked, spread, 0.0)
+        return scores
+
+
+class PreferredInterPodAffinity:
+    """Score: for each placed pod a preferred term of the pod selects, the term's weight is
+    added (affinity) or taken away (anti-affinity) on every node of that pod's topology
+    domain; normalised to 0-100 over the candidate nodes (all equal: 0 everywhere)."""
+
+    NAME: ClassVar[str] = "PreferredInterPodAffinity"
+
+    def score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> FloatArray:
+        live = _live(snapshot)
+        zeros = np.zeros(nodes.size, dtype=np.float64)
+        if live is None or not isinstance(pod, LivePod):
+            return zeros
+        weighted = [(w, t) for w, t in pod.pod_preferences] + [
+            (-w, t) for w, t in pod.pod_aversions
+        ]
+        if not weighted:
+            return zeros
+        by_domain: dict[tuple[str, str], float] = {}
+        for other, node in _others(live, pod):
+            labels = dict(other.labels)
+            for weight, term in weighted:
+                value = live.labels[node].get(term.topology_key)
+                if value is not None and term.covers(other.namespace, labels):
+                    domain = (term.topology_key, value)
+                    by_domain[domain] = by_domain.get(domain, 0.0) + weight
+        if not by_domain:
+            return zeros
+        keys = {key for key, _value in by_domain}
+        raw = np.array(
+            [
+                sum(by_domain.get((key, live.labels[n].get(key, "")), 0.0) for key in keys)
+                for n in nodes.tolist()
+            ],
+            dtype=np.float64,
+        )
+        low, high = float(raw.min()), float(raw.max())
+        if high == low:
+            return zeros
+        scores: FloatArray = MAX_NODE_SCORE * (raw - low) / (high - low)
+        return scores
 
 
 class NodeReservation:

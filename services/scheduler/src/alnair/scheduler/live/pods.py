@@ -5,9 +5,9 @@ Whole GPUs come from `nvidia.com/gpu`. A fraction comes from `alnair.io/gpu-comp
 one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory` (MiB): memory is converted into
 milli-GPU against the smallest GPU memory among the models the pod accepts, so a fraction never
 asks for less than its memory needs on any GPU it may land on. Asking for both whole and
-fractional GPUs, a fraction over one GPU, an unknown GPU model or a malformed node affinity
-(required or preferred) is an `InvalidPodError` that names the field and value; the binder
-records it as an Event on the pod.
+fractional GPUs, a fraction over one GPU, an unknown GPU model, a malformed node or pod affinity
+(required or preferred) or a malformed topology spread constraint is an `InvalidPodError` that
+names the field and value; the binder records it as an Event on the pod.
 """
 
 from __future__ import annotations
@@ -171,35 +171,140 @@ class PodAffinityTerm:
         return in_scope and self.selector.matches(labels)
 
 
+def _affinity_term(raw: Obj, where: str, namespace: str) -> PodAffinityTerm:
+    topology_key = raw.get("topologyKey") or ""
+    if not topology_key:
+        raise InvalidPodError(f"{where}.topologyKey", topology_key, "a node label key")
+    raw_selector = raw.get("labelSelector")
+    selector = _selector(raw_selector, f"{where}.labelSelector")
+    ns_selector = raw.get("namespaceSelector")
+    if ns_selector:
+        raise InvalidPodError(
+            f"{where}.namespaceSelector", ns_selector, "only {} (all namespaces) is supported"
+        )
+    if ns_selector is not None:  # {}: every namespace
+        namespaces: frozenset[str] = frozenset()
+    else:
+        namespaces = frozenset(raw.get("namespaces") or ()) or frozenset({namespace})
+    return PodAffinityTerm(selector, namespaces, topology_key)
+
+
+def _selector(raw: Obj | None, where: str) -> LabelSelector:
+    """A label selector field; null selects no pod (as the API defines it)."""
+    if raw is None:
+        return LabelSelector(nothing=True)
+    selector = LabelSelector.parse(raw)
+    bad = selector.invalid_operator()
+    if bad is not None:
+        raise InvalidPodError(where, bad, "not a label selector operator")
+    return selector
+
+
 def _pod_affinity_terms(spec: Obj, kind: str, namespace: str) -> tuple[PodAffinityTerm, ...]:
     block = (spec.get("affinity") or {}).get(kind) or {}
     base = f"spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
-    terms: list[PodAffinityTerm] = []
-    for i, raw in enumerate(block.get("requiredDuringSchedulingIgnoredDuringExecution") or []):
+    return tuple(
+        _affinity_term(raw, f"{base}[{i}]", namespace)
+        for i, raw in enumerate(block.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    )
+
+
+def _preferred_pod_affinity_terms(
+    spec: Obj, kind: str, namespace: str
+) -> tuple[tuple[int, PodAffinityTerm], ...]:
+    block = (spec.get("affinity") or {}).get(kind) or {}
+    base = f"spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
+    preferences: list[tuple[int, PodAffinityTerm]] = []
+    for i, item in enumerate(block.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
         where = f"{base}[{i}]"
+        weight = item.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise InvalidPodError(f"{where}.weight", weight, "an integer 1-100")
+        raw_term = item.get("podAffinityTerm") or {}
+        term = _affinity_term(raw_term, f"{where}.podAffinityTerm", namespace)
+        preferences.append((weight, term))
+    return tuple(preferences)
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """One `topologySpreadConstraints` entry: pods matching `selector` (in the pod's own
+    namespace) may differ by at most `max_skew` between the domains of `topology_key`."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool
+    """`whenUnsatisfiable: DoNotSchedule` (a filter); False for `ScheduleAnyway` (a score)."""
+    selector: LabelSelector
+    min_domains: int = 1
+    """Fewer eligible domains than this count the global minimum as 0 (hard only)."""
+    honor_node_affinity: bool = True
+    """`nodeAffinityPolicy: Honor` (default): only nodes the pod's node selector and required
+    node affinity admit count as domains."""
+    honor_node_taints: bool = False
+    """`nodeTaintsPolicy: Honor`: only nodes whose taints the pod tolerates count (default
+    Ignore)."""
+
+
+_WHEN_UNSATISFIABLE = {"DoNotSchedule": True, "ScheduleAnyway": False}
+_INCLUSION_POLICIES = {"Honor": True, "Ignore": False}
+
+
+def _positive_int(value: Any, where: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidPodError(where, value, what)
+    return value
+
+
+def _spread_constraints(spec: Obj, labels: Mapping[str, str]) -> tuple[SpreadConstraint, ...]:
+    constraints: list[SpreadConstraint] = []
+    for i, raw in enumerate(spec.get("topologySpreadConstraints") or []):
+        where = f"spec.topologySpreadConstraints[{i}]"
+        max_skew = _positive_int(raw.get("maxSkew"), f"{where}.maxSkew", "an integer >= 1")
         topology_key = raw.get("topologyKey") or ""
         if not topology_key:
             raise InvalidPodError(f"{where}.topologyKey", topology_key, "a node label key")
-        raw_selector = raw.get("labelSelector")
-        selector = (
-            LabelSelector(nothing=True)
-            if raw_selector is None
-            else LabelSelector.parse(raw_selector)
-        )
-        bad = selector.invalid_operator()
-        if bad is not None:
-            raise InvalidPodError(f"{where}.labelSelector", bad, "not a label selector operator")
-        ns_selector = raw.get("namespaceSelector")
-        if ns_selector:
+        when = raw.get("whenUnsatisfiable")
+        if when not in _WHEN_UNSATISFIABLE:
             raise InvalidPodError(
-                f"{where}.namespaceSelector", ns_selector, "only {} (all namespaces) is supported"
+                f"{where}.whenUnsatisfiable", when, "DoNotSchedule or ScheduleAnyway"
             )
-        if ns_selector is not None:  # {}: every namespace
-            namespaces: frozenset[str] = frozenset()
-        else:
-            namespaces = frozenset(raw.get("namespaces") or ()) or frozenset({namespace})
-        terms.append(PodAffinityTerm(selector, namespaces, topology_key))
-    return tuple(terms)
+        hard = _WHEN_UNSATISFIABLE[when]
+        min_domains = 1
+        if raw.get("minDomains") is not None:
+            min_domains = _positive_int(raw["minDomains"], f"{where}.minDomains", "an integer >= 1")
+            if not hard:
+                raise InvalidPodError(
+                    f"{where}.minDomains", min_domains, "only with whenUnsatisfiable: DoNotSchedule"
+                )
+        policies: list[bool] = []
+        defaults = (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore"))
+        for field_name, default in defaults:
+            policy = raw.get(field_name) or default
+            if policy not in _INCLUSION_POLICIES:
+                raise InvalidPodError(f"{where}.{field_name}", policy, "Honor or Ignore")
+            policies.append(_INCLUSION_POLICIES[policy])
+        selector = _selector(raw.get("labelSelector"), f"{where}.labelSelector")
+        # matchLabelKeys: the pod's own values of these keys narrow the selector (a key the
+        # pod does not carry is ignored, as upstream).
+        extra = tuple((k, labels[k]) for k in raw.get("matchLabelKeys") or () if k in labels)
+        if extra and not selector.nothing:
+            selector = LabelSelector(
+                match_labels=tuple(sorted({*selector.match_labels, *extra})),
+                expressions=selector.expressions,
+            )
+        constraints.append(
+            SpreadConstraint(
+                max_skew=max_skew,
+                topology_key=topology_key,
+                hard=hard,
+                selector=selector,
+                min_domains=min_domains,
+                honor_node_affinity=policies[0],
+                honor_node_taints=policies[1],
+            )
+        )
+    return tuple(constraints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +324,12 @@ class LivePod(PodRequest):
     """The pod's labels (disruption budgets and inter-pod affinity select pods by them)."""
     pod_affinity: tuple[PodAffinityTerm, ...] = ()
     pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_preferences: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod affinity: (weight, term) pairs that attract."""
+    pod_aversions: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod anti-affinity: (weight, term) pairs that repel."""
+    spread: tuple[SpreadConstraint, ...] = ()
+    """Topology spread constraints, hard and soft."""
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
@@ -305,6 +416,9 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
     preferences = _preferred_node_affinity(spec)
     pod_affinity = _pod_affinity_terms(spec, "podAffinity", ns)
     pod_anti_affinity = _pod_affinity_terms(spec, "podAntiAffinity", ns)
+    pod_preferences = _preferred_pod_affinity_terms(spec, "podAffinity", ns)
+    pod_aversions = _preferred_pod_affinity_terms(spec, "podAntiAffinity", ns)
+    spread = _spread_constraints(spec, labels)
     try:
         return LivePod(
             name=name,
@@ -324,6 +438,9 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             labels=tuple(sorted(labels.items())),
             pod_affinity=pod_affinity,
             pod_anti_affinity=pod_anti_affinity,
+            pod_preferences=pod_preferences,
+            pod_aversions=pod_aversions,
+            spread=spread,
             created=_ts(meta.get("creationTimestamp")),
         )
     except InvalidValueError as exc:
