@@ -734,6 +734,49 @@ def test_preferred_inter_pod_affinity_scores_domains() -> None:
     assert not plugin.score(preferring(podAffinity=[(5, "none")]), snap, state, nodes).any()
 
 
+def test_placed_pods_terms_score_newcomers_symmetrically() -> None:
+    cache = zoned_cache((("a1", "a"), ("b1", "b"), ("c1", "c")))
+    state = CycleState(np.random.default_rng(0))
+    nodes = np.arange(3, dtype=np.int64)
+    plugin = PreferredInterPodAffinity()
+
+    def term(app: str) -> dict[str, Any]:
+        return {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "zone"}
+
+    # A placed web pod (zone a) prefers api pods near it (weight 20); a placed cache pod
+    # (zone b) requires api pods near it (weight 1 for scoring); a placed batch pod (zone c)
+    # prefers api pods away from it.
+    web = placed_app("w", "a1", "u1")
+    web["spec"]["affinity"] = {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 20, "podAffinityTerm": term("api")}
+            ]
+        }
+    }
+    cache_pod = placed_app("c", "b1", "u2", app="cache")
+    cache_pod["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term("api")]}
+    }
+    batch = placed_app("b", "c1", "u3", app="batch")
+    batch["spec"]["affinity"] = {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 30, "podAffinityTerm": term("api")}]}}  # fmt: skip
+    for placed in (web, cache_pod, batch):
+        cache.add_bound(placed)
+    api = parse_pod(app_pod("api-0", app="api"))
+    # Raw +20 (a), +1 (b), -30 (c): normalised over [-30, 20].
+    assert list(plugin.score(api, cache.snapshot(), state, nodes)) == [100.0, 62.0, 0.0]
+    # A pod those terms do not select is left to the policy.
+    assert not plugin.score(
+        parse_pod(app_pod("x", app="other")), cache.snapshot(), state, nodes
+    ).any()
+    # The index forgets a pod that leaves.
+    cache.remove_pod("u1")
+    cache.remove_pod("u3")
+    assert list(plugin.score(api, cache.snapshot(), state, nodes)) == [0.0, 100.0, 0.0]
+
+
 def test_malformed_spread_and_preferred_pod_terms_name_the_field() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"maxSkew": 0}, r"topologySpreadConstraints\[0\]\.maxSkew"),

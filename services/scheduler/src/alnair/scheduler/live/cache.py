@@ -58,9 +58,10 @@ class LiveSnapshot(ClusterSnapshot):
     """Node name -> the starving pod it is reserved for (the cache's live dict, shared)."""
     topology: dict[str, Topology] = field(default_factory=dict)
     """Node name -> its GPU link matrix, from the profiler's inventory (shared, like reserved)."""
-    repellers: dict[str, LivePod] = field(default_factory=dict)
-    """Placed pods with required anti-affinity, by key: their terms bind newcomers too (a
-    superset index; `placed` says where each one is)."""
+    pod_termed: dict[str, LivePod] = field(default_factory=dict)
+    """Placed pods with inter-pod terms (required anti-affinity binds newcomers; required
+    affinity and preferred terms score them), by key (a superset index; `placed` says where
+    each one is), so pods without terms cost nothing."""
 
     def copy(self) -> LiveSnapshot:
         base = ClusterSnapshot.copy(self)
@@ -86,7 +87,7 @@ class LiveSnapshot(ClusterSnapshot):
             gpu_util=self.gpu_util,
             reserved=self.reserved,
             topology=self.topology,
-            repellers=self.repellers,
+            pod_termed=self.pod_termed,
         )
 
 
@@ -136,7 +137,7 @@ class SchedulerCache:
         self.rebuilds = 0
         self.reservations = Reservations()
         self.topology: dict[str, Topology] = {}
-        self.repellers: dict[str, LivePod] = {}
+        self.pod_termed: dict[str, LivePod] = {}
         """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
 
     # --- reading -------------------------------------------------------------------------
@@ -204,8 +205,8 @@ class SchedulerCache:
             req = LivePod(name=pod["metadata"]["name"], cpu_milli=0, memory_mib=0, uid=uid)
         assumed = self.assumed.pop(uid, None)
         self.bound[uid] = (req, node, pod)
-        if req.pod_anti_affinity:
-            self.repellers[req.key] = req
+        if req.has_pod_terms:
+            self.pod_termed[req.key] = req
         if assumed is not None and assumed[1].node_name == node:
             return  # our own bind landed: the snapshot already holds it
         snap = self._snap
@@ -219,7 +220,7 @@ class SchedulerCache:
         """A pod finished or was deleted; returns True if it held resources."""
         held = self.bound.pop(uid, None) is not None
         held = self.assumed.pop(uid, None) is not None or held
-        self.repellers.pop(uid, None)
+        self.pod_termed.pop(uid, None)
         if held and self._snap is not None and uid in self._snap.placed:
             self._forget(self._snap, uid)
         return held
@@ -228,15 +229,15 @@ class SchedulerCache:
         snap = self.snapshot()
         snap.assume(pod, placement)
         self.assumed[pod.key] = (pod, placement)
-        if pod.pod_anti_affinity:
-            self.repellers[pod.key] = pod
+        if pod.has_pod_terms:
+            self.pod_termed[pod.key] = pod
 
     def forget(self, uid: str) -> None:
         """Undo an assume (a failed bind, a released gang)."""
         if self.assumed.pop(uid, None) is None:
             return
         if uid not in self.bound:
-            self.repellers.pop(uid, None)
+            self.pod_termed.pop(uid, None)
         if self._snap is not None and uid in self._snap.placed:
             self._forget(self._snap, uid)
 
@@ -338,7 +339,7 @@ class SchedulerCache:
         snap.gpu_util = np.zeros((len(infos), width), dtype=np.float64)
         snap.reserved = self.reservations.by_node
         snap.topology = self.topology
-        snap.repellers = self.repellers
+        snap.pod_termed = self.pod_termed
         for (node, gpu), pct in self.util.items():
             if node in snap._index and gpu < width:
                 snap.gpu_util[snap.node_index(node), gpu] = pct

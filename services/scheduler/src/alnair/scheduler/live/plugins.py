@@ -16,7 +16,8 @@
   affinity term matches itself may go anywhere.
 - `PreferredInterPodAffinity`: score from the pod's preferred pod affinity (+weight) and
   anti-affinity (-weight) terms, per matching placed pod in the node's domain, normalised to
-  0-100. Placed pods' preferred terms are not applied to newcomers (upstream does that too).
+  0-100; symmetric, as upstream: placed pods' preferred terms (and required affinity, at weight
+  1) that select the pod count on their own domains.
 - `PodTopologySpread`: topology spread constraints: `DoNotSchedule` ones filter, with
   `minDomains`, `matchLabelKeys` and the node inclusion policies; `ScheduleAnyway` ones score.
 - `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
@@ -176,7 +177,7 @@ class InterPodAffinity:
         live = _live(snapshot)
         if live is None or not isinstance(pod, LivePod):
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        if not (pod.pod_affinity or pod.pod_anti_affinity or live.repellers):
+        if not (pod.pod_affinity or pod.pod_anti_affinity or live.pod_termed):
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
         own = dict(pod.labels)
         unmet = np.zeros(len(live.names), dtype=np.bool_)
@@ -194,7 +195,7 @@ class InterPodAffinity:
                 unmet |= ~_in_domains(live, term.topology_key, domains)
             for term in pod.pod_anti_affinity:
                 repelled |= _in_domains(live, term.topology_key, _domains(live, term, others))
-        for key, holder in live.repellers.items():
+        for key, holder in live.pod_termed.items():
             placed = live.placed.get(key)
             if placed is None or key == pod.key:
                 continue
@@ -361,10 +362,17 @@ class PodTopologySpread:
         return scores
 
 
+HARD_POD_AFFINITY_WEIGHT = 1
+"""What a placed pod's *required* affinity term adds for a newcomer it selects (upstream's
+default `hardPodAffinityWeight`)."""
+
+
 class PreferredInterPodAffinity:
-    """Score: for each placed pod a preferred term of the pod selects, the term's weight is
-    added (affinity) or taken away (anti-affinity) on every node of that pod's topology
-    domain; normalised to 0-100 over the candidate nodes (all equal: 0 everywhere)."""
+    """Score, as upstream's InterPodAffinity score: for each placed pod a preferred term of the
+    pod selects, the term's weight is added (affinity) or taken away (anti-affinity) on every
+    node of that pod's topology domain; symmetrically, a placed pod whose preferred terms (or
+    required affinity terms, at `HARD_POD_AFFINITY_WEIGHT`) select the pod adds or takes away
+    the same on its own domain. Normalised to 0-100 over the candidate nodes (all equal: 0)."""
 
     NAME: ClassVar[str] = "PreferredInterPodAffinity"
 
@@ -375,19 +383,32 @@ class PreferredInterPodAffinity:
         zeros = np.zeros(nodes.size, dtype=np.float64)
         if live is None or not isinstance(pod, LivePod):
             return zeros
-        weighted = [(w, t) for w, t in pod.pod_preferences] + [
-            (-w, t) for w, t in pod.pod_aversions
-        ]
-        if not weighted:
+        weighted = _signed(pod)
+        if not weighted and not live.pod_termed:
             return zeros
         by_domain: dict[tuple[str, str], float] = {}
-        for other, node in _others(live, pod):
-            labels = dict(other.labels)
-            for weight, term in weighted:
-                value = live.labels[node].get(term.topology_key)
-                if value is not None and term.covers(other.namespace, labels):
-                    domain = (term.topology_key, value)
-                    by_domain[domain] = by_domain.get(domain, 0.0) + weight
+
+        def add(term: PodAffinityTerm, node: int, weight: float) -> None:
+            value = live.labels[node].get(term.topology_key)
+            if value is not None:
+                domain = (term.topology_key, value)
+                by_domain[domain] = by_domain.get(domain, 0.0) + weight
+
+        if weighted:
+            for other, node in _others(live, pod):
+                labels = dict(other.labels)
+                for weight, term in weighted:
+                    if term.covers(other.namespace, labels):
+                        add(term, node, weight)
+        own = dict(pod.labels)
+        for key, holder in live.pod_termed.items():
+            placed = live.placed.get(key)
+            if placed is None or key == pod.key:
+                continue
+            terms = [(float(HARD_POD_AFFINITY_WEIGHT), t) for t in holder.pod_affinity]
+            for weight, term in terms + _signed(holder):
+                if term.covers(pod.namespace, own):
+                    add(term, placed[1].node, weight)
         if not by_domain:
             return zeros
         keys = {key for key, _value in by_domain}
@@ -403,6 +424,13 @@ class PreferredInterPodAffinity:
             return zeros
         scores: FloatArray = MAX_NODE_SCORE * (raw - low) / (high - low)
         return scores
+
+
+def _signed(pod: LivePod) -> list[tuple[float, PodAffinityTerm]]:
+    """The pod's preferred terms with their weights, negative for anti-affinity."""
+    return [(float(w), t) for w, t in pod.pod_preferences] + [
+        (-float(w), t) for w, t in pod.pod_aversions
+    ]
 
 
 class NodeReservation:

@@ -333,6 +333,12 @@ class LivePod(PodRequest):
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
+    @property
+    def has_pod_terms(self) -> bool:
+        """Does the pod carry inter-pod terms that act on pods placed after it?"""
+        required = self.pod_anti_affinity or self.pod_affinity
+        return bool(required or self.pod_preferences or self.pod_aversions)
+
 
 def _containers_requests(spec: Obj) -> dict[str, Any]:
     total: dict[str, Any] = {}
