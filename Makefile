@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo dev-up dev-down bench bench-placement bench-scheduler schema clean
+        lint fmt demo dev-up dev-down bench bench-placement bench-scheduler bench-predictor schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -65,6 +65,9 @@ bench-placement: setup-python
 
 bench-scheduler: setup
 	@$(BIN)/python bench/scheduler.py
+
+bench-predictor: setup-python ## where the predictor's held-out error comes from (JSON)
+	@$(BIN)/python bench/predictor_error_split.py
 
 clean:
 	@$(MAKE) -s -C native/intercept clean || true
