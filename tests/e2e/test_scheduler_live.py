@@ -755,3 +755,40 @@ async def test_topology_spread_constraints_balance_zones_and_explain_refusals(
 
     ev = (await wait_for(failed, 20))[0]
     assert "3 missing topology spread label" in ev["message"], ev["message"]
+
+
+async def test_a_pod_waiting_for_its_affinity_target_binds_when_the_target_lands(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    """Required pod affinity to a pod not yet placed parks the pod as unschedulable; the
+    target's placement (a watch event, no timer) wakes it and it lands next to the target."""
+    nodes = await pool(control_plane, kube, "3x T4:4", namespace)
+    api = make_pod("api", namespace).pool(namespace).gpus(1).obj()
+    api["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "db"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    await kube.create(PODS, api, namespace)
+
+    async def refused() -> list[dict[str, Any]]:
+        return [
+            e for e in await events_for(kube, namespace, "api") if e["reason"] == "FailedScheduling"
+        ]
+
+    ev = (await wait_for(refused, 20))[0]
+    assert "3 pod affinity not satisfied" in ev["message"], ev["message"]
+    await wait_for(lambda: _true(bool(_parked(scheduler))), 10, 0.05)
+
+    db = make_pod("db", namespace).pool(namespace).gpus(1).obj()
+    db["metadata"]["labels"]["app"] = "db"
+    await kube.create(PODS, db, namespace)
+    db_node = await wait_for(lambda: _bound_node(kube, namespace, "db"), 20)
+    # Far sooner than any backoff or flush would retry it.
+    api_node = await wait_for(lambda: _bound_node(kube, namespace, "api"), 5, 0.05)
+    assert api_node == db_node and db_node in nodes

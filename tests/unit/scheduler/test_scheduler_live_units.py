@@ -113,6 +113,41 @@ async def test_unschedulable_pod_waits_for_an_event_and_none_is_lost() -> None:
     assert (await asyncio.wait_for(q.pop(), 1)).uid == "u"
 
 
+async def test_a_placed_pod_wakes_only_the_pods_whose_terms_count_it() -> None:
+    q = SchedulingQueue(initial_backoff_s=0.01)
+    term = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone"}
+    near_db = app_pod("near-db", app="api")
+    near_db["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    }
+    spread_web = spread(app_pod("web"))
+    plain = app_pod("plain")
+    for uid, obj in (("a", near_db), ("s", spread_web), ("p", plain)):
+        q.add(uid, obj, parse_pod(obj))
+        q.unschedulable_now(await q.pop())
+    assert q.depth()["unschedulable"] == 3
+
+    async def woken(namespace: str, labels: dict[str, str]) -> set[str]:
+        moved = q.move_to_active(lambda req: req.counts_pod(namespace, labels))
+        entries = [await q.pop() for _ in range(moved)]
+        for entry in entries:
+            q.unschedulable_now(entry)  # parked again for the next question
+        return {e.request.name for e in entries if e.request is not None}
+
+    assert await woken("ns", {"app": "db"}) == {"near-db"}
+    assert await woken("ns", {"app": "web"}) == {"web"}  # the spread constraint counts it
+    assert await woken("other", {"app": "web"}) == set()  # spread counts its own namespace only
+    assert await woken("ns", {"app": "cache"}) == set()
+    assert q.depth()["unschedulable"] == 3
+    # A helpful placement during a helped pod's cycle sends it to backoff, not to the pool.
+    q.move_all_to_active()
+    entries = [await q.pop() for _ in range(3)]
+    q.move_to_active(lambda req: req.counts_pod("ns", {"app": "db"}))
+    for entry in entries:
+        q.unschedulable_now(entry)
+    assert q.depth()["unschedulable"] == 0  # every in-flight pod went to backoff
+
+
 def test_cache_accounts_bound_pods_health_and_forget() -> None:
     cache = SchedulerCache()
     cache.upsert_node(node("n1", 4))
@@ -802,3 +837,29 @@ def test_malformed_spread_and_preferred_pod_terms_name_the_field() -> None:
     }
     with pytest.raises(InvalidPodError, match=r"preferredDuringSchedulingIgnoredDuringExecution"):
         parse_pod(pod)
+
+
+def test_a_relabelled_bound_pod_is_seen_with_its_new_labels() -> None:
+    cache = zoned_cache((("a1", "a"), ("b1", "b")))
+    placed = placed_app("w1", "a1", "u1", app="web")
+    cache.add_bound(placed)
+    nodes = np.arange(2, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+    wants_db = app_pod("api", app="api")
+    wants_db["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone"}
+            ]
+        }
+    }
+
+    def admitted() -> set[str]:
+        snap = cache.snapshot()
+        verdict = InterPodAffinity().filter(parse_pod(wants_db), snap, state, nodes)
+        return {snap.names[int(n)] for n in nodes[verdict.passed]}
+
+    assert admitted() == set()
+    relabelled = {**placed, "metadata": {**placed["metadata"], "labels": {"app": "db"}}}
+    cache.add_bound(relabelled)
+    assert admitted() == {"a1"}

@@ -257,6 +257,14 @@ class Scheduler:
             return
         if spec.get("nodeName"):
             self.cache.add_bound(pod)
+            labels = meta.get("labels") or {}
+            if (
+                old is None
+                or not (old.get("spec") or {}).get("nodeName")
+                or (old["metadata"].get("labels") or {}) != labels
+            ):
+                namespace = meta.get("namespace", "default")
+                self.queue.move_to_active(lambda req: req.counts_pod(namespace, labels))
             if uid in self.queue.pods:
                 self.queue.done(uid)
             if self.cache.reservations.node_of(uid) is not None:  # bound by another replica

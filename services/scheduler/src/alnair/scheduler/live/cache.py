@@ -16,7 +16,7 @@ an incremental assume/forget. Unhealthy GPUs are withheld: their free milli-GPU 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -196,7 +196,15 @@ class SchedulerCache:
         node = pod["spec"]["nodeName"]
         known = self.bound.get(uid)
         if known is not None:
-            self.bound[uid] = (known[0], known[1], pod)  # keep the latest status (phase)
+            req = known[0]
+            labels = tuple(sorted((pod["metadata"].get("labels") or {}).items()))
+            if labels != req.labels:  # relabelled: selectors must see the new labels
+                req = replace(req, labels=labels)
+                if self._snap is not None and uid in self._snap.placed:
+                    self._snap.placed[uid] = (req, self._snap.placed[uid][1])
+                if uid in self.pod_termed:
+                    self.pod_termed[uid] = req
+            self.bound[uid] = (req, known[1], pod)  # keep the latest status (phase)
             return
         try:
             req = parse_pod(pod, self.gpu_memory_table())

@@ -333,6 +333,16 @@ class LivePod(PodRequest):
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
 
+    def counts_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Could a pod with these namespace and labels, newly placed, make this pod fit? Yes
+        when one of its required pod affinity terms or hard spread constraints selects it."""
+        if not (self.pod_affinity or self.spread):
+            return False
+        return any(t.covers(namespace, labels) for t in self.pod_affinity) or (
+            namespace == self.namespace
+            and any(c.hard and c.selector.matches(labels) for c in self.spread)
+        )
+
     @property
     def has_pod_terms(self) -> bool:
         """Does the pod carry inter-pod terms that act on pods placed after it?"""

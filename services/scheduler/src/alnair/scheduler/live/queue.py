@@ -6,7 +6,9 @@ Three places a pending pod can be (as upstream's PriorityQueue):
 - backoff: failed recently; a timer per pod (its own deadline, not a polling loop) returns it to
   active after 1 s, doubling per attempt up to `max_backoff_s`;
 - unschedulable: nothing fits now. Only an event that can make it fit moves it back: a pod
-  finishing or deleted, a node added or freed of a taint, a GPU healthy again, a job completed.
+  finishing or deleted, a node added or freed of a taint, a GPU healthy again, a job completed;
+  a pod placed (or relabelled) moves back only the pods whose required pod affinity or hard
+  topology spread constraints count it.
 
 If such an event arrives while a pod is in its scheduling cycle, the pod goes to backoff instead
 of the unschedulable pool (the `move_seq` check), so no wake-up is lost.
@@ -18,6 +20,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +122,22 @@ class SchedulingQueue:
                 self._activate(entry)
                 moved += 1
         return moved
+
+    def move_to_active(self, wakes: Callable[[LivePod], bool]) -> int:
+        """An event that can help only some pods (a pod placed that others' affinity or spread
+        constraints count): give the unschedulable pods `wakes` accepts another try."""
+
+        def helped(uid: str) -> bool:
+            entry = self.pods.get(uid)
+            return entry is not None and entry.request is not None and wakes(entry.request)
+
+        chosen = [uid for uid in self.unschedulable if helped(uid)]
+        if any(helped(uid) for uid in self.in_flight):
+            self.move_seq += 1  # a pod it helps is in its cycle now: it backs off, not parks
+        for uid in chosen:
+            self.unschedulable.discard(uid)
+            self._activate(self.pods[uid])
+        return len(chosen)
 
     # --- consumer ------------------------------------------------------------------------
 
