@@ -61,6 +61,9 @@ class SchedulingQueue:
         self.unschedulable: set[str] = set()
         self.in_flight: set[str] = set()
         self.gang_ts: dict[str, float] = {}
+        self._counting: set[str] = set()
+        """Queued pods with required pod affinity or spread constraints (placed pods they
+        select can help them; see `move_to_active`)."""
         self.move_seq = 0
         self._seq = itertools.count()
         self._wake = asyncio.Event()
@@ -87,13 +90,18 @@ class SchedulingQueue:
         stored object without cutting its backoff short.
         """
         entry = self.pods.get(uid)
+        fresh = entry is None
         if entry is None:
             entry = QueuedPod(uid=uid, obj=obj, request=request)
             self.pods[uid] = entry
         else:
             entry.obj, entry.request = obj, request
-            if not changed:
-                return
+        if request is not None and (request.pod_affinity or request.spread):
+            self._counting.add(uid)
+        else:
+            self._counting.discard(uid)
+        if not fresh and not changed:
+            return
         if uid in self.in_flight:
             return
         if uid in self.unschedulable:
@@ -105,6 +113,7 @@ class SchedulingQueue:
 
     def remove(self, uid: str) -> None:
         self.pods.pop(uid, None)
+        self._counting.discard(uid)
         self.unschedulable.discard(uid)
         self._in_heap.discard(uid)
         timer = self._backoff.pop(uid, None)
@@ -126,13 +135,15 @@ class SchedulingQueue:
     def move_to_active(self, wakes: Callable[[LivePod], bool]) -> int:
         """An event that can help only some pods (a pod placed that others' affinity or spread
         constraints count): give the unschedulable pods `wakes` accepts another try."""
+        if not self._counting:
+            return 0  # the common case: no queued pod counts other pods
 
         def helped(uid: str) -> bool:
             entry = self.pods.get(uid)
             return entry is not None and entry.request is not None and wakes(entry.request)
 
-        chosen = [uid for uid in self.unschedulable if helped(uid)]
-        if any(helped(uid) for uid in self.in_flight):
+        chosen = [uid for uid in self._counting & self.unschedulable if helped(uid)]
+        if any(helped(uid) for uid in self._counting & self.in_flight):
             self.move_seq += 1  # a pod it helps is in its cycle now: it backs off, not parks
         for uid in chosen:
             self.unschedulable.discard(uid)
