@@ -269,6 +269,29 @@ async def test_registers_again_after_the_kubelet_restarts(
     assert node.servers[WHOLE].registrations == 2
 
 
+async def test_a_kubelet_restart_without_any_stream_is_noticed_from_the_directory(
+    kubelet: Any, start_node: Any
+) -> None:
+    """No ListAndWatch stream was ever opened, so no stream end can tell the plugin: the
+    directory watch does (our socket removed, a new kubelet.sock)."""
+    node = await start_node()
+    await asyncio.wait_for(
+        asyncio.gather(*(srv.registered.wait() for srv in node.servers.values())), 5
+    )
+    assert [srv.registrations for srv in node.servers.values()] == [1, 1, 1]
+    await kubelet.stop(clear=True)
+    await kubelet.start()
+    requests = await kubelet.wait_registrations(6, timeout_s=10)
+    assert {r.resource_name for r in requests[3:]} == set(RESOURCES)
+    async with asyncio.timeout(5):  # the plugin counts once the kubelet's answer is back
+        while [srv.registrations for srv in node.servers.values()] != [2, 2, 2]:
+            await asyncio.sleep(0.01)
+    assert all(srv.socket_path.exists() for srv in node.servers.values())
+    # The plugins' own socket churn (each recreated its socket) does not loop re-registration.
+    await asyncio.sleep(0.5)
+    assert len(kubelet.requests) == 6
+
+
 async def test_preferred_whole_gpus_follow_the_scheduler(start_node: Any, connect: Any) -> None:
     pod = {
         "metadata": {

@@ -3,11 +3,12 @@
 `ResourcePlugin` answers the five DevicePlugin calls for one resource; the handlers are built
 here over the generated messages (no generated service code). `PluginServer` owns the endpoint's
 lifecycle: serve on `<kubelet dir>/alnair-<resource>.sock`, Register with the kubelet, and
-register again when the kubelet restarts. A restart is noticed when the kubelet's
-ListAndWatch stream ends: if the kubelet's socket is then unreachable, or is a new file, or our
-own socket was removed (a starting kubelet clears the directory), the server comes back on a
-fresh socket and registers anew; a stream that ends while the same kubelet is still there
-(it replaces streams itself) changes nothing, so re-registration can never loop.
+register again when the kubelet restarts. A restart is noticed from the kubelet directory
+(inotify, `fswatch`: our socket removed, as a starting kubelet clears the directory, or a new
+`kubelet.sock`) or when the kubelet's ListAndWatch stream ends: if the kubelet's socket is then
+unreachable, or is a new file, or our own socket is gone, the server comes back on a fresh
+socket and registers anew; anything else (a stream the same kubelet replaced, our own socket
+being recreated) changes nothing, so re-registration can never loop.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import grpc.aio
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import GpuDevice
 from alnair.deviceplugin import devices as dev
+from alnair.deviceplugin import fswatch
 from alnair.deviceplugin.allocation import (
     Grant,
     Layout,
@@ -373,6 +375,7 @@ class PluginServer:
         self.registered = asyncio.Event()
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
+        self._fs_changed = asyncio.Event()
 
     async def serve(self) -> None:
         """Start (or restart) the gRPC server on a fresh socket."""
@@ -441,16 +444,43 @@ class PluginServer:
             return True
         return not _reachable(self.kubelet_socket)
 
+    def _on_fs(self, what: str, name: str) -> None:
+        """The kubelet directory changed: a new kubelet socket, our socket removed (a starting
+        kubelet clears the directory), or lost events."""
+        if (
+            (what == fswatch.CREATED and name == self.kubelet_socket.name)
+            or (what == fswatch.DELETED and name == self.endpoint)
+            or what == fswatch.OVERFLOW
+        ):
+            self._fs_changed.set()
+
+    def _watch_directory(self) -> fswatch.DirectoryWatch | None:
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        watch = fswatch.DirectoryWatch(self.kubelet_dir, self._on_fs)
+        try:
+            watch.start()
+        except fswatch.WatchUnavailable as exc:
+            log.warning(
+                "cannot watch the kubelet directory: a kubelet restart is noticed only when its "
+                "ListAndWatch stream ends",
+                extra={"resource": self.plugin.resource, "error": str(exc)},
+            )
+            return None
+        return watch
+
     async def run(self) -> None:
         """Serve, register, and re-register whenever the kubelet restarts; runs until cancelled."""
+        watch = self._watch_directory()
         try:
             await self.serve()
             await self.register()
             while True:
                 self.plugin.stream_closed.clear()
-                await self.plugin.stream_closed.wait()
+                self._fs_changed.clear()
                 if not self._kubelet_restarted():
-                    continue
+                    await _first_of(self.plugin.stream_closed, self._fs_changed)
+                    if not self._kubelet_restarted():
+                        continue  # our own socket churn, or a stream the kubelet replaced
                 log.info(
                     "kubelet restarted: registering again", extra={"resource": self.plugin.resource}
                 )
@@ -459,12 +489,30 @@ class PluginServer:
                 await self.serve()
                 await self.register()
         finally:
+            if watch is not None:
+                watch.close()
             await self.stop_server()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
 
     async def _wait_for_kubelet(self) -> None:
+        """Until the kubelet's socket answers: woken by its creation, with a backoff retry for
+        the moment between its bind and its listen (and where the directory is not watched)."""
         delay = 0.05
-        while not _reachable(self.kubelet_socket):
-            await asyncio.sleep(delay)
+        while True:
+            self._fs_changed.clear()
+            if _reachable(self.kubelet_socket):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fs_changed.wait(), delay)
             delay = min(delay * 2, self.retry_max_s)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Return when any of `events` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
