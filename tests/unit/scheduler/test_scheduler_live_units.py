@@ -761,9 +761,10 @@ def test_preferred_inter_pod_affinity_scores_domains() -> None:
     assert list(plugin.score(near_cache, snap, state, nodes)) == [0.0, 0.0, 100.0]
     away_from_web = preferring(podAntiAffinity=[(50, "web")])
     assert list(plugin.score(away_from_web, snap, state, nodes)) == [0.0, 0.0, 100.0]
-    # Wanting web (+40 in zone a) beats wanting one cache pod's zone... twice (+15 x 2 in b).
+    # Wanting web (+40 in zone a) beats wanting the caches' zone (+15 x 2 in b), which still
+    # scores in proportion: the range is taken from 0, as upstream.
     mixed = preferring(podAffinity=[(40, "web"), (15, "cache")])
-    assert list(plugin.score(mixed, snap, state, nodes)) == [100.0, 100.0, 0.0]
+    assert list(plugin.score(mixed, snap, state, nodes)) == [100.0, 100.0, 75.0]
     # No preferred terms, or nothing they select: 0 everywhere.
     assert not plugin.score(parse_pod(app_pod("q")), snap, state, nodes).any()
     assert not plugin.score(preferring(podAffinity=[(5, "none")]), snap, state, nodes).any()

@@ -372,7 +372,8 @@ class PreferredInterPodAffinity:
     pod selects, the term's weight is added (affinity) or taken away (anti-affinity) on every
     node of that pod's topology domain; symmetrically, a placed pod whose preferred terms (or
     required affinity terms, at `HARD_POD_AFFINITY_WEIGHT`) select the pod adds or takes away
-    the same on its own domain. Normalised to 0-100 over the candidate nodes (all equal: 0)."""
+    the same on its own domain. Normalised to 0-100 over the candidate nodes and 0 (nothing
+    touched: 0 everywhere)."""
 
     NAME: ClassVar[str] = "PreferredInterPodAffinity"
 
@@ -419,7 +420,9 @@ class PreferredInterPodAffinity:
             ],
             dtype=np.float64,
         )
-        low, high = float(raw.min()), float(raw.max())
+        # The range always holds 0 (a node no term touches), as upstream: equal positive
+        # scores stay at the top rather than all dropping to 0.
+        low, high = min(float(raw.min()), 0.0), max(float(raw.max()), 0.0)
         if high == low:
             return zeros
         scores: FloatArray = MAX_NODE_SCORE * (raw - low) / (high - low)
