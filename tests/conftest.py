@@ -14,9 +14,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from alnair.common.kube import NAMESPACES, KubeClient
 from alnair.common.localstack import ControlPlane, NatsServer, RedisServer
+
+# Property tests explore new random examples on every developer run; CI (`.ci/run` sets
+# ALNAIR_HYPOTHESIS_PROFILE=ci) replays a fixed set so a landing never depends on luck, and
+# `thorough` searches harder when changing a property's code.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("thorough", max_examples=2000)
+settings.load_profile(os.environ.get("ALNAIR_HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from alnair.profiler.aggregation import (
@@ -32,6 +32,7 @@ def test_no_sm_samples_split_evenly() -> None:
     assert attribute_device_util(50.0, {}) == {}
 
 
+@example(device=1.5, sms={"0": 5e-324})  # subnormal samples once broke the sum
 @given(
     device=st.floats(min_value=-10, max_value=150, allow_nan=False),
     sms=st.dictionaries(st.text(min_size=1, max_size=4), utils, min_size=1, max_size=8),

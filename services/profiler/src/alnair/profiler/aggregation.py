@@ -52,7 +52,9 @@ def attribute_device_util(
     if total <= 0:
         even = util / len(sm_by_pod)
         return dict.fromkeys(sm_by_pod, even)
-    return {pod: util * max(0.0, sm) / total for pod, sm in sm_by_pod.items()}
+    # The fraction first: util * sm would lose precision when the samples are tiny
+    # (subnormal) and the shares would no longer add up.
+    return {pod: util * (max(0.0, sm) / total) for pod, sm in sm_by_pod.items()}
 
 
 def pod_shares(sample: GpuSample, pod_of_pid: Mapping[int, str]) -> list[PodGpuShare]:
