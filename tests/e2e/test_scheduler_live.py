@@ -792,3 +792,35 @@ async def test_a_pod_waiting_for_its_affinity_target_binds_when_the_target_lands
     # Far sooner than any backoff or flush would retry it.
     api_node = await wait_for(lambda: _bound_node(kube, namespace, "api"), 5, 0.05)
     assert api_node == db_node and db_node in nodes
+
+
+async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    """`schedulingGates` (how Kueue and others hold pods back): the pod is not placed while any
+    gate is there, and is placed as soon as the last one is removed."""
+    await pool(control_plane, kube, "1x T4:4", namespace)
+    refused = scheduler.metrics.binds.labels(result="conflict")
+    refused_before = refused._value.get()
+    gated = make_pod("gated", namespace).pool(namespace).gpus(1).obj()
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    await kube.create(PODS, gated, namespace)
+    free = make_pod("free", namespace).pool(namespace).gpus(1).obj()
+    await kube.create(PODS, free, namespace)
+    assert await wait_for(lambda: _bound_node(kube, namespace, "free"), 20)
+    pod = await kube.get(PODS, "gated", namespace)
+    assert not pod["spec"].get("nodeName")
+    reasons = {c.get("reason") for c in (pod.get("status") or {}).get("conditions") or []}
+    assert "SchedulingGated" in reasons  # set by the API server, left alone by us
+    assert not any(entry["pod"] == f"{namespace}/gated" for entry in scheduler.queue.snapshot())
+    failures = [
+        e
+        for e in await events_for(kube, namespace, "gated")
+        if e["reason"] in {"FailedScheduling", "InvalidRequest"}
+    ]
+    assert failures == []
+    # Never tried: the API server refuses to bind a gated pod, which would show here.
+    assert refused._value.get() == refused_before
+
+    await kube.patch(PODS, "gated", {"spec": {"schedulingGates": None}}, namespace)
+    assert await wait_for(lambda: _bound_node(kube, namespace, "gated"), 20)

@@ -278,6 +278,12 @@ class Scheduler:
             return
         if not wants_us(pod, self.settings.scheduler_name) or meta.get("deletionTimestamp"):
             return
+        if spec.get("schedulingGates"):
+            # Gated (a queueing controller such as Kueue holds it; the API server has set
+            # PodScheduled=False/SchedulingGated): not ours to place until every gate is gone,
+            # which arrives as an update of the spec.
+            self.queue.remove(uid)
+            return
         try:
             req: LivePod | None = parse_pod(pod, self.cache.gpu_memory_table())
         except InvalidPodError as exc:
