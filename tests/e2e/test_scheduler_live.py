@@ -151,6 +151,8 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
 ) -> None:
     nodes = await pool(control_plane, kube, "2x V100M32:8", namespace)
+    # A node outside the test's pool, so the message names the selector whatever ran before.
+    await pool(control_plane, kube, "1x T4:4", f"{namespace}-elsewhere")
     await kube.create(PODS, make_pod("huge", namespace).pool(namespace).gpus(12).obj(), namespace)
     bad = make_pod("both", namespace).pool(namespace).gpus(1).fraction(20).obj()
     await kube.create(PODS, bad, namespace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from alnair.scheduler.live.plugins import (
     InterPodAffinity,
     NodeAffinity,
     NodeReservation,
+    NodeResourcesExtra,
     PodTopologySpread,
     PreferredInterPodAffinity,
     PreferredNodeAffinity,
@@ -864,3 +866,63 @@ def test_a_relabelled_bound_pod_is_seen_with_its_new_labels() -> None:
     relabelled = {**placed, "metadata": {**placed["metadata"], "labels": {"app": "db"}}}
     cache.add_bound(relabelled)
     assert admitted() == {"a1"}
+
+
+def test_pod_count_and_other_resources_are_checked_and_counted() -> None:
+    cache = SchedulerCache()
+    small = node("small")
+    small["status"]["allocatable"].update({"pods": "2", "example.com/rdma": "1"})
+    big = node("big")
+    big["status"]["allocatable"].update({"pods": "110", "hugepages-2Mi": "64Mi"})
+    cache.upsert_node(small)
+    cache.upsert_node(big)
+    nodes = np.arange(2, dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+
+    def rdma_pod(name: str) -> dict[str, Any]:
+        pod = make_pod(name, "ns").gpus(1).obj()
+        pod["spec"]["containers"][0]["resources"]["limits"]["example.com/rdma"] = "1"
+        return pod
+
+    req = parse_pod(rdma_pod("r1"))
+    assert req.extra == (("example.com/rdma", 1),)
+    snap = cache.snapshot()
+    verdict = NodeResourcesExtra().filter(req, snap, state, nodes)
+    assert [snap.names[int(n)] for n in nodes[verdict.passed]] == ["small"]
+    assert [(why, int(m.sum())) for why, m in verdict.failures] == [
+        ("Too many pods", 0),
+        ("Insufficient example.com/rdma", 1),  # big reports none
+    ]
+    # Through the live profile the pod lands where the device is, and takes it.
+    framework = Framework(live_profile("alnair", [req], util_weight=0.0))
+    placed = framework.schedule(req, snap, np.random.default_rng(0))
+    assert placed.placement is not None and placed.placement.node_name == "small"
+    cache.assume(req, placed.placement)
+    second = parse_pod(rdma_pod("r2"))
+    refused = framework.schedule(second, cache.snapshot(), np.random.default_rng(0), explain=True)
+    assert refused.placement is None
+    assert "2 Insufficient example.com/rdma" in refused.message()
+    cache.forget(req.key)
+    assert framework.schedule(second, cache.snapshot(), np.random.default_rng(0)).placement
+    # The pod count: two pods fill `small` whatever they ask.
+    for uid in ("p1", "p2"):
+        cache.add_bound(bound(uid, "small", 1, "0" if uid == "p1" else "1", uid))
+    plain = parse_pod(make_pod("plain", "ns").gpus(1).obj())
+    snap = cache.snapshot()
+    verdict = NodeResourcesExtra().filter(plain, snap, state, nodes)
+    assert [snap.names[int(n)] for n in nodes[verdict.passed]] == ["big"]
+    # A higher-priority pod that needs `small` (for its device) may evict one to get a slot.
+    urgent = parse_pod(rdma_pod("urgent"))
+    victims = select_victims(replace(urgent, priority=100), snap, [snap.node_index("small")], {})
+    assert victims is not None and len(victims.victims) == 1
+    # Sizes are whole bytes; a node reporting less than the request is refused.
+    huge = make_pod("huge", "ns").gpus(1).obj()
+    huge["spec"]["containers"][0]["resources"]["limits"]["hugepages-2Mi"] = "128Mi"
+    verdict = NodeResourcesExtra().filter(parse_pod(huge), snap, state, nodes)
+    assert not verdict.passed.any()
+    # A capacity change of those resources rebuilds the snapshot.
+    big["status"]["allocatable"]["hugepages-2Mi"] = "256Mi"
+    assert cache.upsert_node(big)
+    snap = cache.snapshot()
+    verdict = NodeResourcesExtra().filter(parse_pod(huge), snap, state, nodes)
+    assert [snap.names[int(n)] for n in nodes[verdict.passed]] == ["big"]

@@ -52,7 +52,7 @@ from alnair.scheduler.framework import (
 )
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.budgets import DisruptionBudgets
-from alnair.scheduler.live.cache import LiveSnapshot, SchedulerCache
+from alnair.scheduler.live.cache import TOO_MANY_PODS, LiveSnapshot, SchedulerCache
 from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.plugins import (
     GpuHealth,
@@ -60,6 +60,7 @@ from alnair.scheduler.live.plugins import (
     InterPodAffinity,
     NodeAffinity,
     NodeReservation,
+    NodeResourcesExtra,
     NodeSelector,
     PodTopologySpread,
     PreferredInterPodAffinity,
@@ -91,6 +92,11 @@ CAPACITY_REASONS = frozenset(
 )
 
 
+def for_lack_of_room(why: str) -> bool:
+    """A filter reason that evicting pods can cure (capacity, the pod count, any resource)."""
+    return why in CAPACITY_REASONS or why == TOO_MANY_PODS or why.startswith("Insufficient ")
+
+
 def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) -> Profile:
     """The policy's profile with the live-only filters and the utilization score added."""
     base = find_policy(policy_name).build(workload)
@@ -106,6 +112,7 @@ def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) 
         if isinstance(f, GpuFit):
             filters.append(GpuHealth())
         filters.append(f)
+    filters.append(NodeResourcesExtra())
     scores = [
         *base.score,
         WeightedScore(PreferredNodeAffinity()),
@@ -460,7 +467,7 @@ class Scheduler:
         if explained.placement is not None:  # fits alone; its gang does not yet
             node: int | None = explained.placement.node
         else:
-            candidates = [n for n, why in explained.node_reasons.items() if why in CAPACITY_REASONS]
+            candidates = [n for n, why in explained.node_reasons.items() if for_lack_of_room(why)]
             node = closest_node(req, snapshot, candidates)
         if node is None:
             return
@@ -518,7 +525,7 @@ class Scheduler:
             return False
         snapshot = self.cache.snapshot()
         explained = self.framework().schedule(req, snapshot, self.rng, explain=True)
-        candidates = [n for n, why in explained.node_reasons.items() if why in CAPACITY_REASONS]
+        candidates = [n for n, why in explained.node_reasons.items() if for_lack_of_room(why)]
         if not candidates:
             return False
         nomination = select_victims(

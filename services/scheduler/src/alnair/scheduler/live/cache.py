@@ -16,6 +16,7 @@ an incremental assume/forget. Unhealthy GPUs are withheld: their free milli-GPU 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +26,12 @@ from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.common.topology import Topology
-from alnair.scheduler.live.pods import LivePod, parse_pod, placement_annotations
+from alnair.scheduler.live.pods import (
+    MODELLED_RESOURCES,
+    LivePod,
+    parse_pod,
+    placement_annotations,
+)
 from alnair.scheduler.live.reservations import Holder, Reservations
 from alnair.scheduler.snapshot import (
     MAX_GPUS_PER_NODE,
@@ -58,10 +64,59 @@ class LiveSnapshot(ClusterSnapshot):
     """Node name -> the starving pod it is reserved for (the cache's live dict, shared)."""
     topology: dict[str, Topology] = field(default_factory=dict)
     """Node name -> its GPU link matrix, from the profiler's inventory (shared, like reserved)."""
+    pods_cap: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Allocatable pod count per node (`UNLIMITED` when the node reports none)."""
+    pods_used: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    extra_cap: dict[str, IntArray] = field(default_factory=dict)
+    """Allocatable of every other resource a node reports (extended resources such as RDMA
+    devices or MIG slices, hugepages, ephemeral storage), per node; 0 where a node has none."""
+    extra_used: dict[str, IntArray] = field(default_factory=dict)
     pod_termed: dict[str, LivePod] = field(default_factory=dict)
     """Placed pods with inter-pod terms (required anti-affinity binds newcomers; required
     affinity and preferred terms score them), by key (a superset index; `placed` says where
     each one is), so pods without terms cost nothing."""
+
+    def fits(self, pod: PodRequest, placement: Placement) -> str | None:
+        problem = ClusterSnapshot.fits(self, pod, placement)
+        if problem is not None or not 0 <= placement.node < len(self.pods_cap):
+            return problem
+        return self.extra_shortfall(pod, placement.node)
+
+    def extra_shortfall(
+        self, pod: PodRequest, n: int, freed: list[PodRequest] | None = None
+    ) -> str | None:
+        """The pod count or other resource `pod` lacks on node `n` (after `freed` leave)."""
+        leaving = freed or []
+        if self.pods_used[n] - len(leaving) + 1 > self.pods_cap[n]:
+            return TOO_MANY_PODS
+        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
+            cap = self.extra_cap.get(name)
+            used = self.extra_used.get(name)
+            room = 0 if cap is None else int(cap[n]) - (0 if used is None else int(used[n]))
+            room += sum(dict(q.extra).get(name, 0) for q in leaving if isinstance(q, LivePod))
+            if room < amount:
+                return f"Insufficient {name}"
+        return None
+
+    def count(self, pod: PodRequest, n: int, sign: int) -> None:
+        """Add (`sign` 1) or take back (-1) the pod count and other resources of `pod`."""
+        if not 0 <= n < len(self.pods_used):
+            return
+        self.pods_used[n] += sign
+        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
+            used = self.extra_used.get(name)
+            if used is None:
+                used = self.extra_used[name] = np.zeros(len(self.names), dtype=np.int64)
+            used[n] += sign * amount
+
+    def assume(self, pod: PodRequest, placement: Placement) -> None:
+        ClusterSnapshot.assume(self, pod, placement)
+        self.count(pod, placement.node, 1)
+
+    def forget(self, key: str) -> tuple[PodRequest, Placement]:
+        pod, placement = ClusterSnapshot.forget(self, key)
+        self.count(pod, placement.node, -1)
+        return pod, placement
 
     def copy(self) -> LiveSnapshot:
         base = ClusterSnapshot.copy(self)
@@ -87,8 +142,19 @@ class LiveSnapshot(ClusterSnapshot):
             gpu_util=self.gpu_util,
             reserved=self.reserved,
             topology=self.topology,
+            pods_cap=self.pods_cap,
+            pods_used=self.pods_used.copy(),
+            extra_cap=self.extra_cap,
+            extra_used={name: used.copy() for name, used in self.extra_used.items()},
             pod_termed=self.pod_termed,
         )
+
+
+UNLIMITED = 1 << 40
+"""Pod count of a node that reports no `pods` allocatable."""
+TOO_MANY_PODS = "Too many pods"
+MODELLED = MODELLED_RESOURCES | {"pods"}
+"""What a node reports that is not an `extra`: the snapshot's own arrays and the pod count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +162,9 @@ class NodeInfo:
     spec: NodeSpec
     taints: tuple[Obj, ...]
     labels: dict[str, str]
+    pods: int = UNLIMITED
+    extra: tuple[tuple[str, int], ...] = ()
+    """Allocatable of the resources outside `MODELLED`, in whole units (bytes for sizes)."""
 
 
 def node_info(node: Obj) -> NodeInfo:
@@ -121,7 +190,21 @@ def node_info(node: Obj) -> NodeInfo:
         gpu_count=min(gpus, MAX_GPUS_PER_NODE),
         gpu_model=labels.get(r.LABEL_GPU_MODEL, "") if gpus else "",
     )
-    return NodeInfo(spec=spec, taints=tuple(taints), labels=labels)
+    pods = alloc.get("pods")
+    extra = tuple(
+        sorted(
+            (name, math.floor(float(r.parse_quantity(q, name))))
+            for name, q in alloc.items()
+            if name not in MODELLED
+        )
+    )
+    return NodeInfo(
+        spec=spec,
+        taints=tuple(taints),
+        labels=labels,
+        pods=UNLIMITED if pods is None else int(r.parse_quantity(pods, "pods")),
+        extra=extra,
+    )
 
 
 class SchedulerCache:
@@ -171,7 +254,7 @@ class SchedulerCache:
         self.nodes[info.spec.name] = info
         if old is None or old.labels != info.labels:
             self._memory_table = None
-        if old is None or old.spec != info.spec:
+        if old is None or (old.spec, old.pods, old.extra) != (info.spec, info.pods, info.extra):
             self._snap = None
             return True
         if old.taints != info.taints or old.labels != info.labels:
@@ -333,6 +416,7 @@ class SchedulerCache:
                 snap.gpu_free[n, g] -= take
         snap.generation[n] += 1
         snap.placed[req.key] = (req, placement)
+        snap.count(req, n, 1)
 
     def _build(self) -> LiveSnapshot:
         infos = sorted(self.nodes.values(), key=lambda i: i.spec.name)
@@ -348,6 +432,14 @@ class SchedulerCache:
         snap.reserved = self.reservations.by_node
         snap.topology = self.topology
         snap.pod_termed = self.pod_termed
+        snap.pods_cap = np.array([i.pods for i in infos], dtype=np.int64)
+        snap.pods_used = np.zeros(len(infos), dtype=np.int64)
+        names = sorted({name for i in infos for name, _ in i.extra})
+        snap.extra_cap = {
+            name: np.array([dict(i.extra).get(name, 0) for i in infos], dtype=np.int64)
+            for name in names
+        }
+        snap.extra_used = {name: np.zeros(len(infos), dtype=np.int64) for name in names}
         for (node, gpu), pct in self.util.items():
             if node in snap._index and gpu < width:
                 snap.gpu_util[snap.node_index(node), gpu] = pct

@@ -20,6 +20,9 @@
   1) that select the pod count on their own domains.
 - `PodTopologySpread`: topology spread constraints: `DoNotSchedule` ones filter, with
   `minDomains`, `matchLabelKeys` and the node inclusion policies; `ScheduleAnyway` ones score.
+- `NodeResourcesExtra`: the node's pod count and the pod's requests of any resource the
+  snapshot does not model (extended resources, hugepages, ephemeral storage), as upstream's
+  NodeResourcesFit words them.
 - `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
   that does not outrank that pod.
 - `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
@@ -49,7 +52,7 @@ from alnair.scheduler.framework.interface import (
     GpuSelector,
     NodeVerdicts,
 )
-from alnair.scheduler.live.cache import LiveSnapshot
+from alnair.scheduler.live.cache import TOO_MANY_PODS, LiveSnapshot
 from alnair.scheduler.live.pods import (
     LivePod,
     PodAffinityTerm,
@@ -434,6 +437,34 @@ def _signed(pod: LivePod) -> list[tuple[float, PodAffinityTerm]]:
     return [(float(w), t) for w, t in pod.pod_preferences] + [
         (-float(w), t) for w, t in pod.pod_aversions
     ]
+
+
+class NodeResourcesExtra:
+    """The rest of upstream's NodeResourcesFit that the snapshot's arrays do not cover: the
+    node's pod count (`Too many pods`) and every other resource the pod requests, such as RDMA
+    devices, MIG slices, hugepages or ephemeral storage (`Insufficient <name>`; a node that
+    does not report the resource has none). Without it the kubelet would refuse the pod at
+    admission and fail it."""
+
+    NAME: ClassVar[str] = "NodeResourcesExtra"
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        live = _live(snapshot)
+        if live is None or len(live.pods_cap) != len(live.names):
+            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        blocked = live.pods_cap[nodes] - live.pods_used[nodes] < 1
+        failures: list[tuple[str, BoolArray]] = [(TOO_MANY_PODS, blocked.copy())]
+        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
+            cap, used = live.extra_cap.get(name), live.extra_used.get(name)
+            free = np.zeros(nodes.size, dtype=np.int64) if cap is None else cap[nodes].copy()
+            if used is not None:
+                free -= used[nodes]
+            short = (free < amount) & ~blocked
+            failures.append((f"Insufficient {name}", short))
+            blocked |= short
+        return NodeVerdicts(passed=~blocked, failures=tuple(failures))
 
 
 class NodeReservation:

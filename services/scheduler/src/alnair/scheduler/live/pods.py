@@ -24,6 +24,11 @@ from alnair.common.kube import Obj
 from alnair.scheduler.live.selectors import LabelSelector
 from alnair.scheduler.snapshot import PodRequest
 
+MODELLED_RESOURCES = frozenset({"cpu", "memory", r.GPU, r.GPU_MEMORY, r.GPU_COMPUTE})
+"""Requests the snapshot accounts itself (GPU fractions as milli-GPU); any other resource a pod
+requests (extended resources, hugepages, ephemeral storage) is an `extra`, checked against
+what the node reports."""
+
 
 class InvalidPodError(InvalidValueError):
     """The pod's request cannot be scheduled as written (not a capacity problem)."""
@@ -332,6 +337,8 @@ class LivePod(PodRequest):
     """Topology spread constraints, hard and soft."""
     created: float = 0.0
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
+    extra: tuple[tuple[str, int], ...] = ()
+    """Requests of resources outside `MODELLED_RESOURCES`, in whole units (bytes for sizes)."""
 
     def counts_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Could a pod with these namespace and labels, newly placed, make this pod fit? Yes
@@ -458,6 +465,13 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             pod_aversions=pod_aversions,
             spread=spread,
             created=_ts(meta.get("creationTimestamp")),
+            extra=tuple(
+                sorted(
+                    (name, math.ceil(float(amount)))
+                    for name, amount in req.items()
+                    if name not in MODELLED_RESOURCES and amount
+                )
+            ),
         )
     except InvalidValueError as exc:
         raise InvalidPodError(exc.field, exc.value, exc.reason) from exc

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from alnair.scheduler.live.budgets import DisruptionBudgets
+from alnair.scheduler.live.cache import LiveSnapshot
 from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
 
@@ -150,6 +151,10 @@ def _fits_without(
                 gpus[g] += q.gpu_milli
     if cpu < pod.cpu_milli or mem < pod.memory_mib:
         return False
+    if isinstance(snapshot, LiveSnapshot):
+        leaving = [q for q, p in victims if p.node == n]
+        if snapshot.extra_shortfall(pod, n, leaving) is not None:
+            return False
     if pod.num_gpu == 0:
         return True
     return int(np.count_nonzero(gpus >= pod.gpu_milli)) >= pod.num_gpu
