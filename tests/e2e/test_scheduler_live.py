@@ -15,6 +15,7 @@ import pytest
 from alnair.common import resources as r
 from alnair.common.kube import (
     EVENTS,
+    NODES,
     PODDISRUPTIONBUDGETS,
     PODGROUPS,
     PODS,
@@ -826,3 +827,49 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
 
     await kube.patch(PODS, "gated", {"spec": {"schedulingGates": None}}, namespace)
     assert await wait_for(lambda: _bound_node(kube, namespace, "gated"), 20)
+
+
+async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    """A pod asking for a resource no node of its pool has is told so (the kubelet would
+    otherwise refuse it at admission); a node's `pods` allocatable caps what lands there."""
+    (node_name,) = await pool(control_plane, kube, "1x T4:4", namespace)
+    rdma = make_pod("rdma", namespace).pool(namespace).gpus(1).obj()
+    rdma["spec"]["containers"][0]["resources"]["limits"]["example.com/rdma"] = "1"
+    await kube.create(PODS, rdma, namespace)
+
+    async def refused(name: str) -> list[dict[str, Any]]:
+        return [
+            e for e in await events_for(kube, namespace, name) if e["reason"] == "FailedScheduling"
+        ]
+
+    ev = (await wait_for(lambda: refused("rdma"), 20))[0]
+    assert "1 Insufficient example.com/rdma" in ev["message"], ev["message"]
+
+    # The node admits two pods in all; the third CPU-only pod is refused for the count.
+    await kube.patch(
+        NODES,
+        node_name,
+        {"status": {"allocatable": {"pods": "2"}}},
+        patch_type="merge",
+        sub="status",
+    )
+    await wait_for(
+        lambda: _true(
+            int(
+                scheduler.cache.snapshot().pods_cap[
+                    scheduler.cache.snapshot().node_index(node_name)
+                ]
+            )
+            == 2
+        ),
+        10,
+        0.05,
+    )
+    for name in ("a", "b", "c"):
+        await kube.create(PODS, make_pod(name, namespace).pool(namespace).obj(), namespace)
+    for name in ("a", "b"):
+        assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == node_name
+    ev = (await wait_for(lambda: refused("c"), 20))[0]
+    assert "1 Too many pods" in ev["message"], ev["message"]
