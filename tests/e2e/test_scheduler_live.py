@@ -815,7 +815,11 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
     assert not pod["spec"].get("nodeName")
     reasons = {c.get("reason") for c in (pod.get("status") or {}).get("conditions") or []}
     assert "SchedulingGated" in reasons  # set by the API server, left alone by us
-    assert not any(entry["pod"] == f"{namespace}/gated" for entry in scheduler.queue.snapshot())
+    listed = [e for e in scheduler.queue.snapshot() if e["pod"] == f"{namespace}/gated"]
+    assert [(e["state"], e["message"]) for e in listed] == [
+        ("gated", "waiting for gates: example.com/quota")
+    ]
+    assert scheduler.queue.depth()["gated"] >= 1
     failures = [
         e
         for e in await events_for(kube, namespace, "gated")
@@ -827,6 +831,7 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
 
     await kube.patch(PODS, "gated", {"spec": {"schedulingGates": None}}, namespace)
     assert await wait_for(lambda: _bound_node(kube, namespace, "gated"), 20)
+    assert not any(e["pod"] == f"{namespace}/gated" for e in scheduler.queue.snapshot())
 
 
 async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(

@@ -289,7 +289,8 @@ class Scheduler:
             # Gated (a queueing controller such as Kueue holds it; the API server has set
             # PodScheduled=False/SchedulingGated): not ours to place until every gate is gone,
             # which arrives as an update of the spec.
-            self.queue.remove(uid)
+            gates = [g.get("name", "") for g in spec["schedulingGates"]]
+            self.queue.hold_gated(uid, pod, gates)
             return
         try:
             req: LivePod | None = parse_pod(pod, self.cache.gpu_memory_table())

@@ -61,6 +61,8 @@ class SchedulingQueue:
         self.unschedulable: set[str] = set()
         self.in_flight: set[str] = set()
         self.gang_ts: dict[str, float] = {}
+        self.gated: dict[str, QueuedPod] = {}
+        """Pods held back by `schedulingGates`: shown, never popped (see `hold_gated`)."""
         self._counting: set[str] = set()
         """Queued pods with required pod affinity or spread constraints (placed pods they
         select can help them; see `move_to_active`)."""
@@ -79,6 +81,7 @@ class SchedulingQueue:
             "backoff": len(self._backoff),
             "unschedulable": len(self.unschedulable),
             "in_flight": len(self.in_flight),
+            "gated": len(self.gated),
         }
 
     # --- producers -------------------------------------------------------------------------
@@ -89,6 +92,7 @@ class SchedulingQueue:
         `changed=False` (only its status moved, e.g. our own condition write) refreshes the
         stored object without cutting its backoff short.
         """
+        self.gated.pop(uid, None)
         entry = self.pods.get(uid)
         fresh = entry is None
         if entry is None:
@@ -111,7 +115,15 @@ class SchedulingQueue:
             timer.cancel()
         self._activate(entry)
 
+    def hold_gated(self, uid: str, obj: Obj, gates: list[str]) -> None:
+        """A pod with scheduling gates: out of the queue proper, listed until they are gone."""
+        self.remove(uid)
+        self.gated[uid] = QueuedPod(
+            uid=uid, obj=obj, request=None, last_message=f"waiting for gates: {', '.join(gates)}"
+        )
+
     def remove(self, uid: str) -> None:
+        self.gated.pop(uid, None)
         self.pods.pop(uid, None)
         self._counting.discard(uid)
         self.unschedulable.discard(uid)
@@ -216,6 +228,19 @@ class SchedulingQueue:
     def snapshot(self) -> list[dict[str, Any]]:
         """The queue as the `/v1/queue` API shows it, in scheduling order."""
         out: list[dict[str, Any]] = []
+        for uid, entry in self.gated.items():
+            out.append(
+                {
+                    "pod": entry.key,
+                    "uid": uid,
+                    "state": "gated",
+                    "priority": int((entry.obj.get("spec") or {}).get("priority") or 0),
+                    "gang": None,
+                    "attempts": 0,
+                    "message": entry.last_message,
+                    "_sort": (1, entry.key),  # after every pod that can be scheduled
+                }
+            )
         for uid, entry in self.pods.items():
             where = (
                 "in_flight"
@@ -237,7 +262,7 @@ class SchedulingQueue:
                     "gang": entry.request.gang if entry.request else None,
                     "attempts": entry.attempts,
                     "message": entry.last_message,
-                    "_sort": entry.sort_key(self.gang_ts),
+                    "_sort": (0, *entry.sort_key(self.gang_ts)),
                 }
             )
         out.sort(key=lambda d: tuple(d["_sort"]))
