@@ -9,7 +9,9 @@ the owner may stop the service (crash-only) instead of running half-broken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -51,3 +53,29 @@ async def cancel_all(tasks: list[asyncio.Task[Any]], timeout_s: float = 5.0) -> 
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=timeout_s)
+
+
+async def until_stopped(died: asyncio.Event) -> bool:
+    """Wait for SIGTERM/SIGINT or for `died` (a vital task ended); True when a part died.
+
+    The services' main loop: on a signal they shut down cleanly and exit 0; when a part died
+    they shut down and exit non-zero, so Kubernetes restarts them (crash-only).
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiters = [
+        asyncio.create_task(stop.wait(), name="until_stopped.signal"),
+        asyncio.create_task(died.wait(), name="until_stopped.died"),
+    ]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(sig)
+    return died.is_set() and not stop.is_set()

@@ -10,9 +10,7 @@ logged and fatal (crash-only: the DaemonSet restarts the pod). It returns a hand
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.informer import Informer
 from alnair.common.kube import PODS, KubeClient
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.deviceplugin.api import create_app
 from alnair.deviceplugin.devices import RESOURCES
 from alnair.deviceplugin.handlers import (
@@ -181,18 +179,6 @@ async def serve(settings: DevicePluginSettings) -> int:
     """Run until SIGTERM/SIGINT or until a part dies (then exit non-zero)."""
     setup_logging(settings.log_level, settings.log_json)
     running = await start(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    waiters = [
-        asyncio.create_task(stop.wait(), name="deviceplugin.stop"),
-        asyncio.create_task(running.died.wait(), name="deviceplugin.died"),
-    ]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for w in waiters:
-        w.cancel()
-    died = running.died.is_set()
+    died = await until_stopped(running.died)
     await running.stop()
     return 1 if died else 0

@@ -9,9 +9,7 @@ subjects, starts the retrainer's owner task and the HTTP server, and returns a h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus, Subscription
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.predictor.api import create_app
 from alnair.predictor.datasets import load_gavel
 from alnair.predictor.handlers import subscribe
@@ -104,15 +102,7 @@ async def serve(settings: PredictorSettings) -> int:
     """Run the predictor until SIGTERM/SIGINT, or until one of its tasks dies."""
     setup_logging(settings.log_level, settings.log_json)
     running = await start(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     log.info("predictor serving", extra={"url": running.url})
-    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(running.died.wait())]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for waiter in waiters:
-        waiter.cancel()
+    died = await until_stopped(running.died)
     await running.stop()
-    return 1 if running.died.is_set() and not stop.is_set() else 0
+    return 1 if died else 0

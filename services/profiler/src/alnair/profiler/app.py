@@ -9,9 +9,7 @@ reverse. Tests use these directly; `serve` runs one until SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,7 @@ from alnair.common.events import GpuInventory
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent import Agent
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.api import create_app
@@ -331,15 +329,7 @@ async def serve(settings: ProfilerSettings) -> None:
     start = start_agent if settings.role == "agent" else start_aggregator
     running = await start(settings)
     log.info("profiler started", extra={"role": settings.role, "port": running.http_port})
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(running.died.wait())]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for w in waiters:
-        w.cancel()
+    died = await until_stopped(running.died)
     await running.stop()
-    if running.died.is_set():
+    if died:
         raise SystemExit(1)  # crash-only: let Kubernetes restart us rather than run half-broken
