@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ import pytest
 from alnair.common import resources as r
 from alnair.common.kube import (
     EVENTS,
+    LEASES,
     NODES,
     PODDISRUPTIONBUDGETS,
     PODGROUPS,
@@ -878,3 +884,49 @@ async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
         assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == node_name
     ev = (await wait_for(lambda: refused("c"), 20))[0]
     assert "1 Too many pods" in ev["message"], ev["message"]
+
+
+async def test_sigterm_stops_the_scheduler_cleanly_and_gives_the_lease_up(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """A rolling update sends SIGTERM: the process exits 0 and hands its Lease back at once,
+    so a follower need not wait for it to expire (15 s by default)."""
+    identity = f"sigterm-{namespace}"
+    settings_env = {
+        "ALNAIR_KUBECONFIG": str(control_plane.kubeconfig),
+        "ALNAIR_SCHEDULER_KUBECONFIG": str(control_plane.kubeconfig),
+        "ALNAIR_SCHEDULER_HTTP_PORT": "0",
+        "ALNAIR_SCHEDULER_NATS_ENABLED": "false",
+        "ALNAIR_SCHEDULER_SCHEDULER_NAME": f"alnair-{namespace}",
+        "ALNAIR_SCHEDULER_IDENTITY": identity,
+        "ALNAIR_SCHEDULER_LEASE_NAMESPACE": namespace,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "alnair.scheduler",
+        env={**os.environ, **settings_env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+
+        async def holder() -> str | None:
+            try:
+                lease = await kube.get(LEASES, "alnair-scheduler", namespace)
+            except NotFound:
+                return None
+            return str((lease.get("spec") or {}).get("holderIdentity") or "") or None
+
+        assert await wait_for(holder, 30) == identity
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lease = await kube.get(LEASES, "alnair-scheduler", namespace)
+    spec = lease["spec"]
+    renewed = datetime.fromisoformat(spec["renewTime"].replace("Z", "+00:00"))
+    expires = renewed.timestamp() + float(spec["leaseDurationSeconds"])
+    assert expires < time.time()  # already expired: a follower may take it now

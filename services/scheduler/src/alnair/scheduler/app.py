@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 
 from alnair.common.bus import Bus
 from alnair.common.http import start_http
@@ -83,10 +84,27 @@ async def serve(settings: SchedulerSettings) -> int:
     return 0
 
 
+async def _serve_until_signalled(settings: SchedulerSettings) -> int:
+    """`serve`, cancelled on SIGTERM as on SIGINT, so its cleanup runs: binds in flight end,
+    and the Lease is given up for a follower to take over at once rather than after it
+    expires (a rolling update of the Deployment sends SIGTERM)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await serve(settings)
+    except asyncio.CancelledError:
+        log.info("stopped by a signal")
+        return 0
+
+
 def main() -> int:
     settings = SchedulerSettings()
     setup_logging(settings.log_level, settings.log_json)
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(_serve_until_signalled(settings))
     except KeyboardInterrupt:
         return 0
