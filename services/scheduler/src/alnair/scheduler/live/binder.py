@@ -87,14 +87,11 @@ from alnair.scheduler.snapshot import Placement
 log = logging.getLogger(__name__)
 EventType = Literal["Normal", "Warning"]
 
-CAPACITY_REASONS = frozenset(
-    {"Insufficient cpu", "Insufficient memory", "Insufficient whole GPUs", "Insufficient GPU share"}
-)
-
 
 def for_lack_of_room(why: str) -> bool:
-    """A filter reason that evicting pods can cure (capacity, the pod count, any resource)."""
-    return why in CAPACITY_REASONS or why == TOO_MANY_PODS or why.startswith("Insufficient ")
+    """A filter reason that evicting pods can cure: the pod count, or any "Insufficient ..."
+    (cpu, memory, whole GPUs, GPU share, or another resource)."""
+    return why == TOO_MANY_PODS or why.startswith("Insufficient ")
 
 
 def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) -> Profile:
@@ -222,7 +219,7 @@ class Scheduler:
         if event is WatchEvent.DELETED:
             self.cache.delete_node(node["metadata"]["name"])
             if self.cache.reservations.drop_node(node["metadata"]["name"]):
-                self.metrics.reserved_nodes.set(len(self.cache.reservations))
+                self._report_reservations()
             return
         if self.cache.upsert_node(node):
             self.queue.move_all_to_active()
@@ -478,7 +475,7 @@ class Scheduler:
             return
         if isinstance(taken, Holder):
             log.info("reservation taken over", extra={"node": name, "from": taken.key})
-        self.metrics.reserved_nodes.set(len(reservations))
+        self._report_reservations()
         self._emit(
             entry.obj,
             "Normal",
@@ -507,11 +504,14 @@ class Scheduler:
             reservations.release(entry.uid)
         if reservations.node_of(entry.uid) is None:
             reservations.reserve(node, self._holder(entry, req))
-        self.metrics.reserved_nodes.set(len(reservations))
+        self._report_reservations()
+
+    def _report_reservations(self) -> None:
+        self.metrics.reserved_nodes.set(len(self.cache.reservations))
 
     def _release_reservation(self, uid: str) -> None:
         if self.cache.reservations.release(uid) is not None:
-            self.metrics.reserved_nodes.set(len(self.cache.reservations))
+            self._report_reservations()
             self.queue.move_all_to_active()
 
     def _unschedulable(self, entry: QueuedPod, message: str) -> None:

@@ -90,13 +90,20 @@ class LiveSnapshot(ClusterSnapshot):
         if self.pods_used[n] - len(leaving) + 1 > self.pods_cap[n]:
             return TOO_MANY_PODS
         for name, amount in pod.extra if isinstance(pod, LivePod) else ():
-            cap = self.extra_cap.get(name)
-            used = self.extra_used.get(name)
-            room = 0 if cap is None else int(cap[n]) - (0 if used is None else int(used[n]))
+            room = int(self.extra_room(name)[n])
             room += sum(dict(q.extra).get(name, 0) for q in leaving if isinstance(q, LivePod))
             if room < amount:
                 return f"Insufficient {name}"
         return None
+
+    def extra_room(self, name: str) -> IntArray:
+        """Per node: how much of resource `name` is left (0 where a node reports none)."""
+        cap = self.extra_cap.get(name)
+        if cap is None:
+            return np.zeros(len(self.names), dtype=np.int64)
+        used = self.extra_used.get(name)
+        room: IntArray = cap if used is None else cap - used
+        return room
 
     def count(self, pod: PodRequest, n: int, sign: int) -> None:
         """Add (`sign` 1) or take back (-1) the pod count and other resources of `pod`."""
@@ -220,8 +227,9 @@ class SchedulerCache:
         self.rebuilds = 0
         self.reservations = Reservations()
         self.topology: dict[str, Topology] = {}
-        self.pod_termed: dict[str, LivePod] = {}
         """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
+        self.pod_termed: dict[str, LivePod] = {}
+        """Placed pods with inter-pod terms, by key (see `LiveSnapshot.pod_termed`)."""
 
     # --- reading -------------------------------------------------------------------------
 

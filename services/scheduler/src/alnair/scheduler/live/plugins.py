@@ -58,6 +58,8 @@ from alnair.scheduler.live.pods import (
     PodAffinityTerm,
     SpreadConstraint,
     node_affinity_matches,
+    node_selector_matches,
+    untolerated,
 )
 from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
 from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
@@ -81,11 +83,10 @@ class TaintToleration:
         not_ready = np.zeros(nodes.size, dtype=np.bool_)
         # Most nodes carry no taint: visit only those that do.
         for k in np.flatnonzero(live.tainted[nodes]).tolist():
-            for taint in live.taints[int(nodes[k])]:
-                if not any(t.tolerates(taint) for t in tolerations):
-                    passed[k] = False
-                    not_ready[k] = taint.get("key", "").startswith("node.kubernetes.io/")
-                    break
+            taint = untolerated(tolerations, live.taints[int(nodes[k])])
+            if taint is not None:
+                passed[k] = False
+                not_ready[k] = taint.get("key", "").startswith("node.kubernetes.io/")
         return NodeVerdicts(
             passed=passed,
             failures=(("node not ready or cordoned", not_ready), ("untolerated taint", ~passed)),
@@ -127,7 +128,7 @@ class NodeSelector(_NodeLabelFilter):
         return pod.node_selector
 
     def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool:
-        return all(labels.get(k) == v for k, v in constraint)
+        return node_selector_matches(constraint, labels)
 
 
 class NodeAffinity(_NodeLabelFilter):
@@ -186,11 +187,7 @@ class InterPodAffinity:
         unmet = np.zeros(len(live.names), dtype=np.bool_)
         repelled = np.zeros(len(live.names), dtype=np.bool_)
         if pod.pod_affinity or pod.pod_anti_affinity:
-            others = [
-                (q.namespace, dict(q.labels), p.node)
-                for q, p in live.placed.values()
-                if isinstance(q, LivePod) and q.key != pod.key
-            ]
+            others = _others(live, pod)
             for term in pod.pod_affinity:
                 domains = _domains(live, term, others)
                 if not domains and term.covers(pod.namespace, own):
@@ -198,12 +195,9 @@ class InterPodAffinity:
                 unmet |= ~_in_domains(live, term.topology_key, domains)
             for term in pod.pod_anti_affinity:
                 repelled |= _in_domains(live, term.topology_key, _domains(live, term, others))
-        for key, holder in live.pod_termed.items():
-            placed = live.placed.get(key)
-            if placed is None or key == pod.key:
-                continue
+        for holder, node in _placed_with_terms(live, pod):
             for term in holder.pod_anti_affinity:
-                value = live.labels[placed[1].node].get(term.topology_key)
+                value = live.labels[node].get(term.topology_key)
                 if value is not None and term.covers(pod.namespace, own):
                     repelled |= _in_domains(live, term.topology_key, {value})
         blocked_anti = repelled[nodes]
@@ -217,13 +211,15 @@ class InterPodAffinity:
         )
 
 
-def _domains(
-    live: LiveSnapshot, term: PodAffinityTerm, pods: list[tuple[str, dict[str, str], int]]
-) -> set[str]:
+Placed = list[tuple[LivePod, dict[str, str], int]]
+"""Placed pods with their labels as a dict and their node index (see `_others`)."""
+
+
+def _domains(live: LiveSnapshot, term: PodAffinityTerm, pods: Placed) -> set[str]:
     """The topology values of the nodes holding a pod that `term` selects."""
     found: set[str] = set()
-    for namespace, labels, node in pods:
-        if term.covers(namespace, labels):
+    for other, labels, node in pods:
+        if term.covers(other.namespace, labels):
             value = live.labels[node].get(term.topology_key)
             if value is not None:
                 found.add(value)
@@ -237,13 +233,23 @@ def _in_domains(live: LiveSnapshot, key: str, domains: set[str]) -> BoolArray:
     return np.array([labels.get(key) in domains for labels in live.labels], dtype=np.bool_)
 
 
-def _others(live: LiveSnapshot, pod: LivePod) -> list[tuple[LivePod, int]]:
-    """The placed pods other than `pod`, with their node index."""
+def _others(live: LiveSnapshot, pod: LivePod) -> Placed:
+    """The placed pods other than `pod`, with their labels and node index."""
     return [
-        (q, placed.node)
+        (q, dict(q.labels), placed.node)
         for q, placed in live.placed.values()
         if isinstance(q, LivePod) and q.key != pod.key
     ]
+
+
+def _placed_with_terms(live: LiveSnapshot, pod: LivePod) -> list[tuple[LivePod, int]]:
+    """The placed pods other than `pod` that carry inter-pod terms, with their node index."""
+    found = []
+    for key, holder in live.pod_termed.items():
+        placed = live.placed.get(key)
+        if placed is not None and key != pod.key:
+            found.append((holder, placed[1].node))
+    return found
 
 
 def _admitted(live: LiveSnapshot, pod: LivePod, constraint: SpreadConstraint) -> BoolArray:
@@ -251,14 +257,10 @@ def _admitted(live: LiveSnapshot, pod: LivePod, constraint: SpreadConstraint) ->
     admitted = np.ones(len(live.names), dtype=np.bool_)
     if constraint.honor_node_affinity and (pod.node_selector or pod.node_affinity):
         for n, labels in enumerate(live.labels):
-            admitted[n] = all(labels.get(k) == v for k, v in pod.node_selector) and (
-                not pod.node_affinity
-                or node_affinity_matches(pod.node_affinity, labels, live.names[n])
-            )
+            admitted[n] = pod.accepts_node(labels, live.names[n])
     if constraint.honor_node_taints:
         for n in np.flatnonzero(live.tainted).tolist():
-            taints = live.taints[n]
-            admitted[n] &= all(any(t.tolerates(x) for t in pod.tolerations) for x in taints)
+            admitted[n] &= untolerated(pod.tolerations, live.taints[n]) is None
     return admitted
 
 
@@ -267,7 +269,7 @@ def _spread_counts(
     pod: LivePod,
     constraint: SpreadConstraint,
     keys: set[str],
-    others: list[tuple[LivePod, int]],
+    others: Placed,
 ) -> dict[str, int]:
     """Matching pods (the pod's namespace, the constraint's selector) per domain of the
     constraint's key, over the eligible nodes: those carrying every key in `keys` and admitted
@@ -278,11 +280,11 @@ def _spread_counts(
     ]
     key = constraint.topology_key
     counts = {live.labels[n][key]: 0 for n, ok in enumerate(eligible) if ok}
-    for other, node in others:
+    for other, labels, node in others:
         if (
             eligible[node]
             and other.namespace == pod.namespace
-            and constraint.selector.matches(dict(other.labels))
+            and constraint.selector.matches(labels)
         ):
             counts[live.labels[node][key]] += 1
     return counts
@@ -399,20 +401,16 @@ class PreferredInterPodAffinity:
                 by_domain[domain] = by_domain.get(domain, 0.0) + weight
 
         if weighted:
-            for other, node in _others(live, pod):
-                labels = dict(other.labels)
+            for other, labels, node in _others(live, pod):
                 for weight, term in weighted:
                     if term.covers(other.namespace, labels):
                         add(term, node, weight)
         own = dict(pod.labels)
-        for key, holder in live.pod_termed.items():
-            placed = live.placed.get(key)
-            if placed is None or key == pod.key:
-                continue
+        for holder, node in _placed_with_terms(live, pod):
             terms = [(float(HARD_POD_AFFINITY_WEIGHT), t) for t in holder.pod_affinity]
             for weight, term in terms + _signed(holder):
                 if term.covers(pod.namespace, own):
-                    add(term, placed[1].node, weight)
+                    add(term, node, weight)
         if not by_domain:
             return zeros
         keys = {key for key, _value in by_domain}
@@ -457,11 +455,7 @@ class NodeResourcesExtra:
         blocked = live.pods_cap[nodes] - live.pods_used[nodes] < 1
         failures: list[tuple[str, BoolArray]] = [(TOO_MANY_PODS, blocked.copy())]
         for name, amount in pod.extra if isinstance(pod, LivePod) else ():
-            cap, used = live.extra_cap.get(name), live.extra_used.get(name)
-            free = np.zeros(nodes.size, dtype=np.int64) if cap is None else cap[nodes].copy()
-            if used is not None:
-                free -= used[nodes]
-            short = (free < amount) & ~blocked
+            short = (live.extra_room(name)[nodes] < amount) & ~blocked
             failures.append((f"Insufficient {name}", short))
             blocked |= short
         return NodeVerdicts(passed=~blocked, failures=tuple(failures))

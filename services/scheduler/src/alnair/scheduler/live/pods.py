@@ -13,10 +13,10 @@ names the field and value; the binder records it as an Event on the pod.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
@@ -47,6 +47,11 @@ class Toleration:
         if self.operator == "Exists":
             return not self.key or self.key == taint.get("key")
         return self.key == taint.get("key") and self.value == taint.get("value", "")
+
+
+def untolerated(tolerations: Sequence[Toleration], taints: Sequence[Obj]) -> Obj | None:
+    """The first of `taints` that none of `tolerations` tolerates, if any."""
+    return next((x for x in taints if not any(t.tolerates(x) for t in tolerations)), None)
 
 
 NODE_NAME_FIELD = "metadata.name"
@@ -90,6 +95,11 @@ class NodeRequirement:
 
 NodeSelectorTerm = tuple[NodeRequirement, ...]
 """Requirements that must all hold (an empty term matches no node, as upstream)."""
+
+
+def node_selector_matches(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]) -> bool:
+    """A `nodeSelector`: every (key, value) must be a label of the node."""
+    return all(labels.get(k) == v for k, v in selector)
 
 
 def node_affinity_matches(
@@ -145,25 +155,34 @@ def _required_node_affinity(spec: Obj) -> tuple[NodeSelectorTerm, ...]:
     )
 
 
-def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], ...]:
-    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
-    preferences: list[tuple[int, NodeSelectorTerm]] = []
-    for i, item in enumerate(
-        node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-    ):
+T = TypeVar("T")
+
+
+def _preferred(
+    spec: Obj, kind: str, member: str, parse: Callable[[Obj, str], T]
+) -> tuple[tuple[int, T], ...]:
+    """`spec.affinity.<kind>.preferredDuringSchedulingIgnoredDuringExecution` as (weight,
+    parsed `member`) pairs; a weight outside 1-100 is refused, naming it."""
+    block = (spec.get("affinity") or {}).get(kind) or {}
+    base = f"spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
+    preferences: list[tuple[int, T]] = []
+    for i, item in enumerate(block.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
         where = f"{base}[{i}]"
         weight = item.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
             raise InvalidPodError(f"{where}.weight", weight, "an integer 1-100")
-        preferences.append((weight, _term(item.get("preference") or {}, f"{where}.preference")))
+        preferences.append((weight, parse(item.get(member) or {}, f"{where}.{member}")))
     return tuple(preferences)
+
+
+def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], ...]:
+    return _preferred(spec, "nodeAffinity", "preference", _term)
 
 
 @dataclass(frozen=True, slots=True)
 class PodAffinityTerm:
-    """A required inter-pod (anti-)affinity term: pods matching `selector` in `namespaces`,
-    on nodes sharing the value of the `topology_key` label."""
+    """An inter-pod (anti-)affinity term, required or preferred: pods matching `selector` in
+    `namespaces`, on nodes sharing the value of the `topology_key` label."""
 
     selector: LabelSelector
     namespaces: frozenset[str]
@@ -217,18 +236,9 @@ def _pod_affinity_terms(spec: Obj, kind: str, namespace: str) -> tuple[PodAffini
 def _preferred_pod_affinity_terms(
     spec: Obj, kind: str, namespace: str
 ) -> tuple[tuple[int, PodAffinityTerm], ...]:
-    block = (spec.get("affinity") or {}).get(kind) or {}
-    base = f"spec.affinity.{kind}.preferredDuringSchedulingIgnoredDuringExecution"
-    preferences: list[tuple[int, PodAffinityTerm]] = []
-    for i, item in enumerate(block.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
-        where = f"{base}[{i}]"
-        weight = item.get("weight")
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
-            raise InvalidPodError(f"{where}.weight", weight, "an integer 1-100")
-        raw_term = item.get("podAffinityTerm") or {}
-        term = _affinity_term(raw_term, f"{where}.podAffinityTerm", namespace)
-        preferences.append((weight, term))
-    return tuple(preferences)
+    return _preferred(
+        spec, kind, "podAffinityTerm", lambda raw, where: _affinity_term(raw, where, namespace)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,15 +350,27 @@ class LivePod(PodRequest):
     extra: tuple[tuple[str, int], ...] = ()
     """Requests of resources outside `MODELLED_RESOURCES`, in whole units (bytes for sizes)."""
 
+    @property
+    def counts_placements(self) -> bool:
+        """Can another pod's placement make this one fit (required pod affinity, or a hard
+        spread constraint)? Only such pods are worth waking when a pod lands."""
+        return bool(self.pod_affinity) or any(c.hard for c in self.spread)
+
     def counts_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Could a pod with these namespace and labels, newly placed, make this pod fit? Yes
         when one of its required pod affinity terms or hard spread constraints selects it."""
-        if not (self.pod_affinity or self.spread):
+        if not self.counts_placements:
             return False
         return any(t.covers(namespace, labels) for t in self.pod_affinity) or (
             namespace == self.namespace
             and any(c.hard and c.selector.matches(labels) for c in self.spread)
         )
+
+    def accepts_node(self, labels: Mapping[str, str], name: str) -> bool:
+        """Does the node pass the pod's `nodeSelector` and required node affinity?"""
+        if not node_selector_matches(self.node_selector, labels):
+            return False
+        return not self.node_affinity or node_affinity_matches(self.node_affinity, labels, name)
 
     @property
     def has_pod_terms(self) -> bool:

@@ -64,8 +64,8 @@ class SchedulingQueue:
         self.gated: dict[str, QueuedPod] = {}
         """Pods held back by `schedulingGates`: shown, never popped (see `hold_gated`)."""
         self._counting: set[str] = set()
-        """Queued pods with required pod affinity or spread constraints (placed pods they
-        select can help them; see `move_to_active`)."""
+        """Queued pods whose required pod affinity or hard spread constraints placed pods can
+        satisfy (`LivePod.counts_placements`; see `move_to_active`)."""
         self.move_seq = 0
         self._seq = itertools.count()
         self._wake = asyncio.Event()
@@ -100,7 +100,7 @@ class SchedulingQueue:
             self.pods[uid] = entry
         else:
             entry.obj, entry.request = obj, request
-        if request is not None and (request.pod_affinity or request.spread):
+        if request is not None and request.counts_placements:
             self._counting.add(uid)
         else:
             self._counting.discard(uid)
@@ -227,45 +227,39 @@ class SchedulingQueue:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The queue as the `/v1/queue` API shows it, in scheduling order."""
-        out: list[dict[str, Any]] = []
-        for uid, entry in self.gated.items():
-            out.append(
-                {
-                    "pod": entry.key,
-                    "uid": uid,
-                    "state": "gated",
-                    "priority": int((entry.obj.get("spec") or {}).get("priority") or 0),
-                    "gang": None,
-                    "attempts": 0,
-                    "message": entry.last_message,
-                    "_sort": (1, entry.key),  # after every pod that can be scheduled
-                }
-            )
+        rows: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        for entry in self.gated.values():
+            priority = int((entry.obj.get("spec") or {}).get("priority") or 0)
+            # (1, ...): after every pod that can be scheduled
+            rows.append(((1, entry.key), _row(entry, "gated", priority, None)))
         for uid, entry in self.pods.items():
-            where = (
-                "in_flight"
-                if uid in self.in_flight
-                else "active"
-                if uid in self._in_heap
-                else "backoff"
-                if uid in self._backoff
-                else "unschedulable"
-                if uid in self.unschedulable
-                else "waiting"
+            req = entry.request
+            row = _row(
+                entry, self._state(uid), req.priority if req else 0, req.gang if req else None
             )
-            out.append(
-                {
-                    "pod": entry.key,
-                    "uid": uid,
-                    "state": where,
-                    "priority": entry.request.priority if entry.request else 0,
-                    "gang": entry.request.gang if entry.request else None,
-                    "attempts": entry.attempts,
-                    "message": entry.last_message,
-                    "_sort": (0, *entry.sort_key(self.gang_ts)),
-                }
-            )
-        out.sort(key=lambda d: tuple(d["_sort"]))
-        for d in out:
-            del d["_sort"]
-        return out
+            rows.append(((0, *entry.sort_key(self.gang_ts)), row))
+        rows.sort(key=lambda r: r[0])
+        return [row for _key, row in rows]
+
+    def _state(self, uid: str) -> str:
+        if uid in self.in_flight:
+            return "in_flight"
+        if uid in self._in_heap:
+            return "active"
+        if uid in self._backoff:
+            return "backoff"
+        if uid in self.unschedulable:
+            return "unschedulable"
+        return "waiting"
+
+
+def _row(entry: QueuedPod, state: str, priority: int, gang: str | None) -> dict[str, Any]:
+    return {
+        "pod": entry.key,
+        "uid": entry.uid,
+        "state": state,
+        "priority": priority,
+        "gang": gang,
+        "attempts": entry.attempts,
+        "message": entry.last_message,
+    }
