@@ -55,6 +55,34 @@ async def cancel_all(tasks: list[asyncio.Task[Any]], timeout_s: float = 5.0) -> 
         await asyncio.wait(tasks, timeout=timeout_s)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_stop_signals(callback: Callable[[], object]) -> Callable[[], None]:
+    """Call `callback` on the running loop at SIGTERM or SIGINT; returns the undo."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, callback)
+
+    def remove() -> None:
+        for sig in STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(sig)
+
+    return remove
+
+
+async def first_of(*events: asyncio.Event) -> None:
+    """Return as soon as any of `events` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 async def until_stopped(died: asyncio.Event) -> bool:
     """Wait for SIGTERM/SIGINT or for `died` (a vital task ended); True when a part died.
 
@@ -62,20 +90,9 @@ async def until_stopped(died: asyncio.Event) -> bool:
     they shut down and exit non-zero, so Kubernetes restarts them (crash-only).
     """
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    waiters = [
-        asyncio.create_task(stop.wait(), name="until_stopped.signal"),
-        asyncio.create_task(died.wait(), name="until_stopped.died"),
-    ]
+    remove = on_stop_signals(stop.set)
     try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        await first_of(stop, died)
     finally:
-        for waiter in waiters:
-            waiter.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError):
-                loop.remove_signal_handler(sig)
+        remove()
     return died.is_set() and not stop.is_set()

@@ -29,6 +29,7 @@ import grpc.aio
 
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import GpuDevice
+from alnair.common.tasks import first_of
 from alnair.deviceplugin import devices as dev
 from alnair.deviceplugin import fswatch
 from alnair.deviceplugin.allocation import (
@@ -478,7 +479,7 @@ class PluginServer:
                 self.plugin.stream_closed.clear()
                 self._fs_changed.clear()
                 if not self._kubelet_restarted():
-                    await _first_of(self.plugin.stream_closed, self._fs_changed)
+                    await first_of(self.plugin.stream_closed, self._fs_changed)
                     if not self._kubelet_restarted():
                         continue  # our own socket churn, or a stream the kubelet replaced
                 log.info(
@@ -506,13 +507,3 @@ class PluginServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._fs_changed.wait(), delay)
             delay = min(delay * 2, self.retry_max_s)
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    """Return when any of `events` is set."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 from alnair.common.bus import Bus
 from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import spawn
+from alnair.common.tasks import on_stop_signals, spawn
 from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
 from alnair.scheduler.leader import LeaderElector
@@ -90,10 +89,7 @@ async def _serve_until_signalled(settings: SchedulerSettings) -> int:
     expires (a rolling update of the Deployment sends SIGTERM)."""
     task = asyncio.current_task()
     assert task is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
+    on_stop_signals(task.cancel)
     try:
         return await serve(settings)
     except asyncio.CancelledError:
