@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from functools import partial
 from typing import Any
 
@@ -21,12 +20,12 @@ from nats.aio.msg import Msg
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
+from alnair.common.data import gavel_throughputs
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric, decode
 from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from alnair.profiler.records import RECORDS_INDEX, RecordStore
-from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
 from profiler_support import bind_pending_pods, profiler_settings
 
 pytestmark = pytest.mark.e2e
@@ -228,8 +227,11 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
 
 
 def gavel_rate(gpu: str, job: str, scale: int) -> float:
-    raw = json.loads(DEFAULT_GAVEL_PATH.read_text())
-    return float(raw[gpu][str((job, scale))]["null"])
+    return next(
+        r.own
+        for r in gavel_throughputs()
+        if (r.gpu, r.job, r.scale, r.partner) == (gpu, job, scale, "")
+    )
 
 
 def node_by_model(nodes_by_model: dict[str, str], pod: dict[str, Any]) -> str | None:

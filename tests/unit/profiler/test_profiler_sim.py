@@ -19,7 +19,7 @@ from alnair.profiler.sim import (
     gpu_uuid,
     node_inventory,
 )
-from alnair.profiler.workloads import DEFAULT_GAVEL_PATH, ThroughputTable
+from alnair.profiler.workloads import ThroughputTable
 
 NOW = 1_700_000_000.0
 
@@ -89,12 +89,12 @@ def v100_node(name: str = "n1", count: int = 4) -> dict[str, Any]:
     )
 
 
-_TABLE = ThroughputTable.load(DEFAULT_GAVEL_PATH) if DEFAULT_GAVEL_PATH.exists() else None
+_TABLE = ThroughputTable.load()
 
 
 @pytest.fixture(scope="module")
-def table() -> ThroughputTable | None:
-    return ThroughputTable.load(DEFAULT_GAVEL_PATH) if DEFAULT_GAVEL_PATH.exists() else None
+def table() -> ThroughputTable:
+    return ThroughputTable.load()
 
 
 def test_gpus_derive_from_labels_with_known_model_defaults() -> None:
@@ -173,9 +173,7 @@ def test_picked_gpus_spread_whole_gpu_pods_before_sharing() -> None:
     assert {len(v) for v in by_gpu.values()} == {1, 2}  # two alone would be wrong: three pods
 
 
-def test_sharing_a_gpu_slows_each_pod_by_the_measured_factor(table: ThroughputTable | None) -> None:
-    if table is None:
-        pytest.skip(f"Gavel data not at {DEFAULT_GAVEL_PATH}")
+def test_sharing_a_gpu_slows_each_pod_by_the_measured_factor(table: ThroughputTable) -> None:
     sim = SimBackend(table, jitter=0.0)
     sim.upsert_node(v100_node())
     a = PodBuilder("a").gpus(1).model("ResNet-50", 64).ann(res.ANN_GPU_INDICES, "0").obj
@@ -242,9 +240,7 @@ async def test_health_flips_from_node_annotation_are_signalled() -> None:
     assert signals[0].gpu_uuid == gpu_uuid("n1", 2)
 
 
-def test_throughput_is_gavels_measurement_slowed_by_sharing(table: ThroughputTable | None) -> None:
-    if table is None:
-        pytest.skip(f"Gavel data not at {DEFAULT_GAVEL_PATH}")
+def test_throughput_is_gavels_measurement_slowed_by_sharing(table: ThroughputTable) -> None:
     sim = SimBackend(table, jitter=0.0)
     sim.upsert_node(v100_node())
     r50 = table.resolve("ResNet-50", 64)

@@ -2,24 +2,47 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from alnair.profiler.workloads import (
-    DEFAULT_GAVEL_PATH,
     JobType,
     ThroughputTable,
     gpu_type_of,
     parse_job_type,
 )
 
-pytestmark = pytest.mark.skipif(
-    not DEFAULT_GAVEL_PATH.exists(), reason=f"Gavel data not at {DEFAULT_GAVEL_PATH}"
-)
-
 
 @pytest.fixture(scope="module")
 def table() -> ThroughputTable:
-    return ThroughputTable.load(DEFAULT_GAVEL_PATH)
+    return ThroughputTable.load()
+
+
+def test_gavel_json_and_shipped_csv_give_the_same_table(tmp_path: Path) -> None:
+    r18, r50 = "ResNet-18 (batch size 16)", "ResNet-50 (batch size 64)"
+    raw = {
+        "v100": {
+            str((r18, 1)): {"null": 10.0, str((r50, 1)): [6.0, 2.0]},
+            str((r50, 1)): {"null": 4.0, str((r18, 1)): [2.0, 6.0]},
+            str((r50, 2)): {"null": 7.5},
+        },
+        "v100_unconsolidated": {str((r50, 2)): {"null": 1.0}},
+    }
+    as_json = tmp_path / "throughputs.json"
+    as_json.write_text(json.dumps(raw))
+    as_csv = tmp_path / "throughputs.csv"
+    as_csv.write_text(
+        "gpu,job,scale,partner,partner_scale,own,partner_own\n"
+        f"v100,{r18},1,,,10.0,\nv100,{r18},1,{r50},1,6.0,2.0\n"
+        f"v100,{r50},1,,,4.0,\nv100,{r50},1,{r18},1,2.0,6.0\nv100,{r50},2,,,7.5,\n"
+    )
+    for t in (ThroughputTable.load(as_json), ThroughputTable.load(as_csv)):
+        r50_type, r18_type = JobType("ResNet-50", 64), JobType("ResNet-18", 16)
+        assert t.throughput(r50_type, "Tesla V100", 2) == 7.5  # consolidated, not 1.0
+        assert t.slowdown(r18_type, [r50_type], "V100") == pytest.approx(0.6)
+        assert t.slowdown(r50_type, [r18_type], "V100") == pytest.approx(0.5)
 
 
 def test_parse_job_type() -> None:

@@ -6,10 +6,11 @@ throughput next to its throughput alone).
 
 Gavel (Narayanan et al., "Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning
 Workloads", OSDI 2020; MIT licence, github.com/stanford-futuredata/gavel) measured 26 job types
-on K80, P100 and V100 with 1-8 GPUs, alone and in pairs. The package ships the consolidated
-(one-node) part as `data/gavel_throughputs.csv`, made from Gavel's `throughputs.json` by
-`convert_gavel_json`. In that file a zero throughput means the pair was not measured or did not
-fit; zero rows are dropped here rather than read as "infinitely slow".
+on K80, P100 and V100 with 1-8 GPUs, alone and in pairs. The consolidated (one-node) part ships
+once for every service in `alnair.common.data` (`gavel/throughputs.csv`), made from Gavel's
+`throughputs.json` by `convert_gavel_json`. In that file a zero throughput means the pair was not
+measured or did not fit;
+zero rows are dropped here rather than read as "infinitely slow".
 
 Execution records live in Redis hashes `alnair:record:<namespace>/<job>/<uid>` indexed by the
 sorted set `alnair:records` (score = end_ts); the profiler's aggregator writes them.
@@ -26,10 +27,10 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+from alnair.common.data import GavelRow, gavel_throughputs, read_gavel_csv
 from alnair.predictor.catalog import normalize_model_name
 from alnair.predictor.gpus import canonical_gpu
 
@@ -124,19 +125,19 @@ def convert_gavel_json(text: str) -> str:
     return out.getvalue()
 
 
-def _read_gavel_rows(text: str) -> TrainingData:
+def _read_gavel_rows(rows: Iterable[GavelRow]) -> TrainingData:
     alone: dict[tuple[JobKey, str, int], float] = {}
     pairs: list[tuple[JobKey, JobKey, str, int, float]] = []
-    for row in csv.DictReader(io.StringIO(text)):
-        gpu = canonical_gpu(row["gpu"])
+    for row in rows:
+        gpu = canonical_gpu(row.gpu)
         if gpu is None:
             continue
-        job, scale, own = gavel_job_key(row["job"]), int(row["scale"]), float(row["own"])
-        if not row["partner"]:
+        job, scale, own = gavel_job_key(row.job), row.scale, row.own
+        if not row.partner:
             if own > 0:
                 alone[(job, gpu, scale)] = own
-        elif own > 0 and float(row["partner_own"]) > 0:
-            pairs.append((job, gavel_job_key(row["partner"]), gpu, scale, own))
+        elif own > 0 and (row.partner_own or 0.0) > 0:
+            pairs.append((job, gavel_job_key(row.partner), gpu, scale, own))
     colocated = tuple(
         ColocObservation(job, partner, gpu, scale, own, alone[(job, gpu, scale)])
         for job, partner, gpu, scale, own in pairs
@@ -149,14 +150,14 @@ def _read_gavel_rows(text: str) -> TrainingData:
 
 
 def load_gavel(path: Path | None = None) -> TrainingData:
-    """The packaged Gavel measurements, or Gavel's own throughputs.json at `path`."""
+    """The shipped Gavel measurements, or Gavel's own throughputs.json (or a CSV of the shipped
+    layout) at `path`."""
     if path is None:
-        text = resources.files("alnair.predictor").joinpath("data/gavel_throughputs.csv")
-        return _read_gavel_rows(text.read_text(encoding="utf-8"))
+        return _read_gavel_rows(gavel_throughputs())
     content = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         content = convert_gavel_json(content)
-    return _read_gavel_rows(content)
+    return _read_gavel_rows(read_gavel_csv(content))
 
 
 @dataclass(frozen=True, slots=True)

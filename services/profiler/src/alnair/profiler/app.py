@@ -103,13 +103,12 @@ async def start_agent(
     # The backend first: a node without a driver should fail at once, with NVML's reason.
     backend: GpuBackend
     if settings.backend == "sim":
-        table = ThroughputTable.load(settings.gavel_path) if settings.gavel_path.exists() else None
-        if table is None:
-            log.warning(
-                "Gavel data missing: sim uses assumed loads only",
-                extra={"path": str(settings.gavel_path)},
+        if settings.gavel_path is not None and not settings.gavel_path.is_file():
+            raise ConfigError(
+                f"ALNAIR_PROFILER_GAVEL_PATH={settings.gavel_path} is not a file",
+                path=str(settings.gavel_path),
             )
-        sim = SimBackend(table)
+        sim = SimBackend(ThroughputTable.load(settings.gavel_path))
         backend = sim
     else:
         if not settings.node_name:

@@ -15,7 +15,6 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from alnair.common.settings import ServiceSettings
-from alnair.profiler.workloads import DEFAULT_GAVEL_PATH
 
 
 class ProfilerSettings(ServiceSettings):
@@ -46,9 +45,10 @@ class ProfilerSettings(ServiceSettings):
     label_nodes: bool = Field(
         default=True, description="write GPU model/memory/count/compute-capability node labels"
     )
-    gavel_path: Path = Field(
-        default=DEFAULT_GAVEL_PATH,
-        description="Gavel throughputs.json used by the sim backend for throughput and slowdown",
+    gavel_path: Path | None = Field(
+        default=None,
+        description="Gavel throughputs (shipped CSV layout or Gavel's throughputs.json) for the "
+        "sim backend's throughput and slowdown; unset: the copy shipped in alnair.common.data",
     )
     proc_root: Path = Field(default=Path("/proc"), description="host /proc (nvml agent)")
     cgroup_root: Path = Field(

@@ -2,10 +2,11 @@
 
 The sim backend needs, for each Running pod, a GPU utilization and memory, and how both
 change when another pod shares the GPU. Throughput and co-location interference are
-measured (Gavel, OSDI'20: `throughputs.json`, 26 job types on K80/P100/V100, alone and in
-pairs on one GPU; see ../shared/data/README.md). Gavel did not publish utilization or
-memory, so those come from a small table of assumed values per model family (stated
-below, overridable per pod with annotations) and are scaled by the measured slowdown:
+measured (Gavel, OSDI'20: 26 job types on K80/P100/V100, alone and in pairs on one GPU; the
+copy every service shares ships in `alnair.common.data`, whose README gives source and
+licence). Gavel did not publish utilization or memory, so those come from a small table of
+assumed values per model family (stated below, overridable per pod with annotations) and are
+scaled by the measured slowdown:
 a pod that runs at 60% of its alone throughput while sharing is given 60% of its alone
 utilization, and the device shows the sum (capped at 100%).
 """
@@ -16,14 +17,12 @@ import ast
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-# The repository sits beside ../shared/data; images set ALNAIR_PROFILER_GAVEL_PATH instead.
-DEFAULT_GAVEL_PATH = (
-    Path(__file__).resolve().parents[5].parent / "shared/data/gavel/throughputs.json"
-)
+from alnair.common.data import GavelRow, gavel_throughputs
 
 
 @dataclass(frozen=True)
@@ -90,35 +89,33 @@ def gpu_type_of(model: str) -> str:
 class ThroughputTable:
     """Gavel's measured throughputs, indexed for lookups by job type, GPU type and count."""
 
-    def __init__(self, raw: dict[str, dict[str, dict[str, object]]]) -> None:
+    def __init__(self, rows: Iterable[GavelRow]) -> None:
         self._alone: dict[tuple[str, str, int], float] = {}
         self._paired: dict[tuple[str, str, str], float] = {}
         self._families: dict[str, set[int | None]] = {}
         self._canonical: dict[str, str] = {}
-        for gpu, jobs in raw.items():
-            if gpu.endswith("_unconsolidated"):
-                continue
-            for job_key, entries in jobs.items():
-                name, scale = ast.literal_eval(job_key)
-                jt = parse_job_type(name)
-                self._families.setdefault(jt.family.lower(), set()).add(jt.batch_size)
-                self._canonical[jt.family.lower()] = jt.family
-                alone = entries.get("null")
-                if isinstance(alone, (int, float)) and alone > 0:
-                    self._alone[(gpu, name, int(scale))] = float(alone)
-                if int(scale) != 1:
-                    continue
-                for other_key, pair in entries.items():
-                    if other_key == "null" or not isinstance(pair, list):
-                        continue
-                    other, _ = ast.literal_eval(other_key)
-                    own = float(pair[0])
-                    if own > 0 and isinstance(alone, (int, float)) and alone > 0:
-                        self._paired[(gpu, name, other)] = own / float(alone)
+        pairs: list[GavelRow] = []
+        for row in rows:
+            jt = parse_job_type(row.job)
+            self._families.setdefault(jt.family.lower(), set()).add(jt.batch_size)
+            self._canonical[jt.family.lower()] = jt.family
+            if not row.partner:
+                if row.own > 0:
+                    self._alone[(row.gpu, row.job, row.scale)] = row.own
+            elif row.scale == 1:
+                pairs.append(row)
+        for row in pairs:
+            alone = self._alone.get((row.gpu, row.job, 1))
+            if row.own > 0 and alone:
+                self._paired[(row.gpu, row.job, row.partner)] = row.own / alone
 
     @staticmethod
-    def load(path: Path) -> ThroughputTable:
-        return ThroughputTable(json.loads(path.read_text()))
+    def load(path: Path | None = None) -> ThroughputTable:
+        """The table from `path`: the shipped CSV layout, or Gavel's own throughputs.json
+        (`.json`); by default the copy shipped in `alnair.common.data`."""
+        if path is not None and path.suffix == ".json":
+            return ThroughputTable(_json_rows(json.loads(path.read_text())))
+        return ThroughputTable(gavel_throughputs(path))
 
     def resolve(self, model_name: str, batch_size: int | None) -> JobType:
         """The nearest measured job type for a model and batch size (nearest in log2)."""
@@ -163,6 +160,23 @@ def parse_job_type(name: str) -> JobType:
     return JobType(match.group("family"), int(match.group("bs")))
 
 
+def _json_rows(raw: dict[str, dict[str, dict[str, object]]]) -> Iterator[GavelRow]:
+    """Gavel's throughputs.json as rows (consolidated placements only, like the shipped CSV)."""
+    for gpu, jobs in raw.items():
+        if gpu.endswith("_unconsolidated"):
+            continue
+        for job_key, entries in jobs.items():
+            name, scale = ast.literal_eval(job_key)
+            for other_key, value in entries.items():
+                if other_key == "null" and isinstance(value, (int, float)):
+                    yield GavelRow(gpu, name, int(scale), "", None, float(value), None)
+                elif isinstance(value, list):
+                    other, other_scale = ast.literal_eval(other_key)
+                    yield GavelRow(
+                        gpu, name, int(scale), other, int(other_scale), *map(float, value[:2])
+                    )
+
+
 @cache
-def default_table(path: Path = DEFAULT_GAVEL_PATH) -> ThroughputTable:
-    return ThroughputTable.load(path.resolve())
+def default_table() -> ThroughputTable:
+    return ThroughputTable.load()

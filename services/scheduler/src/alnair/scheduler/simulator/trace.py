@@ -2,8 +2,8 @@
 
 Source: the public `alibaba/clusterdata` repository, folder `cluster-trace-gpu-v2023`,
 published with Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
-Fragmentation Gradient Descent", USENIX ATC'23. The files are read from `ALNAIR_DATA_DIR`
-(default: `../shared/data` beside the repository, or `/work/shared/data`).
+Fragmentation Gradient Descent", USENIX ATC'23. The files ship in `alnair.common.data`
+(`ALNAIR_DATA_DIR` overrides the folder).
 
 The protocol of the paper's evaluation (the one `fgd_reference.csv` was measured with):
 the cluster is every node of the node list; the workload is the pod list, grown by sampling
@@ -14,17 +14,16 @@ pods with replacement (or shrunk by dropping random pods) until the requested mi
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from alnair.common.data import DATA_ENV, data_dir
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.scheduler.snapshot import NodeSpec, PodRequest
 
-DATA_ENV = "ALNAIR_DATA_DIR"
 TRACE_DIR = "alibaba-gpu-2023"
 NODE_FILE = "openb_node_list_gpu_node.csv"
 REFERENCE_FILE = "fgd_reference.csv"
@@ -42,24 +41,13 @@ VARIANTS = (
 DEFAULT_TUNE = 1.3
 
 
-def data_dir() -> Path:
-    """Where the shared data lives: $ALNAIR_DATA_DIR, else ../shared/data from the repo root."""
-    configured = os.environ.get(DATA_ENV)
-    if configured:
-        return Path(configured)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent.parent / "shared" / "data"
-        if (parent / "pyproject.toml").exists() and candidate.is_dir():
-            return candidate
-    return Path("/work/shared/data")
 
 
 def trace_dir() -> Path:
     path = data_dir() / TRACE_DIR
     if not path.is_dir():
         raise ConfigError(
-            f"trace directory {path} not found; set {DATA_ENV} to the shared data folder",
+            f"trace directory {path} not found; {DATA_ENV} names a folder without {TRACE_DIR}/",
             path=str(path),
         )
     return path
