@@ -4,6 +4,8 @@ A Job runs on a KWOK GPU node and completes. Along the way: the sim agent publis
 metrics (and Prometheus shows per-pod gauges while the pod runs), the aggregator is
 restarted mid-job, and at the end the Job carries the utilization annotations, its
 execution record is in Redis exactly once, and a job-completed event reached a subscriber.
+A TrialJob annotated the seeds' way (`model_name`, `data_size`, `epoch`) is measured and
+recorded just the same.
 """
 
 from __future__ import annotations
@@ -265,7 +267,13 @@ async def test_trialjob_measures_each_candidate(
             "metadata": {
                 "name": "dry-run",
                 "namespace": namespace,
-                "annotations": {res.ANN_MODEL_NAME: "ResNet-50", res.ANN_BATCH_SIZE: "64"},
+                # Annotated the seeds' way: bare names, as the original system's manifests.
+                "annotations": {
+                    "model_name": "ResNet-50",
+                    "batch_size": "64",
+                    "data_size": "1281167",
+                    "epoch": "3",
+                },
             },
             "spec": {
                 "durationSeconds": 6,
@@ -312,6 +320,8 @@ async def test_trialjob_measures_each_candidate(
             ]
             assert [r.key for r in found] == [entry["record"]]
             assert found[0].gpu_count == count
+            assert (found[0].model_name, found[0].batch_size) == ("ResNet-50", "64")
+            assert (found[0].data_size, found[0].epoch) == ("1281167", "3")
     finally:
         binder.cancel()
         with contextlib.suppress(asyncio.CancelledError):

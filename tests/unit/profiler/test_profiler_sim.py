@@ -18,6 +18,7 @@ from alnair.profiler.sim import (
     SimBackend,
     gpu_uuid,
     node_inventory,
+    sim_pod,
 )
 from alnair.profiler.workloads import ThroughputTable
 
@@ -310,3 +311,12 @@ def test_sim_samples_are_physically_possible(
         assert sum(m.gpu_util_pct for m in on_gpu) == pytest.approx(gpu.util_pct, abs=1e-6)
     assert {m.pod for m in metrics} == {f"p{i}" for i in range(len(placements))}
     assert all(v >= 0 for v in sim.pod_throughputs("n1").values())
+
+
+def test_seed_spelled_model_annotations_pick_the_same_workload(table: ThroughputTable) -> None:
+    prefixed = PodBuilder("a").gpus(1).model("ResNet-50", 64).obj
+    seeds = PodBuilder("b").gpus(1).ann("model_name", "ResNet-50").ann("batch_size", "64").obj
+    a, b = sim_pod(prefixed, table, NOW), sim_pod(seeds, table, NOW)
+    assert a is not None and b is not None
+    assert a.job is not None
+    assert b.job == a.job == table.resolve("ResNet-50", 64)

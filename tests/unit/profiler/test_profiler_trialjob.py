@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from alnair.common import resources as res
+from alnair.common.annotations import JobModel, job_model, object_model
 from alnair.profiler.records import ExecutionRecord
 from alnair.profiler.trialjob import (
     ANN_TRIAL_OF,
@@ -96,6 +97,16 @@ def test_trial_job_pins_model_sets_gpus_and_carries_model_annotations() -> None:
     assert job["spec"]["activeDeadlineSeconds"] > 20
     # The TrialJob's own template is not modified.
     assert "limits" not in tj["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_seed_spelled_model_annotations_reach_the_trial_job() -> None:
+    tj = trialjob()
+    tj["metadata"]["annotations"] = {"model_name": "ResNet-50", "epoch": "3", "unrelated": "x"}
+    job = trial_job_manifest(tj, "V100M32", 1)
+    assert object_model(job) == JobModel(model_name="ResNet-50", epoch="3")
+    tann = job["spec"]["template"]["metadata"]["annotations"]
+    assert job_model(tann) == JobModel(model_name="ResNet-50", epoch="3")
+    assert "unrelated" not in job["metadata"]["annotations"]
 
 
 def record(name: str, throughput: float | None = None) -> ExecutionRecord:

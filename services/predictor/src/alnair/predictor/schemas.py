@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from alnair.common.resources import ANN_BATCH_SIZE, ANN_DATA_SIZE, ANN_EPOCH, ANN_MODEL_NAME
+from alnair.common.annotations import job_model
 from alnair.predictor.gpus import GPU_SPECS, canonical_gpu
 
 DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
@@ -60,24 +60,7 @@ class JobSpec(BaseModel):
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> JobSpec:
         """Job features from pod annotations (Alnair's names, or the seeds' bare names)."""
-
-        def pick(*names: str) -> str | None:
-            for name in names:
-                if annotations.get(name):
-                    return annotations[name]
-            return None
-
-        doc: dict[str, str] = {}
-        for field, names in (
-            ("model_name", (ANN_MODEL_NAME, "model_name")),
-            ("batch_size", (ANN_BATCH_SIZE, "batch_size")),
-            ("data_size", (ANN_DATA_SIZE, "data_size")),
-            ("epoch", (ANN_EPOCH, "epoch")),
-        ):
-            value = pick(*names)
-            if value is not None:
-                doc[field] = value
-        return cls.model_validate(doc)
+        return cls.model_validate(job_model(annotations).present())
 
 
 class PredictRequest(BaseModel):

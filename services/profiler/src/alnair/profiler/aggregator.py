@@ -41,6 +41,7 @@ from nats.js.kv import KeyValue
 from redis.exceptions import RedisError
 
 from alnair.common import resources as res
+from alnair.common.annotations import object_model
 from alnair.common.bus import Bus
 from alnair.common.errors import TemporaryError
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
@@ -516,14 +517,15 @@ class Aggregator:
         end = end_ts or last_seen or time.time()
         steps, throughput = await self.progress(obj, uid, max(0.0, end - start))
         gpus = template_gpus(obj) or int(await self.redis.scard(f"{P}owner:{uid}:gpus"))
+        model = object_model(obj)  # Alnair's annotation names or the seeds'
         record = ExecutionRecord(
             namespace=ns,
             job_name=name,
             uid=uid,
-            model_name=_annotation(obj, res.ANN_MODEL_NAME),
-            batch_size=_annotation(obj, res.ANN_BATCH_SIZE),
-            data_size=_annotation(obj, res.ANN_DATA_SIZE),
-            epoch=_annotation(obj, res.ANN_EPOCH),
+            model_name=model.model_name or "",
+            batch_size=model.batch_size or "",
+            data_size=model.data_size or "",
+            epoch=model.epoch or "",
             gpu_model=await self.gpu_model(uid),
             gpu_count=gpus,
             submit_ts=created,

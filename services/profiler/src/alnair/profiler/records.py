@@ -53,7 +53,9 @@ class ExecutionRecord(BaseModel):
     namespace: str
     job_name: str
     uid: str
-    model_name: str = Field(description="Model trained, from the alnair.io/model-name annotation.")
+    model_name: str = Field(
+        description="Model trained, from alnair.io/model-name or the seeds' model_name."
+    )
     batch_size: str = Field(default="", description="Batch size annotation, as given.")
     data_size: str = Field(default="", description="Data size annotation, as given.")
     epoch: str = Field(default="", description="Epoch count annotation, as given.")

@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from alnair.common import resources as res
+from alnair.common.annotations import job_model
 from alnair.profiler.gpu import (
     GpuInfo,
     GpuSample,
@@ -209,10 +210,10 @@ def sim_pod(pod: Mapping[str, Any], table: ThroughputTable | None, now: float) -
         # A fractional pod asks for memory/compute, not whole GPUs; it still sits on one.
         gpus = max(1, len(indices))
     job: JobType | None = None
-    model_name = ann.get(res.ANN_MODEL_NAME)
-    if model_name:
-        bs = _int(ann.get(res.ANN_BATCH_SIZE), 0) or None
-        job = table.resolve(model_name, bs) if table else parse_job_type(model_name)
+    model = job_model(ann)
+    if model.model_name:
+        bs = _int(model.batch_size, 0) or None
+        job = table.resolve(model.model_name, bs) if table else parse_job_type(model.model_name)
     started = status.get("startTime")
     return SimPod(
         ref=PodRef(

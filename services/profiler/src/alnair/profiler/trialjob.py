@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from alnair.common import resources as res
+from alnair.common.annotations import MODEL_ANNOTATION_KEYS
 from alnair.common.kube import JOBS, TRIALJOBS, Conflict, KubeClient, NotFound
 from alnair.profiler.aggregator import finished
 from alnair.profiler.records import ExecutionRecord, RecordStore
@@ -34,13 +35,8 @@ log = logging.getLogger(__name__)
 
 LABEL_TRIALJOB = "alnair.io/trialjob"
 ANN_TRIAL_OF = "alnair.io/trial-of"
-MODEL_ANNOTATIONS = (
-    res.ANN_MODEL_NAME,
-    res.ANN_BATCH_SIZE,
-    res.ANN_DATA_SIZE,
-    res.ANN_EPOCH,
-    "alnair.io/steps",
-)
+# Copied as written (either spelling) so each trial Job is described as its TrialJob was.
+MODEL_ANNOTATIONS = (*MODEL_ANNOTATION_KEYS, "alnair.io/steps")
 _NAME = re.compile(r"[^a-z0-9-]")
 
 
