@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo dev-up dev-down bench bench-placement bench-scheduler bench-predictor schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -52,11 +52,21 @@ schema: setup-python ## JSON Schema of every event, for external subscribers
 demo: setup-python ## replay the Alibaba GPU trace under every policy and compare with the paper
 	@$(BIN)/python -m alnair.scheduler.simulator.demo
 
-dev-up: setup ## start nats, redis and the control plane in the background and say how to reach them
-	@$(BIN)/python -m alnair.common.devstack up
+# The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
+# its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"
+# changes the nodes, FREE_PORTS=1 picks free ports, WITH=deviceplugin adds optional services.
+up: setup-python setup-control-plane ## start everything in the background and say where each API is
+	@$(BIN)/python -m alnair.common.devstack up $(if $(NODES),--nodes "$(NODES)") \
+	  $(if $(FREE_PORTS),--free-ports) $(if $(WITH),--with "$(WITH)")
 
-dev-down:
+down: ## stop everything `make up` started
 	@$(BIN)/python -m alnair.common.devstack down
+
+status: ## what is up: each process alive, each service's /readyz
+	@$(BIN)/python -m alnair.common.devstack status
+
+dev-up: up
+dev-down: down
 
 bench: bench-placement
 

@@ -1,8 +1,23 @@
-"""`make dev-up` / `make dev-down`: the local stack for a developer, left running in the background.
+"""`make up` / `make down` / `make status`: the whole system on a developer's machine.
 
-Starts the same real servers the tests use (nats-server with JetStream, redis-server, and the
-Kubernetes control plane with a few KWOK GPU nodes), records their process groups in
-`.dev/state.json`, and prints how to reach each one. `down` stops them all.
+`up` starts the same real servers the tests use (nats-server with JetStream, redis-server, the
+Kubernetes control plane with a few KWOK GPU nodes), then every service as a local process,
+each on its own port (`alnair.common.settings.DEFAULT_HTTP_PORTS`) with its log in
+`<dir>/logs/<service>.log`: the profiler agent with the `sim` backend serving every KWOK node,
+the aggregator, the predictor and the scheduler. It waits until each answers `/readyz` and
+prints where each API is and the `KUBECONFIG` to export; `<dir>/env` holds the same as shell
+exports. `status` says what is up (process alive, `/readyz` answer); `down` stops everything.
+`<dir>` is `.dev` unless `ALNAIR_DEV_DIR` says otherwise, and `ALNAIR_DEV_FREE_PORTS=1` (or
+`--free-ports`) picks free ports for everything, so a test's stack never clashes with a
+developer's.
+
+`up` is idempotent: on a running stack it restarts only the services that died and prints the
+same summary. A service that exits during start-up fails `up` with the tail of its log.
+
+Which services run is the table `SERVICES`: one `ServiceSpec` per process. A service whose
+module is not installed yet (the dispatcher, the elastic controller) is skipped with a note and
+starts once its `python -m` module exists; `optional` ones (the device plugin, which needs a
+kubelet that KWOK nodes do not have) start only when named with `--with`.
 """
 
 from __future__ import annotations
@@ -10,92 +25,613 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
+import select
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from alnair.common.localstack import ControlPlane, NatsServer, RedisServer
+import httpx
 
-STATE_DIR = Path(".dev")
-STATE = STATE_DIR / "state.json"
+from alnair.common.errors import AlnairError, ConfigError
+from alnair.common.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
+from alnair.common.localstack.procs import free_port, port_open
+from alnair.common.settings import DEFAULT_HTTP_PORTS
+
+DIR_ENV = "ALNAIR_DEV_DIR"
+FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
+DEFAULT_NODES = "4x V100M32, 2x T4:4"
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
 
 
-def up(nodes: str) -> int:
-    if STATE.exists():
-        print(f"already up (see {STATE}); run `make dev-down` first", file=sys.stderr)
-        return 1
-    STATE_DIR.mkdir(exist_ok=True)
-    nats = NatsServer(STATE_DIR / "nats", port=4222 if _free(4222) else None)
-    (STATE_DIR / "nats").mkdir(exist_ok=True)
-    nats.start()
-    (STATE_DIR / "redis").mkdir(exist_ok=True)
-    redis = RedisServer(STATE_DIR / "redis", port=6379 if _free(6379) else None).start()
-    (STATE_DIR / "k8s").mkdir(exist_ok=True)
-    cp = ControlPlane(STATE_DIR.resolve() / "k8s").start()
-    created = asyncio.run(cp.create_gpu_nodes(nodes)) if nodes else []
-    pids = [p.proc.pid for p in cp.procs.values() if p.proc is not None]
-    for srv in (nats, redis):
-        proc = srv._proc
-        if proc is not None and proc.proc is not None:
-            pids.append(proc.proc.pid)
-    STATE.write_text(
-        json.dumps(
-            {
-                "pids": pids,
-                "nats_url": nats.url,
-                "redis_url": redis.url,
-                "kubeconfig": str(cp.kubeconfig),
-                "server": cp.server,
-                "nodes": created,
-            },
-            indent=2,
+def state_dir() -> Path:
+    return Path(os.environ.get(DIR_ENV) or ".dev")
+
+
+# --- the services ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """What a service's environment is built from."""
+
+    dir: Path
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service process of the local stack."""
+
+    name: str
+    """Its name in logs, the state file and `make status` (a key of DEFAULT_HTTP_PORTS)."""
+    argv: tuple[str, ...]
+    """What follows `python -m`; the first item is the module that must exist."""
+    port_env: str
+    """The variable its settings read the HTTP port from."""
+    summary: str
+    optional: bool = False
+    """Started only when named with `--with`."""
+    env: Callable[[StackInfo], dict[str, str]] | None = None
+    """Extra environment, from where the stack lives and its nodes."""
+
+    @property
+    def module(self) -> str:
+        return self.argv[0]
+
+    def available(self) -> bool:
+        """Whether `python -m <module>` can run here (the module and, for a package, its
+        `__main__`)."""
+        try:
+            spec = importlib.util.find_spec(self.module)
+            if spec is None:
+                return False
+            if spec.submodule_search_locations is not None:
+                return importlib.util.find_spec(f"{self.module}.__main__") is not None
+        except ImportError:
+            return False
+        return True
+
+
+def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
+    # One plugin, for the first KWOK node, with the kubelet directory and the node's state
+    # under the stack's folder: it serves its gRPC endpoints and device API, and keeps asking
+    # for a kubelet that KWOK does not run (see docs/notes/issue-12.md).
+    root = (stack.dir / "deviceplugin").resolve()
+    return {
+        "ALNAIR_DEVICEPLUGIN_NODE_NAME": stack.nodes[0] if stack.nodes else "",
+        "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": str(root / "kubelet"),
+        "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(root / "state"),
+        "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "60",
+    }
+
+
+SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec(
+        "profiler-agent",
+        ("alnair.profiler", "agent", "--backend", "sim"),
+        "ALNAIR_PROFILER_HTTP_PORT",
+        "simulated GPUs of every KWOK node: pod metrics, inventory, node labels",
+    ),
+    ServiceSpec(
+        "aggregator",
+        ("alnair.profiler", "aggregator"),
+        "ALNAIR_PROFILER_HTTP_PORT",
+        "per-job utilization annotations and execution records",
+    ),
+    ServiceSpec(
+        "predictor",
+        ("alnair.predictor",),
+        "ALNAIR_PREDICTOR_HTTP_PORT",
+        "runtime, peak memory and co-location slowdown per GPU type",
+    ),
+    ServiceSpec(
+        "scheduler",
+        ("alnair.scheduler",),
+        "ALNAIR_SCHEDULER_HTTP_PORT",
+        "binds pods with schedulerName: alnair; explains every decision",
+    ),
+    # Hooks: these start as soon as their `python -m` module exists.
+    ServiceSpec(
+        "dispatcher",
+        ("alnair.scheduler.dispatcher",),
+        "ALNAIR_DISPATCHER_HTTP_PORT",
+        "job queue: admission, quotas, fair share",
+    ),
+    ServiceSpec(
+        "elastic",
+        ("alnair.elastic",),
+        "ALNAIR_ELASTIC_HTTP_PORT",
+        "ElasticJob controller",
+    ),
+    ServiceSpec(
+        "deviceplugin",
+        ("alnair.deviceplugin", "run"),
+        "ALNAIR_DEVICEPLUGIN_HTTP_PORT",
+        "kubelet device plugin for the first KWOK node (no kubelet: never registered)",
+        optional=True,
+        env=_deviceplugin_env,
+    ),
+)
+SERVICE_NAMES = tuple(s.name for s in SERVICES)
+
+
+def service(name: str) -> ServiceSpec:
+    for spec in SERVICES:
+        if spec.name == name:
+            return spec
+    raise ConfigError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})", name=name)
+
+
+# --- processes recorded in the state file ------------------------------------------------
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (guards against a reused pid);
+    None when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces; fields after its closing parenthesis
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class Proc:
+    """A process `up` started, as the state file records it."""
+
+    name: str
+    pid: int
+    started: int | None
+    log: str
+    port: int | None = None
+
+    @classmethod
+    def of(cls, p: ManagedProcess, port: int | None = None) -> Proc:
+        assert p.proc is not None
+        return cls(p.name, p.proc.pid, _start_ticks(p.proc.pid), str(p.log_path), port)
+
+    def alive(self) -> bool:
+        return self.started is not None and _start_ticks(self.pid) == self.started
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            lines = Path(self.log).read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {self.log})"
+        return "\n".join(lines[-n:])
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to its process group, SIGKILL if it has not exited in `timeout_s`."""
+        if not self.alive():
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+            if _wait_exit(self.pid, timeout_s):
+                return
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "started": self.started,
+            "log": self.log,
+            "port": self.port,
+        }
+
+
+def _wait_exit(pid: int, timeout_s: float) -> bool:
+    """Whether `pid` exited within `timeout_s` (woken by its pidfd, not by polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(ready)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class State:
+    """`<dir>/state.json`: what runs, where, and how to reach it."""
+
+    dir: Path
+    nats_url: str
+    redis_url: str
+    kubeconfig: str
+    server: str
+    nodes: list[str]
+    infra: list[Proc] = field(default_factory=list)
+    services: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.dir / "state.json"
+
+    def save(self) -> None:
+        doc = {
+            "nats_url": self.nats_url,
+            "redis_url": self.redis_url,
+            "kubeconfig": self.kubeconfig,
+            "server": self.server,
+            "nodes": self.nodes,
+            "infra": [p.to_json() for p in self.infra],
+            "services": {name: p.to_json() for name, p in self.services.items()},
+        }
+        self.path.write_text(json.dumps(doc, indent=2))
+        self.dir.joinpath("env").write_text(self.env_script())
+
+    @classmethod
+    def load(cls, directory: Path) -> State | None:
+        path = directory / "state.json"
+        if not path.exists():
+            return None
+        doc = json.loads(path.read_text())
+        if "infra" not in doc:
+            raise ConfigError(
+                f"{path} was written by an older `make dev-up`: stop that stack with the "
+                "commit that started it, or remove the folder",
+                path=str(path),
+            )
+        return cls(
+            directory,
+            doc["nats_url"],
+            doc["redis_url"],
+            doc["kubeconfig"],
+            doc["server"],
+            list(doc["nodes"]),
+            [Proc(**p) for p in doc["infra"]],
+            {name: Proc(**p) for name, p in doc["services"].items()},
         )
+
+    def connection_env(self) -> dict[str, str]:
+        return {
+            "ALNAIR_NATS_URL": self.nats_url,
+            "ALNAIR_REDIS_URL": self.redis_url,
+            "ALNAIR_KUBECONFIG": self.kubeconfig,
+        }
+
+    def env_script(self) -> str:
+        lines = [
+            f"# the local stack in {self.dir.resolve()}: `source` this file",
+            f"export KUBECONFIG={self.kubeconfig}",
+            *(f"export {k}={v}" for k, v in self.connection_env().items()),
+            *(f"export {url_variable(n)}={p.url}" for n, p in self.services.items()),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def url_variable(name: str) -> str:
+    """`ALNAIR_SCHEDULER_URL`, `ALNAIR_PROFILER_AGENT_URL`: where `<dir>/env` puts an API."""
+    return f"ALNAIR_{name.upper().replace('-', '_')}_URL"
+
+
+# --- readiness ---------------------------------------------------------------------------
+
+
+def probe(port: int, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """(ready, what it said): `/readyz`, or `/healthz` for a service without one."""
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout_s) as http:
+            resp = http.get("/readyz")
+            if resp.status_code == 404:
+                resp = http.get("/healthz")
+    except httpx.HTTPError as exc:
+        return False, f"no answer ({type(exc).__name__})"
+    if resp.status_code == 200:
+        return True, f"{resp.request.url.path} 200"
+    detail = ""
+    with contextlib.suppress(ValueError):
+        detail = str(resp.json().get("detail", ""))
+    return False, f"{resp.request.url.path} {resp.status_code} {detail}".strip()
+
+
+class StartError(AlnairError):
+    """A service did not come up; the message carries its log tail."""
+
+
+def _wait_ready(procs: Sequence[tuple[ManagedProcess, Proc]], timeout_s: float) -> None:
+    """Until every process answers ready; the first one that exits fails at once."""
+    waiting = list(procs)
+    deadline = time.monotonic() + timeout_s
+    while waiting:
+        for managed, proc in list(waiting):
+            if not managed.alive():
+                raise StartError(
+                    f"{proc.name} exited during start-up (log {proc.log}):\n{proc.tail()}",
+                    service=proc.name,
+                )
+            assert proc.port is not None
+            if probe(proc.port, timeout_s=1.0)[0]:
+                waiting.remove((managed, proc))
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(p.name for _, p in waiting)
+            tails = "\n".join(f"--- {p.name} ({p.log})\n{p.tail(10)}" for _, p in waiting)
+            raise StartError(f"not ready after {timeout_s:.0f}s: {names}\n{tails}")
+        time.sleep(0.2)
+
+
+# --- up, down, status --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    nodes: str = DEFAULT_NODES
+    free_ports: bool = False
+    extra: tuple[str, ...] = ()
+    """Optional services to start too (`--with`)."""
+    only: tuple[str, ...] | None = None
+    """Start only these services (None: every available non-optional one)."""
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Extra environment per service name (the live demo tunes the profiler with it)."""
+    ready_timeout_s: float = READY_TIMEOUT_S
+
+
+def wanted(opts: UpOptions) -> tuple[list[ServiceSpec], list[ServiceSpec]]:
+    """(services to run, services skipped because their module is not installed)."""
+    for name in (*opts.extra, *(opts.only or ())):
+        service(name)  # a clear error for a misspelt name
+    if opts.only is not None:
+        chosen = [s for s in SERVICES if s.name in opts.only]
+    else:
+        chosen = [s for s in SERVICES if not s.optional or s.name in opts.extra]
+    return [s for s in chosen if s.available()], [s for s in chosen if not s.available()]
+
+
+def _ports(specs: Sequence[ServiceSpec], free: bool) -> dict[str, int]:
+    ports = {s.name: free_port() if free else DEFAULT_HTTP_PORTS[s.name] for s in specs}
+    return _check_free(ports, specs)
+
+
+def _check_free(ports: Mapping[str, int], specs: Sequence[ServiceSpec]) -> dict[str, int]:
+    """The ports of `specs`, after checking that nothing listens on them yet."""
+    chosen = {s.name: ports[s.name] for s in specs}
+    busy = [f"{port} ({name})" for name, port in chosen.items() if port_open(port)]
+    if busy:
+        raise ConfigError(
+            f"port {', '.join(busy)} already in use by another process: stop it, or start "
+            f"with free ports (`make up FREE_PORTS=1` or {FREE_PORTS_ENV}=1)",
+            ports=busy,
+        )
+    return chosen
+
+
+def _start_services(
+    state: State, specs: Sequence[ServiceSpec], ports: Mapping[str, int], opts: UpOptions
+) -> None:
+    logs = state.dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stack = StackInfo(state.dir, tuple(state.nodes))
+    started: list[tuple[ManagedProcess, Proc]] = []
+    for spec in specs:
+        env = {
+            **state.connection_env(),
+            "ALNAIR_LOG_JSON": "false",
+            spec.port_env: str(ports[spec.name]),
+            **(spec.env(stack) if spec.env else {}),
+            **opts.env.get(spec.name, {}),
+        }
+        managed = ManagedProcess(spec.name, [sys.executable, "-m", *spec.argv], logs, env)
+        managed.log_path.write_bytes(b"")  # this run's log only, so a failure's tail is its own
+        managed.start()
+        proc = Proc.of(managed, ports[spec.name])
+        state.services[spec.name] = proc
+        started.append((managed, proc))
+    state.save()
+    _wait_ready(started, opts.ready_timeout_s)
+
+
+def up(directory: Path, opts: UpOptions) -> State:
+    """Start the stack in `directory` (or what of it died); raise StartError/ConfigError."""
+    specs, _ = wanted(opts)
+    state = State.load(directory)
+    if state is not None:
+        dead = [p.name for p in state.infra if not p.alive()]
+        if dead:
+            raise ConfigError(
+                f"the stack in {directory} is partly down ({', '.join(dead)} not running): "
+                "run `make down`, then `make up`",
+                dead=dead,
+            )
+        gone = [s for s in specs if not (p := state.services.get(s.name)) or not p.alive()]
+        if gone:
+            # a restarted service keeps its port, so the URLs printed before stay right
+            recorded = {n: p.port for n, p in state.services.items() if p.port}
+            fresh = _ports([s for s in gone if s.name not in recorded], opts.free_ports)
+            _start_services(state, gone, _check_free(recorded | fresh, gone), opts)
+        return state
+
+    ports = _ports(specs, opts.free_ports)
+    directory.mkdir(parents=True, exist_ok=True)
+    for sub in ("nats", "redis", "k8s", "logs"):
+        (directory / sub).mkdir(exist_ok=True)
+    nats_port = None if opts.free_ports or port_open(4222) else 4222
+    redis_port = None if opts.free_ports or port_open(6379) else 6379
+    nats = NatsServer(directory / "nats", port=nats_port).start()
+    redis = RedisServer(directory / "redis", port=redis_port).start()
+    cp = ControlPlane(directory.resolve() / "k8s")
+    try:
+        cp.start()
+    except BaseException:
+        cp.stop()
+        redis.stop()
+        nats.stop()
+        raise
+    state = State(
+        directory,
+        nats.url,
+        redis.url,
+        str(cp.kubeconfig),
+        cp.server,
+        [],
+        [Proc.of(p) for p in (nats.process, redis.process, *cp.procs.values())],
     )
-    print(
-        f"""Alnair local stack is up.
-  NATS (JetStream):  {nats.url}
-  Redis:             {redis.url}
-  Kubernetes API:    {cp.server}
-  kubeconfig:        export KUBECONFIG={cp.kubeconfig}
-  KWOK GPU nodes:    {len(created)} ({nodes})
-  logs:              {STATE_DIR / "k8s" / "logs"}
-For the services: export ALNAIR_NATS_URL={nats.url} ALNAIR_REDIS_URL={redis.url} \\
-  ALNAIR_KUBECONFIG={cp.kubeconfig}
-Stop everything with `make dev-down`."""
+    state.save()  # from here on `make down` can clean up whatever fails next
+    if opts.nodes:
+        state.nodes = asyncio.run(cp.create_gpu_nodes(opts.nodes))
+    _start_services(state, specs, ports, opts)
+    return state
+
+
+def down(directory: Path) -> list[str]:
+    """Stop every process of the stack in `directory`, services first; their names."""
+    state = State.load(directory)
+    if state is None:
+        return []
+    stopped = []
+    # Services first, so they leave cleanly (the scheduler hands its Lease back), then the
+    # control plane from KWOK down to etcd, then redis and nats.
+    for proc in [*state.services.values(), *reversed(state.infra)]:
+        if proc.alive():
+            proc.stop()
+            stopped.append(proc.name)
+    state.path.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (directory / "env").unlink()
+    return stopped
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    alive: bool
+    ready: bool | None
+    detail: str
+    url: str
+
+
+def status(directory: Path) -> list[Row] | None:
+    """One row per process of the stack in `directory`; None when no stack is recorded."""
+    state = State.load(directory)
+    if state is None:
+        return None
+    rows = [Row(p.name, p.alive(), None, f"pid {p.pid}", "") for p in state.infra]
+    for name, p in state.services.items():
+        alive = p.alive()
+        ready, said = probe(p.port) if alive and p.port else (False, "")
+        rows.append(Row(name, alive, ready, said if alive else f"log: {p.log}", p.url))
+    return rows
+
+
+# --- what a person reads -----------------------------------------------------------------
+
+
+def summary(state: State, skipped: Sequence[ServiceSpec] = ()) -> str:
+    width = max((len(n) for n in state.services), default=10) + 2
+    apis = "\n".join(
+        f"  {name + ':':{width}} {p.url}  (API docs {p.url}/docs, metrics {p.url}/metrics)"
+        for name, p in state.services.items()
     )
-    return 0
+    later = "".join(
+        f"\n  {s.name + ':':{width}} not started: `python -m {s.module}` does not exist yet"
+        for s in skipped
+    )
+    return f"""Alnair is up ({state.dir.resolve()}).
+Services (logs in {state.dir / "logs"}/<service>.log):
+{apis}{later}
+Infrastructure:
+  NATS (JetStream):  {state.nats_url}
+  Redis:             {state.redis_url}
+  Kubernetes API:    {state.server}  ({len(state.nodes)} KWOK GPU nodes)
+  control-plane logs {state.dir / "k8s" / "logs"}
+Use it:
+  export KUBECONFIG={state.kubeconfig}
+  source {state.dir / "env"}   # KUBECONFIG, ALNAIR_* connections and ALNAIR_<SERVICE>_URL
+  .venv/bin/kubectl get nodes -L alnair.io/gpu-model
+`make status` says what is up; `make down` stops everything."""
 
 
-def down() -> int:
-    if not STATE.exists():
-        print("nothing to stop")
-        return 0
-    state = json.loads(STATE.read_text())
-    for pid in state["pids"]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-    STATE.unlink()
-    print(f"stopped {len(state['pids'])} processes")
-    return 0
+def _print_status(rows: list[Row] | None, directory: Path) -> int:
+    if rows is None:
+        print(f"nothing is up (no stack recorded in {directory})")
+        return 1
+    healthy = True
+    for row in rows:
+        if row.ready is None:
+            state = "running" if row.alive else "DEAD"
+        elif not row.alive:
+            state = "DEAD"
+        else:
+            state = "ready" if row.ready else "NOT READY"
+        healthy &= row.alive and row.ready is not False
+        print(f"  {row.name:24} {state:10} {row.url:24} {row.detail}")
+    print("all up" if healthy else "some parts are down: `make up` restarts dead services")
+    return 0 if healthy else 1
 
 
-def _free(port: int) -> bool:
-    from alnair.common.localstack.procs import port_open
-
-    return not port_open(port)
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.replace(" ", ",").split(",") if n.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alnair.common.devstack")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help=f"state folder (default ${DIR_ENV} or .dev)"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_up = sub.add_parser("up")
-    p_up.add_argument("--nodes", default="4x V100M32, 2x T4:4", help="KWOK GPU nodes to create")
-    sub.add_parser("down")
+    p_up = sub.add_parser("up", help="start everything (or restart what died)")
+    p_up.add_argument("--nodes", default=DEFAULT_NODES, help="KWOK GPU nodes to create")
+    p_up.add_argument(
+        "--free-ports",
+        action="store_true",
+        default=os.environ.get(FREE_PORTS_ENV, "") not in ("", "0", "false"),
+        help=f"free ports for everything instead of the defaults (or {FREE_PORTS_ENV}=1)",
+    )
+    p_up.add_argument(
+        "--with", dest="extra", default="", help="optional services too, e.g. deviceplugin"
+    )
+    p_up.add_argument(
+        "--only", default=None, help="only these services, comma-separated ('' for none)"
+    )
+    sub.add_parser("down", help="stop everything")
+    sub.add_parser("status", help="what is up and ready")
     args = parser.parse_args(argv)
-    return up(args.nodes) if args.cmd == "up" else down()
+    directory: Path = args.dir or state_dir()
+    try:
+        if args.cmd == "down":
+            stopped = down(directory)
+            print(f"stopped {len(stopped)} processes" if stopped else "nothing to stop")
+            return 0
+        if args.cmd == "status":
+            return _print_status(status(directory), directory)
+        opts = UpOptions(
+            nodes=args.nodes,
+            free_ports=args.free_ports,
+            extra=_names(args.extra),
+            only=None if args.only is None else _names(args.only),
+        )
+        already = State.load(directory) is not None
+        state = up(directory, opts)
+        if already:
+            print("already up; dead services, if any, were restarted.")
+        print(summary(state, wanted(opts)[1]))
+        return 0
+    except AlnairError as exc:
+        print(
+            f"make {args.cmd}: {exc.message if isinstance(exc, StartError) else exc}",
+            file=sys.stderr,
+        )
+        if args.cmd == "up":
+            print("`make status` shows what runs; `make down` stops it.", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -50,8 +50,21 @@ class CommonSettings(BaseSettings):
     )
 
 
+DEFAULT_HTTP_PORTS: dict[str, int] = {
+    "scheduler": 8081,
+    "predictor": 8082,
+    "profiler-agent": 8083,
+    "aggregator": 8084,
+    "deviceplugin": 8085,
+    "dispatcher": 8086,
+    "elastic": 8087,
+}
+"""Each service's HTTP port unless configured: distinct, so every service runs side by side on
+one machine (`make up`). The services' settings and the local stack read this one table."""
+
+
 class ServiceSettings(CommonSettings):
-    """Base for one service's settings: adds its HTTP listener."""
+    """Base for one service's settings: adds its HTTP listener (each service sets its port)."""
 
     http_host: str = Field(default="0.0.0.0", description="address the HTTP API listens on")
     http_port: int = Field(default=8080, ge=0, le=65535, description="HTTP API port (0: any)")

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.devices import RESOURCES
 
@@ -23,6 +23,12 @@ class DevicePluginSettings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="ALNAIR_DEVICEPLUGIN_", extra="ignore")
 
+    http_port: int = Field(
+        default=DEFAULT_HTTP_PORTS["deviceplugin"],
+        ge=0,
+        le=65535,
+        description="HTTP API port (0: any)",
+    )
     node_name: str = Field(
         default="",
         validation_alias=AliasChoices("ALNAIR_DEVICEPLUGIN_NODE_NAME", "NODE_NAME"),

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 
 
 class PredictorSettings(ServiceSettings):
@@ -22,6 +22,12 @@ class PredictorSettings(ServiceSettings):
         env_prefix="ALNAIR_PREDICTOR_", extra="ignore", populate_by_name=True
     )
 
+    http_port: int = Field(
+        default=DEFAULT_HTTP_PORTS["predictor"],
+        ge=0,
+        le=65535,
+        description="HTTP API port (0: any)",
+    )
     model_kind: Literal["ratio", "rf", "gb"] = Field(
         default="ratio",
         description=(

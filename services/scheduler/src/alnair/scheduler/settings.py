@@ -8,12 +8,18 @@ import socket
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 
 
 class SchedulerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ALNAIR_SCHEDULER_", extra="ignore")
 
+    http_port: int = Field(
+        default=DEFAULT_HTTP_PORTS["scheduler"],
+        ge=0,
+        le=65535,
+        description="HTTP API port (0: any)",
+    )
     scheduler_name: str = Field(
         default="alnair", description="pods with this spec.schedulerName are ours"
     )

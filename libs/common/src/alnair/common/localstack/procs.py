@@ -128,6 +128,13 @@ class NatsServer:
         self._proc.wait_ready(lambda: port_open(self.port), 30)
         return self
 
+    @property
+    def process(self) -> ManagedProcess:
+        """The running server process (after `start()`)."""
+        if self._proc is None:
+            raise RuntimeError("nats-server not started")
+        return self._proc
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
@@ -159,6 +166,13 @@ class RedisServer:
         self._proc.start()
         self._proc.wait_ready(lambda: port_open(self.port), 30)
         return self
+
+    @property
+    def process(self) -> ManagedProcess:
+        """The running server process (after `start()`)."""
+        if self._proc is None:
+            raise RuntimeError("redis-server not started")
+        return self._proc
 
     def stop(self) -> None:
         if self._proc is not None:
