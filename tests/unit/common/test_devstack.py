@@ -29,11 +29,16 @@ def test_every_service_has_its_own_port() -> None:
 def test_services_default_to_their_table_port(monkeypatch: pytest.MonkeyPatch) -> None:
     from alnair.deviceplugin.settings import DevicePluginSettings
     from alnair.predictor.settings import PredictorSettings
+    from alnair.profiler.settings import ProfilerSettings
     from alnair.scheduler.settings import SchedulerSettings
 
     assert SchedulerSettings().http_port == 8081
     assert PredictorSettings().http_port == 8082
     assert DevicePluginSettings().http_port == 8085
+    # one settings class, two processes: each role has its own port unless one is configured
+    assert ProfilerSettings().http_port == 8083
+    assert ProfilerSettings(role="aggregator").http_port == 8084
+    assert ProfilerSettings(role="aggregator", http_port=0).http_port == 0
     monkeypatch.setenv("ALNAIR_SCHEDULER_HTTP_PORT", "9999")
     assert SchedulerSettings().http_port == 9999
 

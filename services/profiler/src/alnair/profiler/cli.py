@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
@@ -47,8 +48,14 @@ def main(argv: Sequence[str]) -> int:
     rec.add_argument("--gpu", help="only records on this GPU model")
     rec.add_argument("--limit", type=int, default=100)
     args = parser.parse_args(list(argv))
+    updates: dict[str, Any] = {}
+    if args.cmd == "run" and args.role:
+        updates["role"] = args.role
+    if args.cmd == "run" and args.backend:
+        updates["backend"] = args.backend
     try:
-        settings = ProfilerSettings()
+        # validated with the command line's choices, so defaults that follow the role do
+        settings = ProfilerSettings(**updates)
     except ValidationError as exc:
         print(f"alnair profiler: bad settings: {exc}", file=sys.stderr)
         return 2
@@ -61,15 +68,10 @@ def main(argv: Sequence[str]) -> int:
                 file=sys.stderr,
             )
             return 1
-    updates: dict[str, str] = {}
-    if args.role:
-        updates["role"] = args.role
-    if args.backend:
-        updates["backend"] = args.backend
     from alnair.profiler.app import serve
 
     try:
-        asyncio.run(serve(settings.model_copy(update=updates)))
+        asyncio.run(serve(settings))
     except AlnairError as exc:
         # Configuration a person must fix (no NVIDIA driver, no node name): say it plainly.
         print(f"alnair profiler: {exc}", file=sys.stderr)

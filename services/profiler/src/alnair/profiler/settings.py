@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 
 
 class ProfilerSettings(ServiceSettings):
@@ -26,6 +26,12 @@ class ProfilerSettings(ServiceSettings):
 
     role: Literal["agent", "aggregator"] = Field(
         default="agent", description="which process this is: node agent or aggregator"
+    )
+    http_port: int = Field(
+        default=DEFAULT_HTTP_PORTS["profiler-agent"],
+        ge=0,
+        le=65535,
+        description="HTTP API port (0: any); unset: 8083 for the agent, 8084 for the aggregator",
     )
     backend: Literal["nvml", "sim"] = Field(
         default="nvml", description="agent GPU backend: real GPUs (nvml) or simulated (sim)"
@@ -76,3 +82,11 @@ class ProfilerSettings(ServiceSettings):
         default="profiler-aggregator", description="queue group / durable name of the aggregator"
     )
     source: str = Field(default="alnair/profiler", description="CloudEvents source of our events")
+
+    @model_validator(mode="after")
+    def _aggregator_port(self) -> ProfilerSettings:
+        # Both roles share this class; unless configured, each gets its own port so an agent
+        # and an aggregator run side by side on one machine.
+        if "http_port" not in self.model_fields_set and self.role == "aggregator":
+            self.http_port = DEFAULT_HTTP_PORTS["aggregator"]
+        return self
