@@ -1,4 +1,4 @@
-"""The shipped RBAC is enough: agent and aggregator run as the ServiceAccount of
+"""The shipped RBAC is enough: agent and aggregator each run as their own ServiceAccount of
 deploy/kustomize/base/profiler, with a token from the TokenRequest API, and do their whole job
 (label a node, profile and record a Job, run a TrialJob, annotate owners)."""
 
@@ -30,18 +30,24 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def service_account_kubeconfig(cp: ControlPlane, kube: KubeClient, path: Path) -> Path:
+async def service_account_kubeconfig(
+    cp: ControlPlane, kube: KubeClient, account: str, path: Path
+) -> Path:
     with contextlib.suppress(Conflict):
         await kube.create(
             NAMESPACES,
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "alnair-system"}},
         )
     base = REPO / "deploy/kustomize/base/profiler"
-    # The sim variant's RBAC: the shared rules plus the sim agent's own.
-    for manifest in (base / "common/rbac.yaml", base / "sim/rbac-sim.yaml"):
+    # The sim variant's RBAC: the aggregator's, the node agent's and the sim agent's own.
+    for manifest in (
+        base / "common/rbac.yaml",
+        base / "agent-rbac/rbac.yaml",
+        base / "sim/rbac-sim.yaml",
+    ):
         for doc in load_manifests(manifest):
             await kube.apply(doc)
-    token = await kube.service_account_token("alnair-system", "alnair-profiler")
+    token = await kube.service_account_token("alnair-system", account)
     assert cp.pki is not None
     doc = {
         "apiVersion": "v1",
@@ -68,7 +74,12 @@ async def test_profiler_works_with_only_its_own_rbac(
     redis_url: str,
     tmp_path: Path,
 ) -> None:
-    kubeconfig = await service_account_kubeconfig(control_plane, kube, tmp_path / "sa.kubeconfig")
+    agent_config = await service_account_kubeconfig(
+        control_plane, kube, "alnair-profiler-agent", tmp_path / "agent.kubeconfig"
+    )
+    aggregator_config = await service_account_kubeconfig(
+        control_plane, kube, "alnair-profiler-aggregator", tmp_path / "aggregator.kubeconfig"
+    )
     node = f"rbac-{namespace}"
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", res.GPU: "4"}
     await kube.create(
@@ -89,7 +100,7 @@ async def test_profiler_works_with_only_its_own_rbac(
         },
     )
 
-    def settings(**over: Any) -> ProfilerSettings:
+    def settings(kubeconfig: Path, **over: Any) -> ProfilerSettings:
         return profiler_settings(kubeconfig, nats_url, redis_url, node, **over)
 
     listener = await Bus.connect(nats_url, name="rbac-listener")
@@ -99,8 +110,8 @@ async def test_profiler_works_with_only_its_own_rbac(
         await finished.put(decode(msg.data, JobEvent).data)
 
     await listener.nc.subscribe(f"alnair.jobs.*.{namespace}.>", cb=on_job)
-    agent = await start_agent(settings())
-    aggregator = await start_aggregator(settings(role="aggregator"))
+    agent = await start_agent(settings(agent_config))
+    aggregator = await start_aggregator(settings(aggregator_config, role="aggregator"))
     binder = asyncio.create_task(bind_pending_pods(kube, namespace, lambda _pod: node))
     redis = aioredis.from_url(redis_url)
     try:

