@@ -5,7 +5,9 @@ thousands of pods needs many requests in flight on one event loop. This client s
 API directly: typed errors (`NotFound`, `Conflict`, `Gone`, ...), list and watch with
 resourceVersion (the building blocks of `alnair.common.informer`), the Binding subresource,
 patches (merge, strategic, JSON, server-side apply) and Events. It reads a kubeconfig (client
-certificates or a bearer token) or the in-cluster service account.
+certificates, a bearer token, a `tokenFile`, or an `exec` credential plugin) or the in-cluster
+service account, whose projected token is re-read when the kubelet rotates it; credentials that
+change are `alnair.common.kubeauth`'s, and a 401 renews them once and retries.
 
 The transport is aiohttp: a scheduler binding thousands of pods spends its time in the HTTP
 client, and a profile of the same workload on httpx showed two thirds of the CPU in its
@@ -29,6 +31,14 @@ import aiohttp
 import yaml
 
 from alnair.common.errors import ConfigError, PermanentError, TemporaryError
+from alnair.common.kubeauth import (
+    Authenticator,
+    Credential,
+    ExecAuth,
+    ExecPlugin,
+    TokenFileAuth,
+    load_pem_cert_chain,
+)
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -39,6 +49,14 @@ _PATCH_CT = {
     "apply": "application/apply-patch+yaml",
 }
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_NOT_WITH_EXEC = (
+    "token",
+    "tokenFile",
+    "client-certificate",
+    "client-key",
+    "client-certificate-data",
+    "client-key-data",
+)
 
 
 class ApiError(PermanentError):
@@ -157,6 +175,10 @@ class KubeConfig:
     key_file: str | None = None
     token: str | None = None
     insecure: bool = False
+    token_file: str | None = None
+    """A file holding the bearer token, re-read when it changes (wins over `token`)."""
+    exec_plugin: ExecPlugin | None = None
+    """A credential plugin run for a token or client certificate until it expires."""
 
     @classmethod
     def load(cls, path: str | None = None) -> KubeConfig:
@@ -164,10 +186,11 @@ class KubeConfig:
         if path is None and (SA_DIR / "token").exists() and "KUBERNETES_SERVICE_HOST" in os.environ:
             host = os.environ["KUBERNETES_SERVICE_HOST"]
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            # A projected token: the kubelet replaces it before it expires.
             return cls(
                 server=f"https://{host}:{port}",
                 ca_file=str(SA_DIR / "ca.crt"),
-                token=(SA_DIR / "token").read_text().strip(),
+                token_file=str(SA_DIR / "token"),
             )
         path = path or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
         try:
@@ -184,6 +207,20 @@ class KubeConfig:
                 f"kubeconfig {path} has no usable current context", path=path
             ) from exc
         base = Path(path).parent
+        user = user or {}
+        token_file = user.get("tokenFile")
+        exec_plugin = None
+        if user.get("exec") is not None:
+            where = f"kubeconfig {path} user {ctx['user']!r}"
+            others = [k for k in _NOT_WITH_EXEC if user.get(k)]
+            if others:
+                # As client-go: the plugin's credential would silently compete with these.
+                raise ConfigError(
+                    f"{where} sets exec together with {', '.join(others)}; keep one",
+                    path=path,
+                    field="exec",
+                )
+            exec_plugin = ExecPlugin.from_kubeconfig(user["exec"], cluster, base=base, where=where)
         return cls(
             server=cluster["server"].rstrip("/"),
             ca_file=_file_or_data(cluster, "certificate-authority", base),
@@ -191,15 +228,50 @@ class KubeConfig:
             key_file=_file_or_data(user, "client-key", base),
             token=user.get("token"),
             insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+            token_file=str(base / token_file) if token_file else None,
+            exec_plugin=exec_plugin,
         )
 
-    def ssl_context(self) -> ssl.SSLContext | bool:
-        if self.insecure:
+    def ssl_context(
+        self, cert_pem: bytes | None = None, key_pem: bytes | None = None
+    ) -> ssl.SSLContext | bool:
+        """TLS for the API server; `cert_pem`/`key_pem`: a client certificate held in memory."""
+        if self.insecure and cert_pem is None:
             return False
         ctx = ssl.create_default_context(cafile=self.ca_file)
-        if self.cert_file and self.key_file:
+        if self.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if cert_pem is not None and key_pem is not None:
+            load_pem_cert_chain(ctx, cert_pem, key_pem)
+        elif self.cert_file and self.key_file:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         return ctx
+
+    def _plugin_tls(self, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+        ctx = self.ssl_context(cert_pem, key_pem)
+        assert isinstance(ctx, ssl.SSLContext)  # with a certificate it is always a context
+        return ctx
+
+    def authenticator(self, token_recheck_s: float = 60.0) -> Authenticator | None:
+        """What renews this config's credentials; None when they are static."""
+        if self.exec_plugin is not None:
+            return ExecAuth(self.exec_plugin, self._plugin_tls)
+        if self.token_file is not None:
+            return TokenFileAuth(self.token_file, recheck_s=token_recheck_s)
+        return None
+
+
+def _with(cred: Credential | None, headers: dict[str, str] | None) -> dict[str, Any]:
+    """Per-request aiohttp arguments for a renewable credential (none for a static one)."""
+    if cred is None:
+        return {"headers": headers}
+    extra: dict[str, Any] = {"headers": {**cred.headers, **(headers or {})}}
+    if cred.ssl is not None:
+        # A new context is a new connection-pool key: connections made with an older
+        # certificate finish their requests and age out.
+        extra["ssl"] = cred.ssl
+    return extra
 
 
 def _file_or_data(section: Mapping[str, Any], key: str, base: Path) -> str | None:
@@ -216,12 +288,24 @@ def _file_or_data(section: Mapping[str, Any], key: str, base: Path) -> str | Non
 
 
 class KubeClient:
-    """Async Kubernetes REST client. Use as `async with KubeClient.from_config(...) as kube:`."""
+    """Async Kubernetes REST client. Use as `async with KubeClient.from_config(...) as kube:`.
 
-    def __init__(self, config: KubeConfig, *, max_connections: int = 256, timeout_s: float = 30):
+    `token_recheck_s`: how long a token file's contents are trusted before it is `stat`ed again.
+    """
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        max_connections: int = 256,
+        timeout_s: float = 30,
+        token_recheck_s: float = 60.0,
+    ):
         self.config = config
         self.headers = {"Accept": "application/json", "User-Agent": "alnair/0.1"}
-        if config.token:
+        self.auth = config.authenticator(token_recheck_s)
+        if config.token and self.auth is None:
+            # Static: the session sends it, nothing to do per request.
             self.headers["Authorization"] = f"Bearer {config.token}"
         self.max_connections = max_connections
         self.timeout_s = timeout_s
@@ -269,23 +353,34 @@ class KubeClient:
         if body is not None:
             data = body if isinstance(body, bytes | str) else json.dumps(body)
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        try:
-            async with self.session.request(
-                method,
-                path,
-                data=data,
-                params=query,
-                headers={"Content-Type": content_type} if data is not None else None,
-            ) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unavailable(f"API server unreachable: {exc!r}", path=path) from exc
+        headers = {"Content-Type": content_type} if data is not None else None
+        cred = None if self.auth is None else await self.auth.credential()
+        for attempt in range(2):
+            try:
+                async with self.session.request(
+                    method, path, data=data, params=query, **_with(cred, headers)
+                ) as resp:
+                    text = await resp.text()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise Unavailable(f"API server unreachable: {exc!r}", path=path) from exc
+            if status != 401 or attempt or not (cred := await self._renewed(cred)):
+                break
         _raise_for(status, text, path)
         if not text:
             return {}
         result: Obj = json.loads(text)
         return result
+
+    async def _renewed(self, rejected: Credential | None) -> Credential | None:
+        """After a 401: the renewed credential to retry with, or None when none can help.
+
+        A 401 means the server did nothing, so retrying even a POST is safe.
+        """
+        auth = self.auth
+        if rejected is None or auth is None or not await auth.renew(rejected):
+            return None
+        return await auth.credential()
 
     # --- verbs ---------------------------------------------------------------------------
 
@@ -344,31 +439,37 @@ class KubeClient:
         }
         path = res.path(namespace)
         query = {k: str(v) for k, v in params.items() if v is not None}
+        cred = None if self.auth is None else await self.auth.credential()
         try:
-            async with self.session.get(
-                path,
-                params=query,
-                timeout=aiohttp.ClientTimeout(total=timeout_s + 30, connect=5.0),
-            ) as resp:
-                if resp.status >= 400:
-                    _raise_for(resp.status, await resp.text(), path)
-                # Split lines ourselves: readline() caps a line at 64 KiB and big objects
-                # (a node with many images) exceed that.
-                buf = b""
-                async for chunk in resp.content.iter_any():
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        ev = json.loads(line)
-                        if ev.get("type") == "ERROR":
-                            status = ev.get("object", {})
-                            code = int(status.get("code", 500))
-                            if code == 410:
-                                raise Gone(410, "Expired", status.get("message", ""), path)
-                            raise ApiError(code, status.get("reason", ""), str(status), path)
-                        yield ev["type"], ev["object"]
+            for attempt in range(2):
+                async with self.session.get(
+                    path,
+                    params=query,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s + 30, connect=5.0),
+                    **_with(cred, None),
+                ) as resp:
+                    if resp.status == 401 and not attempt and (cred := await self._renewed(cred)):
+                        continue
+                    if resp.status >= 400:
+                        _raise_for(resp.status, await resp.text(), path)
+                    # Split lines ourselves: readline() caps a line at 64 KiB and big objects
+                    # (a node with many images) exceed that.
+                    buf = b""
+                    async for chunk in resp.content.iter_any():
+                        buf += chunk
+                        *lines, buf = buf.split(b"\n")
+                        for line in lines:
+                            if not line.strip():
+                                continue
+                            ev = json.loads(line)
+                            if ev.get("type") == "ERROR":
+                                status = ev.get("object", {})
+                                code = int(status.get("code", 500))
+                                if code == 410:
+                                    raise Gone(410, "Expired", status.get("message", ""), path)
+                                raise ApiError(code, status.get("reason", ""), str(status), path)
+                            yield ev["type"], ev["object"]
+                    return
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unavailable(f"watch broken: {exc!r}", path=path) from exc
 
