@@ -63,6 +63,10 @@ POD_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
 POD_GROUP_API_GROUP: Final = "scheduling.x-k8s.io"
 POD_GROUP_VERSION: Final = "v1alpha1"
 POD_GROUP_PLURAL: Final = "podgroups"
+POD_INDEX_LABEL: Final = "apps.kubernetes.io/pod-index"
+"""The StatefulSet controller's ordinal label on every pod it creates. A gang member whose
+ordinal is at least its PodGroup's minMember is surplus (an elastic job's workers above its
+minimum): the scheduler's first preemption victim, highest ordinal first."""
 
 ALNAIR_API_GROUP: Final = "alnair.io"
 ALNAIR_API_VERSION: Final = "v1alpha1"

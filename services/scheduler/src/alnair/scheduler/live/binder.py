@@ -556,15 +556,17 @@ class Scheduler:
                 sub="status",
             )
         self._hold_for_preemptor(entry, req, nomination.node_name)
-        for victim in victims:
+        for uid, victim in zip(nomination.victims, victims, strict=True):
             if victim is None:
                 continue
             vm = victim["metadata"]
             self._emit(
                 victim, "Normal", "Preempted", f"Preempted by {entry.key} (priority {req.priority})"
             )
+            # Elastic surplus gets its own grace period (SIGTERM, time to checkpoint).
+            grace = None if uid in nomination.graceful else 0
             with contextlib.suppress(NotFound):
-                await self.kube.delete(PODS, vm["name"], vm["namespace"], grace_period_s=0)
+                await self.kube.delete(PODS, vm["name"], vm["namespace"], grace_period_s=grace)
         self.metrics.preemptions.inc(len(victims))
         # The victims' deletion events move this pod back to active.
         self.queue.unschedulable_now(entry)

@@ -13,6 +13,14 @@ is taken only after every victim that breaks nothing, and given back first. A bu
 be broken when nothing else makes room, as upstream does; the node choice then minimises the
 broken budgets first. The node whose victim set breaks the fewest budgets, then has the lowest
 highest-priority, then the fewest pods, then the lowest priority sum wins.
+
+Elastic surplus: a gang member whose StatefulSet ordinal (`apps.kubernetes.io/pod-index`) is at
+least its PodGroup's `minMember` is surplus (an elastic job's worker above its minimum; the
+ElasticJob controller shrinks the job when it goes). Surplus members are taken before any other
+candidate of the same budget class, highest ordinal first, given back last, and a node where
+only surplus goes wins over one where anything else would; they are listed in `graceful` so
+the binder deletes them with their own grace period (SIGTERM, time to commit a checkpoint)
+instead of at once.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from alnair.common.resources import POD_INDEX_LABEL
 from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import LiveSnapshot
 from alnair.scheduler.live.pods import LivePod
@@ -36,6 +45,8 @@ class Nomination:
     highest_priority: int
     budget_violations: int = 0
     """How many victims are evicted against a PodDisruptionBudget."""
+    graceful: tuple[str, ...] = ()
+    """Victims that are elastic surplus: deleted with their own grace period."""
 
     def describe(self) -> str:
         text = f"preempting {len(self.victims)} pod(s) on {self.node_name}"
@@ -46,6 +57,17 @@ class Nomination:
 
 def _priority(req: PodRequest) -> int:
     return req.priority if isinstance(req, LivePod) else 0
+
+
+def surplus_ordinal(req: PodRequest, gang_min_member: dict[str, int]) -> int | None:
+    """The ordinal of a gang member above its PodGroup's minMember, else None."""
+    if not isinstance(req, LivePod) or not req.gang:
+        return None
+    raw = dict(req.labels).get(POD_INDEX_LABEL)
+    if raw is None or not raw.isdigit():
+        return None
+    index = int(raw)
+    return index if index >= gang_min_member.get(req.gang, 1) else None
 
 
 def select_victims(
@@ -62,7 +84,7 @@ def select_victims(
         if isinstance(req, LivePod) and req.gang:
             gang_members[req.gang].append((req, placement))
 
-    best: tuple[tuple[int, int, int, int], Nomination] | None = None
+    best: tuple[tuple[int, ...], Nomination] | None = None
     for n in candidate_nodes:
         lower = [(q, p) for q, p in by_node.get(n, []) if _priority(q) < pod.priority]
         if not lower:
@@ -80,7 +102,22 @@ def select_victims(
         breaking = _budget_breakers(units, budgets)
 
         top = {k: max(_priority(q) for q, _ in members) for k, members in units.items()}
-        order = sorted(units, key=lambda k: (k in breaking, top[k], len(units[k])))
+        surplus = {
+            k: o
+            for k, members in units.items()
+            if len(members) == 1
+            and (o := surplus_ordinal(members[0][0], gang_min_member)) is not None
+        }
+        order = sorted(
+            units,
+            key=lambda k: (
+                k in breaking,
+                k not in surplus,
+                top[k],
+                -surplus.get(k, 0),
+                len(units[k]),
+            ),
+        )
         chosen: list[str] = []
         for unit_key in order:
             chosen.append(unit_key)
@@ -90,7 +127,9 @@ def select_victims(
             continue
         # Reprieve: give back the victims that are not needed after all, those that break a
         # budget first, then the most important.
-        for unit_key in sorted(chosen, key=lambda k: (k not in breaking, -top[k])):
+        for unit_key in sorted(
+            chosen, key=lambda k: (k not in breaking, k in surplus, -top[k], surplus.get(k, 0))
+        ):
             trial = [k for k in chosen if k != unit_key]
             if _fits_without(pod, snapshot, n, [m for k in trial for m in units[k]]):
                 chosen = trial
@@ -98,6 +137,9 @@ def select_victims(
         broken = sum(len(units[k]) for k in chosen if k in breaking)
         cost = (
             broken,
+            int(any(k not in surplus for k in chosen)),
+            # Highest ordinals first across nodes too: the lowest surplus ordinal taken is high.
+            -min((surplus[k] for k in chosen if k in surplus), default=0),
             max(_priority(q) for q, _ in victims),
             len(victims),
             sum(_priority(q) for q, _ in victims),
@@ -105,8 +147,9 @@ def select_victims(
         nomination = Nomination(
             node_name=snapshot.names[n],
             victims=tuple(q.key for q, _ in victims),
-            highest_priority=cost[1],
+            highest_priority=cost[3],
             budget_violations=broken,
+            graceful=tuple(units[k][0][0].key for k in chosen if k in surplus),
         )
         if best is None or cost < best[0]:
             best = (cost, nomination)
