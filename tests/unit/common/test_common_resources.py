@@ -10,7 +10,7 @@ import yaml
 
 from alnair.common import resources as r
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.common.kube import PODS, QUEUES, KubeConfig, resource_for
+from alnair.common.kube import CLUSTERQUEUES, LOCALQUEUES, PODS, KubeConfig, resource_for
 from alnair.common.localstack.controlplane import gpu_node_manifest, parse_node_specs
 
 
@@ -58,7 +58,10 @@ def test_node_specs_and_manifest() -> None:
 
 def test_resource_paths() -> None:
     assert PODS.path("ns", "p", "binding") == "/api/v1/namespaces/ns/pods/p/binding"
-    assert QUEUES.path(None, "team-a") == "/apis/alnair.io/v1alpha1/queues/team-a"
+    assert CLUSTERQUEUES.path(None, "team-a") == "/apis/alnair.io/v1alpha1/clusterqueues/team-a"
+    assert (
+        LOCALQUEUES.path("ml", "gpus") == "/apis/alnair.io/v1alpha1/namespaces/ml/localqueues/gpus"
+    )
     assert resource_for("kubeflow.org/v1", "PyTorchJob").path("ns") == (
         "/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs"
     )

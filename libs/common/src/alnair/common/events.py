@@ -160,6 +160,7 @@ class JobPhase(StrEnum):
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
+    PREEMPTED = "preempted"
 
 
 class JobEvent(Event):

@@ -133,7 +133,9 @@ PODGROUPS = Resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 PODDISRUPTIONBUDGETS = Resource("policy", "v1", "poddisruptionbudgets")
 PRIORITYCLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", namespaced=False)
 ELASTICJOBS = Resource("alnair.io", "v1alpha1", "elasticjobs")
-QUEUES = Resource("alnair.io", "v1alpha1", "queues", namespaced=False)
+CLUSTERQUEUES = Resource("alnair.io", "v1alpha1", "clusterqueues", namespaced=False)
+LOCALQUEUES = Resource("alnair.io", "v1alpha1", "localqueues")
+COHORTS = Resource("alnair.io", "v1alpha1", "cohorts", namespaced=False)
 TRIALJOBS = Resource("alnair.io", "v1alpha1", "trialjobs")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
@@ -154,7 +156,9 @@ KIND_RESOURCES: dict[str, Resource] = {
     "PodGroup": PODGROUPS,
     "PriorityClass": PRIORITYCLASSES,
     "ElasticJob": ELASTICJOBS,
-    "Queue": QUEUES,
+    "ClusterQueue": CLUSTERQUEUES,
+    "LocalQueue": LOCALQUEUES,
+    "Cohort": COHORTS,
     "TrialJob": TRIALJOBS,
     "ServiceAccount": SERVICEACCOUNTS,
     "Service": SERVICES,

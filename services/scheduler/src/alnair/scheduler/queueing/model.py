@@ -206,10 +206,13 @@ class QueueSnapshot:
     """GPU pools by type; the order of the keys is the order ties are broken in."""
 
 
-WaitKind = Literal["quota", "reservation", "memory", "fair_share", "capacity", "queue"]
+WaitKind = Literal[
+    "quota", "reservation", "memory", "fair_share", "capacity", "queue", "prediction"
+]
 """Why a job waits: its queue's quota (or the cohort's) is used up; GPUs are held for a
 reserved job it would delay; no GPU type it may use has enough memory for its predicted peak;
-another queue is further below its fair share; not enough free GPUs; its queue is unknown."""
+another queue is further below its fair share; not enough free GPUs; its queue is unknown; the
+predictor gave no usable answer (set by the dispatcher, never by a policy)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,117 @@
+"""Wiring and lifespan of the dispatcher.
+
+Start order: Kubernetes client -> informers synced -> NATS (predictor requests, job events,
+retrain notices) -> HTTP API -> the reconcile loop. One replica decides at a time: run it as a
+single-replica Deployment (its decisions are idempotent writes guarded by resourceVersion, so a
+second replica during a rollout cannot admit twice, only race and lose with a 409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from alnair.common.bus import Bus
+from alnair.common.events import Envelope, JobEvent, JobPhase
+from alnair.common.http import start_http
+from alnair.common.kube import KubeClient
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import on_stop_signals, spawn
+from alnair.scheduler.dispatcher.api import build_api
+from alnair.scheduler.dispatcher.controller import Dispatcher
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.predictions import PredictorClient
+from alnair.scheduler.dispatcher.settings import DispatcherSettings
+
+log = logging.getLogger(__name__)
+
+
+async def subscribe_retrains(bus: Bus, dispatcher: Dispatcher, durable: str) -> Any:
+    """A finished job retrains the predictor: forget cached answers and decide again."""
+
+    async def on_job(event: JobEvent, _envelope: Envelope[JobEvent]) -> None:
+        if event.phase in (JobPhase.COMPLETED, JobPhase.FAILED) and dispatcher.predictor:
+            dispatcher.predictor.invalidate()
+        dispatcher.wake()
+
+    return await bus.subscribe(JobEvent, on_job, durable=durable)
+
+
+class Running:
+    """A started dispatcher: its parts, and how to stop them."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        kube: KubeClient,
+        bus: Bus | None,
+        loop: asyncio.Task[Any],
+        http: asyncio.Task[Any],
+        server: Any,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.kube = kube
+        self.bus = bus
+        self.loop = loop
+        self.http = http
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        from alnair.common.http import bound_port
+
+        return f"http://127.0.0.1:{bound_port(self.server)}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        self.loop.cancel()
+        await asyncio.gather(self.loop, self.http, return_exceptions=True)
+        await self.dispatcher.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        await self.kube.close()
+
+
+async def start(settings: DispatcherSettings, kube: KubeClient | None = None) -> Running:
+    kube = kube or KubeClient.from_config(settings.kubeconfig)
+    metrics = DispatcherMetrics()
+    bus: Bus | None = None
+    predictor: PredictorClient | None = None
+    if settings.nats_enabled:
+        bus = await Bus.connect(settings.nats_url, name="dispatcher")
+        predictor = PredictorClient(bus, settings.predict_subject, settings.predict_timeout_s)
+    dispatcher = Dispatcher(kube, settings, metrics, bus=bus, predictor=predictor)
+    await dispatcher.start_watching()
+    if bus is not None:
+        await subscribe_retrains(bus, dispatcher, durable="dispatcher")
+    server, http = await start_http(
+        build_api(dispatcher), settings.http_host, settings.http_port, name="dispatcher.http"
+    )
+    loop = spawn(dispatcher.run(), name="dispatcher.loop")
+    return Running(dispatcher, kube, bus, loop, http, server)
+
+
+async def serve(settings: DispatcherSettings) -> int:
+    running = await start(settings)
+    task = asyncio.current_task()
+    assert task is not None
+    on_stop_signals(task.cancel)
+    try:
+        await asyncio.wait({running.loop, running.http}, return_when=asyncio.FIRST_COMPLETED)
+        log.error("a dispatcher part stopped; exiting")
+        return 1
+    except asyncio.CancelledError:
+        log.info("stopped by a signal")
+        return 0
+    finally:
+        await running.stop()
+
+
+def main() -> int:
+    settings = DispatcherSettings()
+    setup_logging(settings.log_level, settings.log_json)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0

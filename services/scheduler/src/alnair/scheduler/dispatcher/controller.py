@@ -1,0 +1,759 @@
+"""The dispatcher's reconcile loop: informers in, queueing-policy decisions applied to Jobs.
+
+One loop task waits on a wake-up flag that every informer handler sets (a queued Job created,
+changed, finished or deleted; a queue, cohort or GPU node changed; a new predictor model). Each
+wake-up runs one reconcile: read the caches into a `QueueSnapshot`, ask the policy, apply its
+decisions. Wake-ups that arrive while a reconcile runs fold into the next one, so a burst of
+events costs one reconcile, and nothing ever wakes on a timer.
+
+Every decision is written to the Job itself (annotations, Events) before anything else relies on
+it, so the informer's copy of the Job is the state: a restarted dispatcher decides from the same
+facts, and an admission patch carries the Job's resourceVersion, so the API server refuses a
+second write of a decision taken on stale data (409) instead of admitting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, get_args
+
+from alnair.common import resources as res
+from alnair.common.bus import Bus
+from alnair.common.errors import InvalidValueError
+from alnair.common.events import JobEvent, JobPhase
+from alnair.common.informer import Informer, WatchEvent
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    COHORTS,
+    JOBS,
+    LOCALQUEUES,
+    NODES,
+    ApiError,
+    Conflict,
+    KubeClient,
+    NotFound,
+    Obj,
+    Unavailable,
+)
+from alnair.common.tasks import spawn
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.objects import (
+    ANN_ADMITTED_AT,
+    ANN_ADMITTED_TYPE,
+    ANN_BORROWING,
+    ANN_PREEMPTIONS,
+    ANN_QUEUE_STATE,
+    ANN_SELECTED_TYPE,
+    LABEL_QUEUE,
+    Workload,
+    is_finished,
+    node_gpus,
+    parse_cluster_queue,
+    parse_workload,
+)
+from alnair.scheduler.dispatcher.predictions import (
+    JobPrediction,
+    PredictionError,
+    PredictorClient,
+)
+from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.queueing import (
+    ClusterQueueSpec,
+    Decisions,
+    GpuPool,
+    JobSpec,
+    QueuePolicy,
+    QueueSnapshot,
+    RunningJob,
+    WaitKind,
+    WaitReason,
+    queue_policy,
+)
+
+log = logging.getLogger(__name__)
+COMPONENT = "alnair-dispatcher"
+WAIT_KINDS = get_args(WaitKind)
+
+
+def _rv(obj: Obj) -> int:
+    """resourceVersion as a number: etcd's revision, which the API server hands out in order
+    (opaque by contract, so a non-number compares as oldest)."""
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _epoch(ts: str | None) -> float:
+    if not ts:
+        return time.time()
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(slots=True)
+class JobState:
+    """What the dispatcher knows about one queued Job (dropped when the Job goes)."""
+
+    key: str
+    cluster_queue: str | None = None
+    reason: WaitReason | None = None
+    reason_evented: str | None = None
+    prediction: JobPrediction | None = None
+    prediction_error: str | None = None
+    position: int | None = None
+    predicted_start_s: float | None = None
+    predicted_finish_s: float | None = None
+    admitted_type: str | None = None
+    invalid: str | None = None
+    evented: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class QueueState:
+    spec: ClusterQueueSpec | None
+    problem: str | None
+
+
+class Dispatcher:
+    """Admits queued Jobs through ClusterQueues with a queueing policy."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: DispatcherSettings,
+        metrics: DispatcherMetrics,
+        *,
+        bus: Bus | None = None,
+        predictor: PredictorClient | None = None,
+        policy: QueuePolicy | None = None,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.bus = bus
+        self.predictor = predictor
+        self.policy = policy or queue_policy(settings.policy)
+        self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
+        self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
+        self.cohorts = Informer(kube, COHORTS, name="cohorts")
+        self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="queued-jobs")
+        self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
+        self.states: dict[str, JobState] = {}
+        self.queues: dict[str, QueueState] = {}
+        self.last_decisions = Decisions()
+        self.reconciles = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._informers = (
+            self.cluster_queues,
+            self.local_queues,
+            self.cohorts,
+            self.jobs,
+            self.nodes,
+        )
+        for informer in (self.local_queues, self.cohorts, self.jobs):
+            informer.add_handler(self._poke)
+        self.cluster_queues.add_handler(self._on_queue)
+        self.nodes.add_handler(self._on_node)
+
+    # --- wake-ups -----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask for a reconcile (a predictor retrain, a test)."""
+        self._wake.set()
+
+    def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        if event is WatchEvent.DELETED and obj.get("kind", "Job") == "Job":
+            self.states.pop(f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}", None)
+        self._wake.set()
+
+    def _on_queue(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        # Our own status writes change only .status: no reason to decide again.
+        if (
+            old is not None
+            and event is WatchEvent.MODIFIED
+            and obj.get("spec") == old.get("spec")
+            and obj["metadata"].get("labels") == old["metadata"].get("labels")
+        ):
+            return
+        self._wake.set()
+
+    def _on_node(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        if old is not None and event is WatchEvent.MODIFIED and node_gpus(obj) == node_gpus(old):
+            return  # heartbeats and unrelated changes: the GPU pool is the same
+        self._wake.set()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start_watching(self) -> None:
+        for informer in self._informers:
+            self._tasks.append(spawn(informer.run(), name=f"dispatcher.informer.{informer.name}"))
+        await asyncio.gather(*(i.synced.wait() for i in self._informers))
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self._informers)
+
+    async def run(self) -> None:
+        """Reconcile on every wake-up, forever (run as a guarded task)."""
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Unavailable as exc:
+                log.warning("API server unavailable; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(exc.delay_s)
+                self._wake.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # --- one reconcile ------------------------------------------------------------------
+
+    def _read_queues(self) -> dict[str, ClusterQueueSpec]:
+        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
+        queues: dict[str, ClusterQueueSpec] = {}
+        seen: dict[str, QueueState] = {}
+        for obj in self.cluster_queues.values():
+            name = obj["metadata"]["name"]
+            try:
+                spec = parse_cluster_queue(obj, cohorts)
+            except InvalidValueError as exc:
+                seen[name] = QueueState(None, str(exc))
+                continue
+            seen[name] = QueueState(spec, None)
+            queues[name] = spec
+        self.queues = seen
+        return queues
+
+    def _capacity(self, running: list[RunningJob]) -> dict[str, GpuPool]:
+        totals: Counter[str] = Counter()
+        memory: dict[str, float] = {}
+        for node in self.nodes.values():
+            gpus = node_gpus(node)
+            if gpus is None:
+                continue
+            totals[gpus.model] += gpus.gpus
+            known = gpus.memory_mib or float(res.GPU_MODEL_MEMORY_MIB.get(gpus.model, 0))
+            memory[gpus.model] = min(memory.get(gpus.model, known), known) if known else 0.0
+        used: Counter[str] = Counter()
+        for run in running:
+            used[run.gpu_type] += run.gpus
+        return {
+            model: GpuPool(
+                total=total,
+                free=max(0, total - used[model]),
+                memory_mib=memory.get(model) or float("inf"),
+            )
+            for model, total in sorted(totals.items())
+        }
+
+    async def _predict(
+        self, wl: Workload, models: list[str], state: JobState
+    ) -> JobPrediction | None:
+        state.prediction_error = None
+        if self.predictor is None or not wl.features.get("model_name"):
+            if self.settings.require_predictions:
+                state.prediction_error = "no model annotations to predict from (model_name)"
+            return None
+        try:
+            state.prediction = await self.predictor.predict(wl.features, wl.request.gpus, models)
+        except PredictionError as exc:
+            self.metrics.prediction_errors.inc()
+            state.prediction_error = str(exc)
+            state.prediction = None
+        return state.prediction
+
+    def _job_spec(self, wl: Workload, cq: str, state: JobState, arrival_s: float) -> JobSpec:
+        prediction = state.prediction
+        peak = prediction.peak_memory_mib if prediction else None
+        if wl.request.memory_mib_per_pod is not None and peak is not None:
+            # A fractional pod may use only what it asked for: its peak must fit its share.
+            peak = peak if peak > wl.request.memory_mib_per_pod else None
+        return JobSpec(
+            id=wl.key,
+            queue=cq,
+            gpus=wl.request.gpus,
+            arrival_s=arrival_s,
+            runtime=dict(prediction.runtime) if prediction else {},
+            team=wl.namespace,
+            gpu_model=wl.gpu_model,
+            priority=int(
+                ((wl.obj.get("spec") or {}).get("template") or {}).get("spec", {}).get("priority")
+                or 0
+            ),
+            peak_memory_mib=peak,
+            restart_cost_s=wl.restart_cost_s,
+        )
+
+    def _cluster_queue_of(self, wl: Workload) -> str | None:
+        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
+        if lq is None:
+            return None
+        return str((lq.get("spec") or {}).get("clusterQueue") or "") or None
+
+    async def reconcile(self) -> None:
+        started = time.perf_counter()
+        self.reconciles += 1
+        queues = self._read_queues()
+        now = time.time()
+        pending: list[JobSpec] = []
+        running: list[RunningJob] = []
+        workloads: dict[str, Workload] = {}
+        pending_ws: list[Workload] = []
+        live_keys: set[str] = set()
+        for obj in self.jobs.values():
+            meta = obj["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            live_keys.add(key)
+            state = self.states.setdefault(key, JobState(key))
+            finished = is_finished(obj)
+            if finished is not None:
+                self.states.pop(key, None)  # bounded: a finished Job needs nothing from us
+                continue
+            try:
+                wl = parse_workload(obj, self.settings.default_restart_cost_s)
+            except InvalidValueError as exc:
+                if state.invalid != str(exc):
+                    state.invalid = str(exc)
+                    await self._event(obj, "InvalidRequest", f"not queued: {exc}", warning=True)
+                continue
+            state.invalid = None
+            workloads[key] = wl
+            cq = self._cluster_queue_of(wl)
+            state.cluster_queue = cq
+            admitted = wl.admitted_type
+            if admitted is not None:
+                state.admitted_type = admitted
+                queue = cq or ""
+                start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
+                spec = self._job_spec(wl, queue, state, _epoch(meta.get("creationTimestamp")))
+                running.append(
+                    RunningJob(
+                        job=spec,
+                        gpu_type=admitted,
+                        start_s=start,
+                        borrowing=wl.annotations.get(ANN_BORROWING) == "true",
+                    )
+                )
+                continue
+            state.admitted_type = None
+            if not wl.suspended:
+                continue  # running outside the queue: not ours to admit
+            if cq is None:
+                state.reason = WaitReason(
+                    "queue", f"LocalQueue {wl.namespace}/{wl.local_queue} does not exist"
+                )
+                await self._wait_event(wl, state)
+                continue
+            if cq not in queues:
+                problem = self.queues.get(cq)
+                why = problem.problem if problem and problem.problem else "does not exist"
+                state.reason = WaitReason("queue", f"ClusterQueue {cq} is inactive: {why}")
+                await self._wait_event(wl, state)
+                continue
+            pending_ws.append(wl)
+            if "submitted" not in state.evented:
+                state.evented.add("submitted")
+                await self._publish(wl, JobPhase.SUBMITTED, {"queue": cq})
+        for key in [k for k in self.states if k not in live_keys]:
+            del self.states[key]
+
+        capacity = self._capacity(running)
+        models = list(capacity)
+        await asyncio.gather(*(self._predict(wl, models, self.states[wl.key]) for wl in pending_ws))
+        for wl in pending_ws:
+            state = self.states[wl.key]
+            if state.prediction_error is not None:
+                state.reason = WaitReason(
+                    "prediction", f"no usable prediction: {state.prediction_error}"
+                )
+                await self._wait_event(wl, state)
+                continue
+            assert state.cluster_queue is not None
+            pending.append(
+                self._job_spec(
+                    wl,
+                    state.cluster_queue,
+                    state,
+                    _epoch(wl.obj["metadata"].get("creationTimestamp")),
+                )
+            )
+
+        snapshot = QueueSnapshot(
+            now_s=now, pending=pending, running=running, queues=queues, capacity=capacity
+        )
+        decisions = self.policy.decide(snapshot)
+        self.last_decisions = decisions
+        await self._apply(decisions, snapshot, workloads)
+        await self._write_queue_status(snapshot, decisions)
+        self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    # --- applying decisions ---------------------------------------------------------------
+
+    def _remember(self, updated: Obj) -> None:
+        """Put a Job we just wrote into the informer's store (unless a newer copy is there)."""
+        meta = updated["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        current = self.jobs.store.get(key)
+        if current is None or _rv(current) <= _rv(updated):
+            self.jobs.store[key] = updated
+
+    async def _apply(
+        self, decisions: Decisions, snapshot: QueueSnapshot, workloads: dict[str, Workload]
+    ) -> None:
+        policy = self.policy.name
+        for pre in decisions.preemptions:
+            wl = workloads.get(pre.job_id)
+            if wl is not None:
+                await self._preempt(wl, pre.reason, pre.for_job_id)
+                self.metrics.decisions.labels(policy, "preempted").inc()
+        by_id = {j.id: j for j in snapshot.pending}
+        for adm in decisions.admissions:
+            wl = workloads.get(adm.job_id)
+            if wl is None:
+                continue
+            job = by_id[adm.job_id]
+            if await self._admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
+                self.metrics.decisions.labels(
+                    policy, "borrowing" if adm.borrowing else "admitted"
+                ).inc()
+                self.metrics.wait_seconds.labels(job.queue).observe(
+                    max(0.0, snapshot.now_s - job.arrival_s)
+                )
+        reservations = {r.job_id: r for r in decisions.reservations}
+        order = sorted(snapshot.pending, key=lambda j: (-j.priority, j.arrival_s, j.id))
+        positions: Counter[str] = Counter()
+        reasons: Counter[str] = Counter()
+        for job in order:
+            state = self.states.get(job.id)
+            wl = workloads.get(job.id)
+            if state is None or wl is None or job.id not in decisions.waiting:
+                continue
+            positions[job.queue] += 1
+            state.position = positions[job.queue]
+            state.reason = decisions.waiting[job.id]
+            reasons[state.reason.kind] += 1
+            reservation = reservations.get(job.id)
+            state.predicted_start_s = reservation.start_s if reservation else None
+            estimate = job.runtime.get(reservation.gpu_type) if reservation else None
+            state.predicted_finish_s = (
+                reservation.start_s + estimate.expected_s if reservation and estimate else None
+            )
+            await self._wait_event(wl, state)
+        for kind in (
+            "quota",
+            "reservation",
+            "memory",
+            "fair_share",
+            "capacity",
+            "queue",
+            "prediction",
+        ):
+            self.metrics.waiting.labels(kind).set(reasons[kind])
+
+    async def _admit(
+        self, wl: Workload, job: JobSpec, gpu_type: str, borrowing: bool, now_s: float
+    ) -> bool:
+        meta = wl.obj["metadata"]
+        annotations = {
+            ANN_ADMITTED_TYPE: gpu_type,
+            ANN_SELECTED_TYPE: gpu_type,
+            ANN_ADMITTED_AT: f"{now_s:.3f}",
+            ANN_BORROWING: "true" if borrowing else "false",
+            ANN_QUEUE_STATE: "admitted",
+        }
+        patch: dict[str, Any] = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
+            "spec": {
+                "suspend": False,
+                "template": {"spec": {"nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}},
+            },
+        }
+        try:
+            updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+        except Conflict:
+            self.metrics.write_conflicts.inc()
+            self._wake.set()  # decide again on the newer Job
+            return False
+        except NotFound:
+            return False
+        except ApiError as exc:
+            await self._event(wl.obj, "AdmissionFailed", f"could not admit: {exc}", warning=True)
+            return False
+        # Our own write is the newest state of the Job: the next reconcile must not decide on
+        # the informer's older copy while the watch event is still on its way.
+        self._remember(updated)
+        state = self.states[wl.key]
+        state.admitted_type = gpu_type
+        state.reason = None
+        state.reason_evented = None
+        state.position = None
+        state.predicted_start_s = now_s
+        estimate = job.runtime.get(gpu_type)
+        state.predicted_finish_s = now_s + estimate.expected_s if estimate else None
+        runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
+        where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
+        await self._event(
+            updated, "Admitted", f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
+        )
+        await self._publish(
+            wl,
+            JobPhase.ADMITTED,
+            {"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus, "borrowing": borrowing},
+            seq=meta["resourceVersion"],
+        )
+        return True
+
+    async def _preempt(self, wl: Workload, reason: str, for_job: str) -> None:
+        meta = wl.obj["metadata"]
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        # Only `suspend`: the API server refuses template changes on a Job that has started.
+        # Our node selector stays (recorded in ANN_SELECTED_TYPE, so it is not read as the
+        # user's constraint) and is overwritten by the next admission.
+        spec: dict[str, Any] = {"suspend": True}
+        patch = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "annotations": {
+                    ANN_PREEMPTIONS: str(count),
+                    ANN_ADMITTED_TYPE: None,
+                    ANN_ADMITTED_AT: None,
+                    ANN_BORROWING: None,
+                    ANN_QUEUE_STATE: f"preempted: {reason}",
+                },
+            },
+            "spec": spec,
+        }
+        try:
+            updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+        except (Conflict, NotFound):
+            self.metrics.write_conflicts.inc()
+            self._wake.set()
+            return
+        state = self.states.get(wl.key)
+        if state is not None:
+            state.admitted_type = None
+        await self._event(updated, "Preempted", f"suspended for {for_job}: {reason}", warning=True)
+        await self._publish(
+            wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
+        )
+
+    async def _wait_event(self, wl: Workload, state: JobState) -> None:
+        """One Event per change of wait reason (not per reconcile), and the reason on the Job."""
+        if state.reason is None:
+            return
+        text = f"{state.reason.kind}: {state.reason.message}"
+        if state.reason_evented == state.reason.kind:
+            return
+        state.reason_evented = state.reason.kind
+        warning = state.reason.kind in ("queue", "prediction")
+        reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
+        await self._event(wl.obj, reason, f"waiting ({text})", warning=warning)
+        note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
+        with contextlib.suppress(NotFound, Conflict):
+            await self.kube.patch(JOBS, wl.name, note, wl.namespace)
+
+    async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
+        try:
+            await self.kube.event(
+                {
+                    **obj,
+                    "apiVersion": obj.get("apiVersion", "batch/v1"),
+                    "kind": obj.get("kind", "Job"),
+                },
+                reason=reason,
+                message=message,
+                type_="Warning" if warning else "Normal",
+                component=COMPONENT,
+            )
+        except ApiError as exc:
+            log.warning("event not written", extra={"reason": reason, "error": str(exc)})
+
+    async def _publish(
+        self, wl: Workload, phase: JobPhase, detail: dict[str, Any], seq: str = "0"
+    ) -> None:
+        if self.bus is None:
+            return
+        event = JobEvent(
+            phase=phase,
+            cluster=self.settings.cluster,
+            namespace=wl.namespace,
+            kind="Job",
+            name=wl.name,
+            uid=wl.uid,
+            detail=detail,
+        )
+        try:
+            # A deterministic id: a restarted dispatcher republishing a step is deduplicated.
+            await self.bus.publish(
+                event, source=COMPONENT, event_id=f"{wl.uid}:{phase.value}:{seq}"
+            )
+        except Exception as exc:
+            log.warning("job event not published", extra={"phase": phase.value, "error": repr(exc)})
+
+    async def _write_queue_status(self, snapshot: QueueSnapshot, decisions: Decisions) -> None:
+        admitted_now = {a.job_id: a for a in decisions.admissions}
+        pending: Counter[str] = Counter(
+            j.queue for j in snapshot.pending if j.id not in admitted_now
+        )
+        admitted: Counter[str] = Counter(r.job.queue for r in snapshot.running)
+        used: dict[str, Counter[str]] = {}
+        borrowed: Counter[str] = Counter()
+        for run in snapshot.running:
+            used.setdefault(run.job.queue, Counter())[run.gpu_type] += run.gpus
+            if run.borrowing:
+                borrowed[run.job.queue] += run.gpus
+        by_id = {j.id: j for j in snapshot.pending}
+        for adm in decisions.admissions:
+            queue = by_id[adm.job_id].queue
+            admitted[queue] += 1
+            used.setdefault(queue, Counter())[adm.gpu_type] += adm.gpus
+            if adm.borrowing:
+                borrowed[queue] += adm.gpus
+        for obj in self.cluster_queues.values():
+            name = obj["metadata"]["name"]
+            state = self.queues.get(name)
+            active = state is not None and state.spec is not None
+            flavors = used.get(name, Counter())
+            status = {
+                "pendingWorkloads": pending[name],
+                "admittedWorkloads": admitted[name],
+                "usedGPUs": sum(flavors.values()),
+                "borrowedGPUs": borrowed[name],
+                "flavorsUsage": [
+                    {"name": m, "total": n, "borrowed": 0} for m, n in sorted(flavors.items())
+                ],
+                "conditions": [
+                    {
+                        "type": "Active",
+                        "status": "True" if active else "False",
+                        "reason": "Ready" if active else "InvalidSpec",
+                        "message": "" if active else (state.problem if state else "") or "",
+                    }
+                ],
+            }
+            self.metrics.queue_depth.labels(name).set(pending[name])
+            self.metrics.admitted.labels(name).set(admitted[name])
+            current = obj.get("status") or {}
+            if all(current.get(k) == v for k, v in status.items()):
+                continue
+            if not active and current.get("conditions") != status["conditions"]:
+                await self._event(
+                    {**obj, "apiVersion": "alnair.io/v1alpha1", "kind": "ClusterQueue"},
+                    "InvalidSpec",
+                    f"ClusterQueue {name} admits nothing: {state.problem if state else ''}",
+                    warning=True,
+                )
+            try:
+                await self.kube.patch(CLUSTERQUEUES, name, {"status": status}, sub="status")
+            except (NotFound, Conflict):
+                continue
+        lq_pending: Counter[str] = Counter()
+        lq_admitted: Counter[str] = Counter()
+        for key, job_state in self.states.items():
+            wl_obj = self.jobs.get(key)
+            if wl_obj is None:
+                continue
+            meta = wl_obj["metadata"]
+            lq = f"{meta['namespace']}/{(meta.get('labels') or {}).get(LABEL_QUEUE, '')}"
+            if job_state.admitted_type is not None or key in admitted_now:
+                lq_admitted[lq] += 1
+            elif job_state.invalid is None:
+                lq_pending[lq] += 1
+        for lq_obj in self.local_queues.values():
+            key = f"{lq_obj['metadata']['namespace']}/{lq_obj['metadata']['name']}"
+            status = {"pendingWorkloads": lq_pending[key], "admittedWorkloads": lq_admitted[key]}
+            current = lq_obj.get("status") or {}
+            if all(current.get(k) == v for k, v in status.items()):
+                continue
+            try:
+                await self.kube.patch(
+                    LOCALQUEUES,
+                    lq_obj["metadata"]["name"],
+                    {"status": status},
+                    lq_obj["metadata"]["namespace"],
+                    sub="status",
+                )
+            except (NotFound, Conflict):
+                continue
+
+    # --- explanations -------------------------------------------------------------------
+
+    def explain(self, namespace: str, name: str) -> dict[str, Any]:
+        key = f"{namespace}/{name}"
+        obj = self.jobs.get(key)
+        if obj is None:
+            raise NotFound(404, "NotFound", f"no queued Job {key} (label {LABEL_QUEUE})", key)
+        state = self.states.get(key) or JobState(key)
+        finished = is_finished(obj)
+        if finished:
+            status = finished.lower()
+        elif state.invalid:
+            status = "invalid"
+        elif state.admitted_type:
+            status = "admitted"
+        else:
+            status = "waiting"
+        prediction = state.prediction
+        return {
+            "job": key,
+            "status": status,
+            "queue": (obj["metadata"].get("labels") or {}).get(LABEL_QUEUE),
+            "cluster_queue": state.cluster_queue,
+            "policy": self.policy.name,
+            "position": state.position if status == "waiting" else None,
+            "gpu_model": state.admitted_type,
+            "reason": (
+                {"kind": state.reason.kind, "message": state.reason.message}
+                if state.reason and status == "waiting"
+                else ({"kind": "invalid", "message": state.invalid} if state.invalid else None)
+            ),
+            "predicted_start_s": state.predicted_start_s,
+            "predicted_finish_s": state.predicted_finish_s,
+            "prediction": (
+                {
+                    "runtime_s": {t: e.expected_s for t, e in prediction.runtime.items()},
+                    "runtime_upper_s": {t: e.upper_s for t, e in prediction.runtime.items()},
+                    "peak_memory_mib": prediction.peak_memory_mib,
+                    "low_confidence": prediction.low_confidence,
+                    "model_version": prediction.model_version,
+                }
+                if prediction
+                else None
+            ),
+            "prediction_error": state.prediction_error,
+            "annotations": {
+                k: v
+                for k, v in (obj["metadata"].get("annotations") or {}).items()
+                if k.startswith("alnair.io/")
+            },
+        }
+
+    def describe_queues(self) -> list[dict[str, Any]]:
+        out = []
+        for obj in self.cluster_queues.values():
+            name = obj["metadata"]["name"]
+            state = self.queues.get(name)
+            out.append(
+                {
+                    "name": name,
+                    "active": bool(state and state.spec),
+                    "problem": state.problem if state else None,
+                    "status": obj.get("status") or {},
+                }
+            )
+        return out

@@ -1,0 +1,42 @@
+"""Prometheus metrics of the dispatcher (prefix `alnair_dispatcher_`), in an injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from alnair.common.metrics import Metrics
+
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+
+
+class DispatcherMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        m = Metrics("dispatcher", registry)
+        self.registry = m.registry
+        self.queue_depth = m.gauge("queue_depth", "Pending jobs per ClusterQueue", ["queue"])
+        self.admitted = m.gauge(
+            "admitted_jobs", "Admitted, unfinished jobs per ClusterQueue", ["queue"]
+        )
+        self.wait_seconds = m.histogram(
+            "wait_seconds",
+            "Job creation to admission, per ClusterQueue",
+            ["queue"],
+            buckets=WAIT_BUCKETS,
+        )
+        self.decisions = m.counter(
+            "decisions_total",
+            "Decisions applied, by policy and kind (admitted, borrowing, preempted)",
+            ["policy", "decision"],
+        )
+        self.waiting = m.gauge("waiting_jobs", "Pending jobs by wait reason", ["reason"])
+        self.reconcile_seconds = m.histogram(
+            "reconcile_seconds",
+            "One reconcile: snapshot, policy, writes",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.prediction_errors = m.counter(
+            "prediction_errors_total", "Predictor answers refused or missing"
+        )
+        self.write_conflicts = m.counter(
+            "write_conflicts_total", "Admissions skipped because the Job changed meanwhile"
+        )

@@ -1,0 +1,255 @@
+"""Kubernetes objects as the queueing model reads them: queues, Jobs, GPU nodes.
+
+Parsing is strict and names the bad field (`spec.resourceGroups[0].flavors[1].resources[0]
+.nominalQuota`), because a queue or a Job the dispatcher misreads would be admitted wrongly,
+and a user needs to know which line of their manifest to fix. The CRD schema refuses most bad
+input already; these checks repeat the ones a schema cannot make (a cohort that does not exist,
+a Job asking for GPUs in a way the queue cannot count).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from alnair.common import resources as res
+from alnair.common.annotations import object_model
+from alnair.common.errors import InvalidValueError
+from alnair.common.kube import Obj
+from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
+
+LABEL_QUEUE = "alnair.io/queue-name"
+"""The label a Job names its LocalQueue with (Kueue: `kueue.x-k8s.io/queue-name`)."""
+ANN_ADMITTED_TYPE = "alnair.io/admitted-gpu-model"
+ANN_ADMITTED_AT = "alnair.io/admitted-at"
+ANN_SELECTED_TYPE = "alnair.io/selected-gpu-model"
+"""The GPU model the dispatcher wrote into the pod template's node selector (kept while
+suspended: a started Job's template cannot change until it is admitted again)."""
+ANN_BORROWING = "alnair.io/borrowing"
+ANN_PREEMPTIONS = "alnair.io/preemptions"
+ANN_RESTART_COST = "alnair.io/restart-cost-s"
+ANN_QUEUE_STATE = "alnair.io/queue-state"
+GPU = "nvidia.com/gpu"
+
+
+def _int(value: Any, where: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidValueError(where, value, "must be an integer")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidValueError(where, value, "must be an integer") from None
+    if number < minimum:
+        raise InvalidValueError(where, value, f"must be >= {minimum}")
+    return number
+
+
+def parse_cluster_queue(obj: Obj, cohorts: set[str]) -> ClusterQueueSpec:
+    """A ClusterQueue object as the policies see it; the first bad field is named."""
+    name = obj["metadata"]["name"]
+    spec = obj.get("spec") or {}
+    cohort = spec.get("cohort") or None
+    if cohort is not None and cohort not in cohorts:
+        raise InvalidValueError("spec.cohort", cohort, f"no Cohort named {cohort!r} exists")
+    weight_raw = (spec.get("fairSharing") or {}).get("weight", 1)
+    try:
+        weight = float(weight_raw)
+    except (TypeError, ValueError):
+        raise InvalidValueError("spec.fairSharing.weight", weight_raw, "not a number") from None
+    if not weight > 0 or math.isinf(weight):
+        raise InvalidValueError("spec.fairSharing.weight", weight_raw, "must be > 0")
+    quota: dict[str, FlavorQuota] = {}
+    groups = spec.get("resourceGroups") or []
+    if not groups:
+        raise InvalidValueError("spec.resourceGroups", groups, "at least one group is needed")
+    for g, group in enumerate(groups):
+        for f, flavor in enumerate(group.get("flavors") or []):
+            where = f"spec.resourceGroups[{g}].flavors[{f}]"
+            model = flavor.get("name")
+            if not model:
+                raise InvalidValueError(f"{where}.name", model, "a GPU model is needed")
+            if model in quota:
+                raise InvalidValueError(f"{where}.name", model, "listed twice")
+            for r, resource in enumerate(flavor.get("resources") or []):
+                rw = f"{where}.resources[{r}]"
+                if resource.get("name") != GPU:
+                    raise InvalidValueError(f"{rw}.name", resource.get("name"), f"only {GPU}")
+                nominal = _int(resource.get("nominalQuota"), f"{rw}.nominalQuota")
+                borrow = resource.get("borrowingLimit")
+                lend = resource.get("lendingLimit")
+                if cohort is None and (borrow is not None or lend is not None):
+                    raise InvalidValueError(
+                        f"{rw}.borrowingLimit", borrow, "borrowing and lending need spec.cohort"
+                    )
+                lend_n = None if lend is None else _int(lend, f"{rw}.lendingLimit")
+                if lend_n is not None and lend_n > nominal:
+                    raise InvalidValueError(f"{rw}.lendingLimit", lend, "exceeds nominalQuota")
+                quota[model] = FlavorQuota(
+                    nominal=nominal,
+                    borrowing_limit=None
+                    if borrow is None
+                    else _int(borrow, f"{rw}.borrowingLimit"),
+                    lending_limit=lend_n,
+                )
+    return ClusterQueueSpec(name=name, quota=quota, cohort=cohort, weight=weight)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What one Job asks of the queue: GPUs in all, and per pod (whole or fraction)."""
+
+    gpus: int
+    pods: int
+    gpus_per_pod: int
+    memory_mib_per_pod: int | None = None
+    """Fractional GPU pods: the GPU memory each asks for (`alnair.io/gpu-memory`)."""
+
+
+def gpu_request(job: Obj) -> GpuRequest:
+    """The GPUs a Job's pods ask for, all pods running at once (parallelism)."""
+    spec = job.get("spec") or {}
+    pods = _int(spec.get("parallelism", 1), "spec.parallelism", minimum=1)
+    completions = spec.get("completions")
+    if completions is not None:
+        pods = min(pods, _int(completions, "spec.completions", minimum=1))
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    whole, memory = 0, 0
+    for c, container in enumerate(containers):
+        reqs = container.get("resources") or {}
+        amounts = {**(reqs.get("requests") or {}), **(reqs.get("limits") or {})}
+        if GPU in amounts:
+            whole += _int(amounts[GPU], f"spec.template.spec.containers[{c}].resources.{GPU}")
+        if res.GPU_MEMORY in amounts:
+            memory += _int(
+                amounts[res.GPU_MEMORY],
+                f"spec.template.spec.containers[{c}].resources.{res.GPU_MEMORY}",
+                minimum=1,
+            )
+    if whole and memory:
+        raise InvalidValueError(
+            "spec.template.spec.containers[].resources",
+            f"{GPU} and {res.GPU_MEMORY}",
+            "ask for whole GPUs or a fraction, not both",
+        )
+    if memory:
+        # A fraction counts as one GPU of quota: it holds a GPU's share for its lifetime.
+        return GpuRequest(gpus=pods, pods=pods, gpus_per_pod=1, memory_mib_per_pod=memory)
+    if not whole:
+        raise InvalidValueError(
+            "spec.template.spec.containers[].resources",
+            0,
+            f"a queued Job must ask for {GPU} or {res.GPU_MEMORY}",
+        )
+    return GpuRequest(gpus=pods * whole, pods=pods, gpus_per_pod=whole)
+
+
+def gpu_model_constraint(job: Obj) -> str | None:
+    """The GPU model a Job insists on: `alnair.io/gpu-model` as annotation or node selector."""
+    meta = job.get("metadata") or {}
+    annotated = (meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL)
+    template = (job.get("spec") or {}).get("template") or {}
+    selected = ((template.get("spec") or {}).get("nodeSelector") or {}).get(res.LABEL_GPU_MODEL)
+    if (meta.get("annotations") or {}).get(ANN_SELECTED_TYPE) == selected:
+        selected = None  # our own choice from an earlier admission, not the user's
+    return annotated or selected or None
+
+
+def is_finished(job: Obj) -> str | None:
+    """'Complete' or 'Failed' once the Job controller says so, else None."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return str(cond["type"])
+    return None
+
+
+@dataclass(slots=True)
+class Workload:
+    """One queued Job as the dispatcher tracks it."""
+
+    key: str
+    obj: Obj
+    local_queue: str
+    request: GpuRequest
+    features: dict[str, str] = field(default_factory=dict)
+    """What the predictor needs (model name, batch size, data size, epochs), when annotated."""
+    gpu_model: str | None = None
+    restart_cost_s: float = 0.0
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.obj["metadata"].get("uid", ""))
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.obj["metadata"].get("annotations") or {}
+
+    @property
+    def suspended(self) -> bool:
+        return bool((self.obj.get("spec") or {}).get("suspend"))
+
+    @property
+    def admitted_type(self) -> str | None:
+        """The GPU model it was admitted on, while it is admitted (not suspended)."""
+        if self.suspended:
+            return None
+        return self.annotations.get(ANN_ADMITTED_TYPE)
+
+
+def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
+    meta = job["metadata"]
+    features = object_model(job).present()
+    restart_raw = (meta.get("annotations") or {}).get(ANN_RESTART_COST)
+    restart = default_restart_cost_s
+    if restart_raw is not None:
+        try:
+            restart = float(restart_raw)
+        except ValueError:
+            raise InvalidValueError(ANN_RESTART_COST, restart_raw, "not a number") from None
+        if not 0 <= restart < math.inf:
+            raise InvalidValueError(ANN_RESTART_COST, restart_raw, "must be >= 0")
+    return Workload(
+        key=f"{meta['namespace']}/{meta['name']}",
+        obj=job,
+        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE, ""),
+        request=gpu_request(job),
+        features=features,
+        gpu_model=gpu_model_constraint(job),
+        restart_cost_s=restart,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    model: str
+    gpus: int
+    memory_mib: float
+
+
+def node_gpus(node: Obj) -> NodeGpus | None:
+    """A Ready, schedulable node's GPUs by model; None for nodes without labelled GPUs."""
+    labels = node["metadata"].get("labels") or {}
+    model = labels.get(res.LABEL_GPU_MODEL)
+    if not model or (node.get("spec") or {}).get("unschedulable"):
+        return None
+    conds = (node.get("status") or {}).get("conditions") or []
+    if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds):
+        return None
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        gpus = int(alloc.get(GPU, labels.get(res.LABEL_GPU_COUNT, 0)))
+        memory = float(labels.get(res.LABEL_GPU_MEMORY_MIB, 0))
+    except ValueError:
+        return None
+    if gpus <= 0:
+        return None
+    return NodeGpus(model=model, gpus=gpus, memory_mib=memory)

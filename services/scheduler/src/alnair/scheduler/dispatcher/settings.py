@@ -1,0 +1,41 @@
+"""Dispatcher settings (env prefix `ALNAIR_DISPATCHER_`; connections under `ALNAIR_`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
+
+
+class DispatcherSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="ALNAIR_DISPATCHER_", extra="ignore")
+
+    http_port: int = Field(
+        default=DEFAULT_HTTP_PORTS["dispatcher"], ge=0, le=65535, description="HTTP API port"
+    )
+    policy: str = Field(default="alnair", description="queueing policy: alnair, fifo, sjf, drf")
+    nats_enabled: bool = Field(
+        default=True, description="ask the predictor over NATS and publish job lifecycle events"
+    )
+    predict_subject: str = Field(
+        default="alnair.predict", description="NATS subject of the predictor's request-reply"
+    )
+    predict_timeout_s: float = Field(
+        default=5.0, gt=0, description="how long one prediction request may take"
+    )
+    require_predictions: bool = Field(
+        default=False,
+        description="hold jobs that carry no model annotations (nothing to predict from) "
+        "instead of admitting them with unknown runtime and memory",
+    )
+    node_selector: str | None = Field(
+        default=None,
+        description="label selector of the GPU nodes this dispatcher admits onto (unset: all)",
+    )
+    default_restart_cost_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="work a preempted job is assumed to lose (checkpoint reload, warm-up) "
+        "unless it says otherwise in alnair.io/restart-cost-s",
+    )

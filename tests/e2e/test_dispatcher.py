@@ -1,0 +1,358 @@
+"""The job dispatcher on the local control plane: queues, quotas, borrowing, preemption, memory.
+
+Real kube-apiserver, Job controller and KWOK; the Alnair scheduler binds the admitted Jobs'
+pods in this process; KWOK completes them after their `alnair.io/duration`. Each test has its
+own node pool (a label the dispatcher selects on) and its own queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from alnair.common import resources as r
+from alnair.common.bus import Bus
+from alnair.common.events import JobEvent, JobPhase
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    COHORTS,
+    EVENTS,
+    JOBS,
+    LOCALQUEUES,
+    ApiError,
+    KubeClient,
+)
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
+from alnair.scheduler.dispatcher.app import start as start_dispatcher
+from alnair.scheduler.dispatcher.objects import (
+    ANN_ADMITTED_TYPE,
+    ANN_BORROWING,
+    ANN_PREEMPTIONS,
+    LABEL_QUEUE,
+)
+from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.settings import SchedulerSettings
+
+pytestmark = pytest.mark.e2e
+POOL = "alnair.io/test-pool"
+
+
+def gpu_job(
+    name: str, ns: str, queue: str, gpus: int, *, duration_s: float = 600,
+    model: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {LABEL_QUEUE: queue},
+            "annotations": dict(model or {}),
+        },
+        "spec": {
+            "suspend": True,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {r.ANN_DURATION: f"{duration_s}s"}},
+                "spec": {
+                    "schedulerName": r.SCHEDULER_NAME,
+                    "restartPolicy": "Never",
+                    "nodeSelector": {POOL: ns},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "trainer",
+                            "resources": {"limits": {r.GPU: str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def cluster_queue(
+    name: str, cohort: str | None, quota: dict[str, int], borrowing: int | None = None
+) -> dict[str, Any]:
+    resources: list[dict[str, Any]] = []
+    flavors = []
+    for model, nominal in quota.items():
+        resources = [{"name": r.GPU, "nominalQuota": nominal}]
+        if borrowing is not None:
+            resources[0]["borrowingLimit"] = borrowing
+        flavors.append({"name": model, "resources": resources})
+    spec: dict[str, Any] = {"resourceGroups": [{"coveredResources": [r.GPU], "flavors": flavors}]}
+    if cohort:
+        spec["cohort"] = cohort
+    return {
+        "apiVersion": "alnair.io/v1alpha1",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def local_queue(name: str, ns: str, cq: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "alnair.io/v1alpha1",
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterQueue": cq},
+    }
+
+
+async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.05) -> Any:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            await asyncio.sleep(interval_s)
+
+
+async def job(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:
+    return await kube.get(JOBS, name, ns)
+
+
+async def admitted_type(kube: KubeClient, ns: str, name: str) -> str | None:
+    j = await job(kube, ns, name)
+    if j["spec"].get("suspend"):
+        return None
+    return (j["metadata"].get("annotations") or {}).get(ANN_ADMITTED_TYPE)
+
+
+async def events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
+    return [e for e in items if e["reason"] == reason]
+
+
+def finished_at(j: dict[str, Any]) -> float | None:
+    for cond in (j.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "Complete" and cond["status"] == "True":
+            return time.time()
+    return None
+
+
+@contextlib.asynccontextmanager
+async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+    sched = Scheduler(
+        kube,
+        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity="disp-e2e"),
+    )
+    await sched.start_watching()
+    task = asyncio.create_task(sched.run())
+    try:
+        yield sched
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sched.stop()
+
+
+def dispatcher_settings(cp: ControlPlane, ns: str, **kw: Any) -> DispatcherSettings:
+    base: dict[str, Any] = {
+        "kubeconfig": str(cp.kubeconfig),
+        "http_port": 0,
+        "http_host": "127.0.0.1",
+        "nats_enabled": False,
+        "node_selector": f"{POOL}={ns}",
+        "policy": "alnair",
+    }
+    base.update(kw)
+    return DispatcherSettings(**base)
+
+
+async def test_quota_borrowing_preemption_completion_and_restart(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    cohort = f"c-{ns}"
+    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
+                                "metadata": {"name": cohort}})  # fmt: skip
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"a-{ns}", cohort, {"V100M32": 4}, 4))
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"b-{ns}", cohort, {"V100M32": 4}, 4))
+    await kube.create(LOCALQUEUES, local_queue("team-a", ns, f"a-{ns}"), ns)
+    await kube.create(LOCALQUEUES, local_queue("team-b", ns, f"b-{ns}"), ns)
+    async with scheduler(kube):
+        running: RunningDispatcher = await start_dispatcher(dispatcher_settings(control_plane, ns))
+        try:
+            # Team A fills its quota and borrows team B's idle half of the node.
+            await kube.create(JOBS, gpu_job("a1", ns, "team-a", 4), ns)
+            await wait_for(lambda: admitted_type(kube, ns, "a1"), 20)
+            await kube.create(JOBS, gpu_job("a2", ns, "team-a", 4), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "a2"), 20) == "V100M32"
+            a2 = await job(kube, ns, "a2")
+            assert a2["metadata"]["annotations"][ANN_BORROWING] == "true"
+            assert a2["spec"]["template"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
+
+            # The lender submits: the borrowed job is suspended and team B's job admitted.
+            await kube.create(JOBS, gpu_job("b1", ns, "team-b", 4, duration_s=3), ns)
+            await wait_for(lambda: admitted_type(kube, ns, "b1"), 20)
+            a2 = await job(kube, ns, "a2")
+            assert a2["spec"]["suspend"] is True
+            assert a2["metadata"]["annotations"][ANN_PREEMPTIONS] == "1"
+            assert await admitted_type(kube, ns, "a1") == "V100M32"  # in quota: untouched
+            preempted = await wait_for(lambda: events(kube, ns, "a2", "Preempted"), 10)
+            assert "b1" in preempted[0]["message"]
+
+            # Queued behind b1 in team B's quota; b1's completion admits it (no timer).
+            await kube.create(JOBS, gpu_job("b2", ns, "team-b", 4), ns)
+            explained = await wait_for(
+                lambda: _explain(running, ns, "b2", lambda d: d["reason"] is not None), 10
+            )
+            assert explained["status"] == "waiting"
+            assert explained["reason"]["kind"] in ("quota", "capacity", "reservation")
+            assert explained["position"] == 1
+            done = await wait_for(lambda: _completed(kube, ns, "b1"), 30, 0.02)
+            await wait_for(lambda: admitted_type(kube, ns, "b2"), 5, 0.02)
+            delay = time.time() - done
+            assert delay < 1.0, f"b2 admitted {delay:.2f} s after b1 completed"
+
+            cq = await kube.get(CLUSTERQUEUES, f"b-{ns}")
+            assert cq["status"]["admittedWorkloads"] >= 1
+            lq = await kube.get(LOCALQUEUES, "team-a", ns)
+            assert lq["status"]["pendingWorkloads"] == 1  # a2 waits for room again
+        finally:
+            await running.stop()
+
+        # A restarted dispatcher decides from the Jobs themselves: nothing admitted twice.
+        before = {n: await admitted_type(kube, ns, n) for n in ("a1", "a2", "b2")}
+        running = await start_dispatcher(dispatcher_settings(control_plane, ns))
+        try:
+            await asyncio.sleep(1.0)
+            after = {n: await admitted_type(kube, ns, n) for n in ("a1", "a2", "b2")}
+            assert after == before
+            for name in ("a1", "b1", "b2"):
+                assert len(await events(kube, ns, name, "Admitted")) == 1, name
+        finally:
+            await running.stop()
+
+
+async def _completed(kube: KubeClient, ns: str, name: str) -> float | None:
+    return finished_at(await job(kube, ns, name))
+
+
+async def _explain(running: RunningDispatcher, ns: str, name: str, ok: Any) -> Any:
+    async with httpx.AsyncClient() as http:
+        resp = await http.get(f"{running.url}/v1/jobs/{ns}/{name}")
+    if resp.status_code != 200:
+        return None
+    doc = resp.json()
+    return doc if ok(doc) else None
+
+
+async def test_a_job_that_would_oom_on_t4_waits_for_a_v100(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str, redis_url: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    from alnair.predictor.app import start as start_predictor
+    from alnair.predictor.settings import PredictorSettings
+
+    ns = namespace
+    await control_plane.create_gpu_nodes(
+        "1x T4:4, 1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns}
+    )
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"m-{ns}", None, {"T4": 4, "V100M32": 4}))
+    await kube.create(LOCALQUEUES, local_queue("ml", ns, f"m-{ns}"), ns)
+    predictor = await start_predictor(
+        PredictorSettings(nats_url=nats_url, redis_url=redis_url, http_port=0,
+                          http_host="127.0.0.1"),
+        CollectorRegistry(),
+    )  # fmt: skip
+    bus = await Bus.connect(nats_url, name="test-observer")
+    seen: list[JobEvent] = []
+
+    async def observe(event: JobEvent, _env: Any) -> None:
+        seen.append(event)
+
+    await bus.subscribe(JobEvent, observe, durable="test-observer")
+    async with scheduler(kube):
+        running = await start_dispatcher(
+            dispatcher_settings(control_plane, ns, nats_enabled=True, nats_url=nats_url)
+        )
+        try:
+            # The V100s are busy with a job that says nothing of its model.
+            filler = gpu_job("filler", ns, "ml", 4, duration_s=4)
+            filler["spec"]["template"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] = "V100M32"
+            await kube.create(JOBS, filler, ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "filler"), 20) == "V100M32"
+            # ResNet-50 at batch 192 peaks near 19 GB per GPU: more than a T4's 16 GB.
+            big = {"model_name": "resnet50", "batch_size": "192", "data_size": "50000",
+                   "epoch": "1"}  # fmt: skip
+            await kube.create(JOBS, gpu_job("big", ns, "ml", 1, model=big), ns)
+            explained = await wait_for(
+                lambda: _explain(running, ns, "big", lambda d: d["status"] == "waiting"
+                                 and d["prediction"] is not None), 20,
+            )  # fmt: skip
+            assert explained["reason"]["kind"] in ("memory", "capacity", "reservation")
+            assert explained["prediction"]["peak_memory_mib"] > 16384
+            assert await admitted_type(kube, ns, "big") is None  # the free T4s are refused
+            # The filler ends; the big job goes to the V100s, never the T4s.
+            assert await wait_for(lambda: admitted_type(kube, ns, "big"), 30) == "V100M32"
+            phases = {(e.name, e.phase) for e in seen}
+            assert ("big", JobPhase.SUBMITTED) in phases
+            await wait_for(lambda: _has(seen, "big", JobPhase.ADMITTED), 5)
+        finally:
+            await running.stop()
+            await bus.close()
+            await predictor.stop()
+
+
+async def _has(seen: list[JobEvent], name: str, phase: JobPhase) -> bool:
+    return any(e.name == name and e.phase == phase for e in seen)
+
+
+async def test_bad_queues_and_jobs_are_named(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:2", kube=kube, prefix=ns, labels={POOL: ns})
+    # The CRD schema refuses a negative quota, naming the field.
+    with pytest.raises(ApiError) as refused:
+        await kube.create(CLUSTERQUEUES, cluster_queue(f"neg-{ns}", None, {"V100M32": -1}))
+    assert "nominalQuota" in str(refused.value)
+    # An unknown cohort: the queue is inactive, says why, and admits nothing.
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"lost-{ns}", f"nope-{ns}", {"V100M32": 2}))
+    await kube.create(LOCALQUEUES, local_queue("lost", ns, f"lost-{ns}"), ns)
+    running = await start_dispatcher(dispatcher_settings(control_plane, ns))
+    try:
+        await kube.create(JOBS, gpu_job("orphan", ns, "missing", 1), ns)
+        await kube.create(JOBS, gpu_job("stuck", ns, "lost", 1), ns)
+        ev = (await wait_for(lambda: events(kube, ns, "orphan", "QueueNotFound"), 10))[0]
+        assert "missing" in ev["message"]
+
+        async def inactive() -> Any:
+            cq = await kube.get(CLUSTERQUEUES, f"lost-{ns}")
+            conds = (cq.get("status") or {}).get("conditions") or []
+            return next(
+                (c for c in conds if c["type"] == "Active" and c["status"] == "False"), None
+            )
+
+        cond = await wait_for(inactive, 10)
+        assert "spec.cohort" in cond["message"]
+        ev = (await wait_for(lambda: events(kube, ns, "stuck", "QueueNotFound"), 10))[0]
+        assert "inactive" in ev["message"] and "spec.cohort" in ev["message"]
+        assert await admitted_type(kube, ns, "stuck") is None
+        # A Job asking for no GPUs is refused with an Event, not a crash.
+        nogpu = gpu_job("nogpu", ns, "lost", 1)
+        nogpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {}
+        await kube.create(JOBS, nogpu, ns)
+        ev = (await wait_for(lambda: events(kube, ns, "nogpu", "InvalidRequest"), 10))[0]
+        assert r.GPU in ev["message"]
+        assert not running.loop.done()
+    finally:
+        await running.stop()
