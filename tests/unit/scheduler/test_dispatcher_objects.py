@@ -1,0 +1,133 @@
+"""The dispatcher's reading of queues, Jobs and predictor answers: bad input is named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from alnair.common import resources as r
+from alnair.common.errors import InvalidValueError
+from alnair.scheduler.dispatcher.objects import (
+    ANN_SELECTED_TYPE,
+    gpu_model_constraint,
+    gpu_request,
+    parse_cluster_queue,
+    parse_workload,
+)
+from alnair.scheduler.dispatcher.predictions import (
+    PredictionError,
+    canonical_match,
+    to_prediction,
+)
+
+
+def cq(cohort: str | None = "pool", **resource: Any) -> dict[str, Any]:
+    res = {"name": r.GPU, "nominalQuota": 4, **resource}
+    spec: dict[str, Any] = {
+        "resourceGroups": [{"coveredResources": [r.GPU], "flavors": [
+            {"name": "V100M32", "resources": [res]}]}],
+        "fairSharing": {"weight": 2},
+    }  # fmt: skip
+    if cohort:
+        spec["cohort"] = cohort
+    return {"metadata": {"name": "team-a"}, "spec": spec}
+
+
+def job(gpus: int | None = 2, **extra: Any) -> dict[str, Any]:
+    limits = {} if gpus is None else {r.GPU: str(gpus)}
+    return {
+        "metadata": {"name": "j", "namespace": "ml", "annotations": extra.pop("annotations", {})},
+        "spec": {
+            "parallelism": extra.pop("parallelism", 1),
+            "suspend": True,
+            "template": {"spec": {"nodeSelector": extra.pop("node_selector", {}),
+                                  "containers": [{"resources": {"limits": limits}}]}},
+        },
+    }  # fmt: skip
+
+
+def test_a_cluster_queue_reads_as_quota_per_gpu_model() -> None:
+    spec = parse_cluster_queue(cq(borrowingLimit=2, lendingLimit=1), {"pool"})
+    quota = spec.quota["V100M32"]
+    assert (quota.nominal, quota.borrowing_limit, quota.lending_limit) == (4, 2, 1)
+    assert spec.cohort == "pool" and spec.weight == 2.0
+
+
+@pytest.mark.parametrize(
+    ("obj", "cohorts", "field"),
+    [
+        (cq(), set(), "spec.cohort"),
+        (cq(nominalQuota=-1), {"pool"}, "nominalQuota"),
+        (cq(lendingLimit=9), {"pool"}, "lendingLimit"),
+        (cq(cohort=None, borrowingLimit=1), set(), "borrowingLimit"),
+        (cq(name="cpu"), {"pool"}, "resources[0].name"),
+    ],
+)
+def test_a_bad_cluster_queue_names_the_field(obj: Any, cohorts: set[str], field: str) -> None:
+    with pytest.raises(InvalidValueError) as exc:
+        parse_cluster_queue(obj, cohorts)
+    assert field in exc.value.field
+
+
+def test_gpu_requests_count_every_parallel_pod() -> None:
+    assert gpu_request(job(2, parallelism=3)).gpus == 6
+    frac = job(None)
+    frac["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {r.GPU_MEMORY: "4096"}
+    }
+    request = gpu_request(frac)
+    assert (request.gpus, request.memory_mib_per_pod) == (1, 4096)
+    with pytest.raises(InvalidValueError, match=r.GPU):
+        gpu_request(job(None))
+    with pytest.raises(InvalidValueError, match="parallelism"):
+        gpu_request(job(2, parallelism=0))
+
+
+def test_our_own_node_selector_is_not_read_as_the_users_constraint() -> None:
+    assert gpu_model_constraint(job(node_selector={r.LABEL_GPU_MODEL: "T4"})) == "T4"
+    ours = job(node_selector={r.LABEL_GPU_MODEL: "T4"}, annotations={ANN_SELECTED_TYPE: "T4"})
+    assert gpu_model_constraint(ours) is None
+
+
+def test_seed_annotations_are_the_prediction_features() -> None:
+    wl = parse_workload(
+        job(annotations={"model_name": "resnet50", "epoch": "2", "alnair.io/restart-cost-s": "30"}),
+        60.0,
+    )
+    assert wl.features == {"model_name": "resnet50", "epoch": "2"}
+    assert wl.restart_cost_s == 30.0
+    with pytest.raises(InvalidValueError, match="restart-cost"):
+        parse_workload(job(annotations={"alnair.io/restart-cost-s": "soon"}), 60.0)
+
+
+def reply(**prediction: Any) -> dict[str, Any]:
+    p = {"gpu_type": "V100", "gpu_count": 2, "runtime_s": 100.0,
+         "runtime_interval_s": {"low": 80.0, "high": 130.0}, "peak_gpu_mem_mib": 9000.0,
+         "low_confidence": False, **prediction}  # fmt: skip
+    return {"model_version": 3, "low_confidence": False, "predictions": [p]}
+
+
+def test_a_predictor_answer_maps_onto_node_gpu_models() -> None:
+    got = to_prediction(reply(), 2, ["V100M32", "T4"])
+    assert got.runtime["V100M32"].expected_s == 100.0
+    assert got.runtime["V100M32"].upper_s == 130.0
+    assert "T4" not in got.runtime
+    assert got.peak_memory_mib == 9000.0
+    assert canonical_match("A100-SXM4-80GB", ["A10", "A100"]) == "A100"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"predictions": "nope", "model_version": 1, "low_confidence": False},
+        reply(runtime_s=float("nan")),
+        reply(runtime_s=-5.0),
+        reply(peak_gpu_mem_mib=-1.0),
+        reply(gpu_type="Z9"),
+        ["not", "an", "object"],
+    ],
+)
+def test_malformed_predictor_answers_never_admit(bad: Any) -> None:
+    with pytest.raises(PredictionError):
+        to_prediction(bad, 2, ["V100M32"])
