@@ -358,7 +358,34 @@ class KubeClient:
             data = body if isinstance(body, bytes | str) else json.dumps(body)
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         headers = {"Content-Type": content_type} if data is not None else None
-        cred = None if self.auth is None else await self.auth.credential()
+        if self.auth is not None:
+            return await self._request_renewing(method, path, data, query, headers)
+        # Static credentials ride on the session: this path pays nothing for renewable ones.
+        try:
+            async with self.session.request(
+                method, path, data=data, params=query, headers=headers
+            ) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unavailable(f"API server unreachable: {exc!r}", path=path) from exc
+        _raise_for(status, text, path)
+        if not text:
+            return {}
+        result: Obj = json.loads(text)
+        return result
+
+    async def _request_renewing(
+        self,
+        method: str,
+        path: str,
+        data: bytes | str | None,
+        query: Mapping[str, str],
+        headers: dict[str, str] | None,
+    ) -> Obj:
+        """`request` with a renewable credential: the current one, renewed once after a 401."""
+        assert self.auth is not None
+        cred: Credential | None = await self.auth.credential()
         for attempt in range(2):
             try:
                 async with self.session.request(
