@@ -33,6 +33,7 @@ from alnair.common.kube import (
     Resource,
 )
 from alnair.common.localstack import ControlPlane
+from alnair.profiler.aggregator import resolve_owner
 
 pytestmark = pytest.mark.e2e
 
@@ -107,6 +108,28 @@ EXPECTATIONS = [
             Access("patch", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
             Access("list", "configmaps"),
             Access("create", "jobs", "batch", namespace="team-a"),
+        ],
+    ),
+    Expectation(
+        "alnair-dispatcher",
+        allowed=[
+            Access("list", "clusterqueues", "alnair.io"),
+            Access("watch", "localqueues", "alnair.io"),
+            Access("watch", "cohorts", "alnair.io"),
+            Access("patch", "clusterqueues", "alnair.io", sub="status"),
+            Access("patch", "localqueues", "alnair.io", sub="status", namespace="team-a"),
+            Access("list", "nodes"),
+            Access("watch", "jobs", "batch"),
+            Access("patch", "jobs", "batch", namespace="team-a"),
+            Access("create", "events", namespace="team-a"),
+        ],
+        denied=[
+            Access("create", "jobs", "batch", namespace="team-a"),
+            Access("delete", "jobs", "batch", namespace="team-a"),
+            Access("patch", "clusterqueues", "alnair.io"),
+            Access("create", "clusterqueues", "alnair.io"),
+            Access("list", "pods"),
+            Access("patch", "nodes"),
         ],
     ),
     Expectation(
@@ -304,6 +327,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             {
                 "alnair-scheduler": 2,
                 "alnair-predictor": 1,
+                "alnair-dispatcher": 1,
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
                 "alnair-deviceplugin": 1,
@@ -364,6 +388,10 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
     if account == "alnair-scheduler":
         assert (await limited.list(NODES))["items"]
         await forbidden(limited.patch(NODES, gpu_node, {"metadata": {"labels": {"x": "y"}}}))
+    elif account == "alnair-dispatcher":
+        assert "items" in await limited.list(JOBS)
+        await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
+        await forbidden(limited.list(PODS))
     elif account == "alnair-predictor":
         await forbidden(limited.list(PODS))
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
@@ -379,6 +407,13 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert "items" in await limited.list(JOBS)
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
         await forbidden(limited.list(DEPLOYMENTS, NS))
+        # A pod owned by a kind outside the readable groups is recorded against that owner
+        # (its reference names it), instead of failing every sample with the 403.
+        ref = {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w", "uid": "u-w"}
+        pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u-p"}}
+        pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+        owner = await resolve_owner(limited, pod)
+        assert (owner.kind, owner.name, owner.uid) == ("Widget", "w", "u-w")
     elif account == "alnair-deviceplugin":
         # Its own pod (created by the DaemonSet controller for the GPU node; nothing binds it
         # here, as no default scheduler runs in this control plane).

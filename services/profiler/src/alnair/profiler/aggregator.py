@@ -147,6 +147,12 @@ async def resolve_owner(kube: KubeClient, pod: Mapping[str, Any], max_depth: int
             obj = await kube.get(resource_for(current.api_version, current.kind), current.name, ns)
         except NotFound:
             break
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # A kind outside the groups our RBAC may read (deploy/kustomize): its reference
+            # already names the owner; only the walk further up stops here.
+            break
     return current
 
 
