@@ -34,7 +34,16 @@ WORKLOADS: dict[tuple[str, str], tuple[str, int]] = {
     ("Deployment", "alnair-profiler-agent-sim"): ("profiler", 8083),
     ("Deployment", "alnair-profiler-aggregator"): ("profiler", 8084),
     ("DaemonSet", "alnair-deviceplugin"): ("deviceplugin", 8085),
+    ("Deployment", "alnair-dispatcher"): ("scheduler", 8086),
 }
+# Workloads whose settings prefix is not their distribution's name (one image, two programs).
+SETTINGS_PREFIX = {"alnair-dispatcher": "DISPATCHER"}
+
+
+def port_env(workload: str, service: str) -> str:
+    return f"ALNAIR_{SETTINGS_PREFIX.get(workload, service.upper())}_HTTP_PORT"
+
+
 # Host access, and why (the manifests' comments say it at length).
 RUNS_AS_ROOT = {"alnair-deviceplugin"}  # creates its socket in the kubelet's root-owned dir
 HOST_PATHS = {
@@ -283,7 +292,7 @@ def test_each_service_listens_on_its_own_port_and_probes_routes_it_serves(overla
         service, port = WORKLOADS[key]
         pod = w["spec"]["template"]
         (c,) = pod["spec"]["containers"]
-        assert env_of(c)[f"ALNAIR_{service.upper()}_HTTP_PORT"] == str(port), key
+        assert env_of(c)[port_env(key[1], service)] == str(port), key
         assert c["ports"] == [{"name": "http", "containerPort": port}], key
         assert pod["metadata"].get("annotations", {}).get("prometheus.io/port") == str(port), key
         routes = served_routes(service)
@@ -367,11 +376,11 @@ def test_compose_runs_every_service_on_its_own_port_with_the_same_images() -> No
         if "build" in svc:
             service = Path(svc["build"]["dockerfile"]).parent.name
             assert svc["image"] == built[service], name
-    expected = {port: svc for (_, _), (svc, port) in WORKLOADS.items()}
-    for port, service in expected.items():
+    expected = {port: (name, svc) for (_, name), (svc, port) in WORKLOADS.items()}
+    for port, (name, service) in expected.items():
         assert port in ports, f"compose: nothing on {port} ({service})"
         env = services[ports[port]]["environment"]
-        assert str(env[f"ALNAIR_{service.upper()}_HTTP_PORT"]) == str(port), ports[port]
+        assert str(env[port_env(name, service)]) == str(port), ports[port]
         assert services[ports[port]]["image"] == built[service], ports[port]
     assert {"nats", "redis"} <= set(services)
 
