@@ -121,6 +121,7 @@ EXPECTATIONS = [
             Access("list", "nodes"),
             Access("watch", "jobs", "batch"),
             Access("patch", "jobs", "batch", namespace="team-a"),
+            Access("patch", "jobs", "batch", sub="status", namespace="team-a"),
             Access("create", "events", namespace="team-a"),
         ],
         denied=[

@@ -217,6 +217,11 @@ async def test_quota_borrowing_preemption_completion_and_restart(
             assert explained["status"] == "waiting"
             assert explained["reason"]["kind"] in ("quota", "capacity", "reservation")
             assert explained["position"] == 1
+            cond = await wait_for(lambda: _condition(kube, ns, "b2"), 10)
+            assert (
+                cond["status"] == "False" and cond["reason"] == explained["reason"]["kind"].title()
+            )
+            assert (await _condition(kube, ns, "a1") or {}).get("status") == "True"
             done = await wait_for(lambda: _completed(kube, ns, "b1"), 30, 0.02)
             await wait_for(lambda: admitted_type(kube, ns, "b2"), 5, 0.02)
             delay = time.time() - done
@@ -240,6 +245,11 @@ async def test_quota_borrowing_preemption_completion_and_restart(
                 assert len(await events(kube, ns, name, "Admitted")) == 1, name
         finally:
             await running.stop()
+
+
+async def _condition(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    conds = ((await job(kube, ns, name)).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == "alnair.io/Admitted"), None)
 
 
 async def _completed(kube: KubeClient, ns: str, name: str) -> float | None:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 from alnair.common import resources as res
@@ -78,6 +78,7 @@ from alnair.scheduler.queueing import (
 
 log = logging.getLogger(__name__)
 COMPONENT = "alnair-dispatcher"
+CONDITION_ADMITTED = "alnair.io/Admitted"
 WAIT_KINDS = get_args(WaitKind)
 
 
@@ -88,6 +89,11 @@ def _rv(obj: Obj) -> int:
         return int(obj["metadata"].get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+def _camel(kind: str) -> str:
+    """A wait kind as a condition reason (`fair_share` -> `FairShare`)."""
+    return "".join(part.capitalize() for part in kind.split("_"))
 
 
 def _epoch(ts: str | None) -> float:
@@ -507,9 +513,9 @@ class Dispatcher:
         state.predicted_finish_s = now_s + estimate.expected_s if estimate else None
         runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
         where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
-        await self._event(
-            updated, "Admitted", f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
-        )
+        message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
+        await self._event(updated, "Admitted", message)
+        await self._condition(wl, "True", "Admitted", message)
         await self._publish(
             wl,
             JobPhase.ADMITTED,
@@ -548,6 +554,7 @@ class Dispatcher:
         if state is not None:
             state.admitted_type = None
         await self._event(updated, "Preempted", f"suspended for {for_job}: {reason}", warning=True)
+        await self._condition(wl, "False", "Preempted", f"suspended for {for_job}: {reason}")
         await self._publish(
             wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
         )
@@ -566,6 +573,25 @@ class Dispatcher:
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
         with contextlib.suppress(NotFound, Conflict):
             await self.kube.patch(JOBS, wl.name, note, wl.namespace)
+        await self._condition(wl, "False", _camel(state.reason.kind), state.reason.message)
+
+    async def _condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
+        """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
+        False with the wait reason while queued, True once admitted."""
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {
+            "type": CONDITION_ADMITTED, "status": status, "reason": reason,
+            "message": message[:1024], "lastTransitionTime": ts, "lastProbeTime": ts,
+        }  # fmt: skip
+        try:
+            await self.kube.patch(
+                JOBS, wl.name, {"status": {"conditions": [cond]}}, wl.namespace,
+                patch_type="strategic", sub="status",
+            )  # fmt: skip
+        except (NotFound, Conflict):
+            return
+        except ApiError as exc:
+            log.warning("condition not written", extra={"job": wl.key, "error": str(exc)})
 
     async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
         try:
