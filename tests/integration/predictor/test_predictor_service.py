@@ -34,6 +34,7 @@ def settings(nats_url: str, redis_url: str) -> PredictorSettings:
         retrain_debounce_s=0.3,
         retrain_max_wait_s=5.0,
         log_json=False,
+        model_key="test-model-key-0123456789",  # the same key across restarts
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,7 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     metrics = PredictorMetrics(registry)
     gavel = load_gavel(settings.gavel_path)
     redis = aioredis.from_url(settings.redis_url)
-    store = ModelStore(redis, keep=settings.models_kept)
+    store = ModelStore(redis, model_key(settings), keep=settings.models_kept)
     retrainer = Retrainer(
         redis,
         store,
@@ -96,6 +97,17 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     )
     tasks.append(http_task)
     return Running(settings, metrics, bus, redis, retrainer, server, subscriptions, tasks, died)
+
+
+def model_key(settings: PredictorSettings) -> bytes:
+    """The key that signs stored models: the configured Secret, else a random one (dev)."""
+    if settings.model_key is not None:
+        return settings.model_key.get_secret_value().encode()
+    log.warning(
+        "no ALNAIR_PREDICTOR_MODEL_KEY: stored models are signed with a per-process key,"
+        " so a restart retrains instead of loading them"
+    )
+    return secrets.token_bytes(32)
 
 
 async def serve(settings: PredictorSettings) -> int:

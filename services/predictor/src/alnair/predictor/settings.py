@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
@@ -55,6 +55,14 @@ class PredictorSettings(ServiceSettings):
         description="relative holdout-MAPE margin a candidate may lose to the serving model",
     )
     models_kept: int = Field(default=10, ge=1, description="model versions kept in Redis")
+    model_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "secret (16 bytes or more) that signs stored model blobs with HMAC-SHA256; a blob"
+            " it did not sign is never unpickled. Unset: a random key per process (dev only:"
+            " a restart retrains instead of loading the stored model)"
+        ),
+    )
     gavel_path: Path | None = Field(
         default=None,
         description="Gavel throughputs.json or packaged-format CSV; unset: the packaged copy",

@@ -2,27 +2,33 @@
 
 Layout (all keys under `alnair:predictor:`):
 - `model:seq`: counter that hands out version numbers (INCR, so two replicas never collide);
-- `model:<version>`: hash with `blob` (the pickled bundle), `sha256` of the blob and `meta`
-  (JSON: kind, training size, validation, trained_at);
+- `model:<version>`: hash with `blob` (the pickled bundle), `hmac` (HMAC-SHA256 of the
+  version and the blob, keyed by the predictor's model key) and `meta` (JSON: kind, training
+  size, validation, trained_at);
 - `models`: sorted set of versions (score = version) for the history;
 - `model:current`: the version that serves. Replicas and restarts load it, so a restarted
   predictor serves the validated model at once instead of retraining first.
 
-The blob is a pickle: Redis is the predictor's own store, written only by the predictor, and
-the digest check refuses a blob that was cut short or altered. Old versions beyond `keep` are
-deleted when a new one is saved.
+The blob is a pickle, and unpickling runs code: whoever can write Redis must not be able to
+choose what the predictor unpickles. So every blob is signed with HMAC-SHA256 under a key only
+the predictor holds (`ALNAIR_PREDICTOR_MODEL_KEY`, a Secret in deploy), and the tag is checked
+in constant time before a single byte is deserialised. A checksum stored beside the blob would
+not do: whoever rewrites the blob rewrites the checksum too. The version is signed with the
+blob, so an old, genuinely signed blob cannot be replayed under a newer version. Old versions
+beyond `keep` are deleted when a new one is saved.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import pickle
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from alnair.common.errors import PermanentError
+from alnair.common.errors import ConfigError, PermanentError
 from alnair.predictor.predictor import ModelBundle
 
 PREFIX = "alnair:predictor:"
@@ -40,7 +46,14 @@ def _int(raw: object) -> int:
 
 
 class CorruptModelError(PermanentError):
-    """A stored model blob whose digest does not match."""
+    """A stored model blob that is not signed by this predictor's key (altered, or foreign)."""
+
+
+def sign(key: bytes, version: int, blob: bytes) -> str:
+    """The HMAC-SHA256 tag of `blob` stored as `version`, hex."""
+    mac = hmac.new(key, f"{version}\n".encode(), hashlib.sha256)
+    mac.update(blob)
+    return mac.hexdigest()
 
 
 def bundle_meta(bundle: ModelBundle) -> dict[str, Any]:
@@ -59,8 +72,11 @@ def bundle_meta(bundle: ModelBundle) -> dict[str, Any]:
 class ModelStore:
     """Saves, promotes and loads model bundles."""
 
-    def __init__(self, redis: aioredis.Redis, keep: int = 10) -> None:
+    def __init__(self, redis: aioredis.Redis, key: bytes, keep: int = 10) -> None:
+        if len(key) < 16:
+            raise ConfigError("model key too short: it needs at least 16 bytes", length=len(key))
         self.redis = redis
+        self._key = key
         self.keep = keep
 
     async def next_version(self) -> int:
@@ -73,7 +89,7 @@ class ModelStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(
                 version_key(bundle.version),
-                mapping={"blob": blob, "sha256": hashlib.sha256(blob).hexdigest(), "meta": meta},
+                mapping={"blob": blob, "hmac": sign(self._key, bundle.version, blob), "meta": meta},
             )
             pipe.zadd(INDEX_KEY, {str(bundle.version): bundle.version})
             await pipe.execute()
@@ -87,13 +103,17 @@ class ModelStore:
         return None if raw is None else int(raw)
 
     async def load(self, version: int) -> ModelBundle | None:
-        blob, digest = await self.redis.hmget(version_key(version), ["blob", "sha256"])
+        blob, tag = await self.redis.hmget(version_key(version), ["blob", "hmac"])
         if not isinstance(blob, bytes):
             return None
-        expected = digest.decode() if isinstance(digest, bytes) else str(digest)
-        if hashlib.sha256(blob).hexdigest() != expected:
-            raise CorruptModelError("stored model blob fails its digest", version=version)
-        # Trusted: written by this service into its own store, digest checked above.
+        if not isinstance(tag, bytes) or not hmac.compare_digest(
+            sign(self._key, version, blob).encode(), tag
+        ):
+            raise CorruptModelError(
+                "stored model blob is not signed by this predictor's key: refused unread",
+                version=version,
+            )
+        # Trusted: the tag proves the predictor itself wrote these bytes under this version.
         bundle = pickle.loads(blob)  # noqa: S301
         if not isinstance(bundle, ModelBundle):
             raise CorruptModelError("stored blob is not a model bundle", version=version)
