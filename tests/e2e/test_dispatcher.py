@@ -366,3 +366,37 @@ async def test_bad_queues_and_jobs_are_named(
         assert not running.loop.done()
     finally:
         await running.stop()
+
+
+async def test_a_big_job_holds_its_reservation_against_later_small_ones(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"g-{ns}", None, {"V100M32": 8}))
+    await kube.create(LOCALQUEUES, local_queue("ml", ns, f"g-{ns}"), ns)
+    async with scheduler(kube):
+        # A job waiting over 1 s is owed a reservation (production default: 4 hours).
+        running = await start_dispatcher(dispatcher_settings(control_plane, ns, max_wait_s=1))
+        try:
+            for name, duration in (("s1", 2), ("s2", 5)):
+                await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=duration), ns)
+                await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
+            # An 8-GPU job (parallelism 2 x 4 GPUs, all at once) arrives, then small ones.
+            big = gpu_job("big", ns, "ml", 4, duration_s=2)
+            big["spec"]["parallelism"] = big["spec"]["completions"] = 2
+            await kube.create(JOBS, big, ns)
+            await wait_for(lambda: _explain(running, ns, "big", lambda d: d["reason"]), 10)
+            for name in ("s3", "s4"):
+                await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=2), ns)
+            # s1 ends first: its 4 GPUs stay free for the big job rather than going to s3.
+            await wait_for(lambda: _completed(kube, ns, "s1"), 30)
+            await asyncio.sleep(0.5)
+            assert await admitted_type(kube, ns, "s3") is None
+            assert await admitted_type(kube, ns, "big") is None
+            # s2 ends: the big job starts, and only then the small ones.
+            await wait_for(lambda: admitted_type(kube, ns, "big"), 30)
+            assert await admitted_type(kube, ns, "s3") is None
+            await wait_for(lambda: admitted_type(kube, ns, "s3"), 30)
+        finally:
+            await running.stop()

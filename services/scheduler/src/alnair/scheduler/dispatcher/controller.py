@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,6 +83,13 @@ CONDITION_ADMITTED = "alnair.io/Admitted"
 WAIT_KINDS = get_args(WaitKind)
 
 
+def build_policy(settings: DispatcherSettings) -> QueuePolicy:
+    """The configured queueing policy, with the options it takes from the settings."""
+    if settings.policy.lower() == "alnair":
+        return queue_policy("alnair", max_wait_s=settings.max_wait_s)
+    return queue_policy(settings.policy)
+
+
 def _rv(obj: Obj) -> int:
     """resourceVersion as a number: etcd's revision, which the API server hands out in order
     (opaque by contract, so a non-number compares as oldest)."""
@@ -144,7 +152,7 @@ class Dispatcher:
         self.metrics = metrics
         self.bus = bus
         self.predictor = predictor
-        self.policy = policy or queue_policy(settings.policy)
+        self.policy = policy or build_policy(settings)
         self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
         self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
         self.cohorts = Informer(kube, COHORTS, name="cohorts")
@@ -454,6 +462,8 @@ class Dispatcher:
             state.reason = decisions.waiting[job.id]
             reasons[state.reason.kind] += 1
             reservation = reservations.get(job.id)
+            if reservation is not None and not math.isfinite(reservation.start_s):
+                reservation = None  # held for it, at a time nobody can predict yet
             state.predicted_start_s = reservation.start_s if reservation else None
             estimate = job.runtime.get(reservation.gpu_type) if reservation else None
             state.predicted_finish_s = (

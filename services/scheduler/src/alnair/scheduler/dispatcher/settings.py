@@ -15,6 +15,12 @@ class DispatcherSettings(ServiceSettings):
         default=DEFAULT_HTTP_PORTS["dispatcher"], ge=0, le=65535, description="HTTP API port"
     )
     policy: str = Field(default="alnair", description="queueing policy: alnair, fifo, sjf, drf")
+    max_wait_s: float = Field(
+        default=4 * 3600.0,
+        gt=0,
+        description="alnair policy: a job waiting this long goes to the front and gets a "
+        "reservation that later jobs may not delay (backfill only what ends before it)",
+    )
     nats_enabled: bool = Field(
         default=True, description="ask the predictor over NATS and publish job lifecycle events"
     )

@@ -8,7 +8,9 @@ What it does that the baselines do not, each for a failure the peers' issue trac
 2. GPU type by predicted completion: of the types with room, the fastest; a faster type that
    is busy is waited for when its predicted completion (predicted release of GPUs + runtime)
    beats the free type's by `patience` (heterogeneity-aware, as Gavel's policies are).
-3. Bounded waits: a job that has waited `max_wait_s` goes to the front and, if it cannot start,
+3. Bounded waits: a job that has waited `max_wait_s` goes to the front and, if its queue's
+   quota holds it back, keeps that quota (later jobs of the queue start only if predicted to
+   end before the quota frees); if GPUs hold it back, it
    gets a reservation on the GPU type where it is predicted to complete first, at the time
    enough GPUs are predicted to be free there (EASY backfilling). Jobs behind it may use that
    type only if the *upper bound* of their predicted runtime ends before the reservation, or
@@ -109,9 +111,28 @@ class Alnair:
             key=lambda j: (not within_nominal(j), best_runtime_s(j, safe_types(j)), j.arrival_s),
         )
 
+        # An aged job its own queue's quota holds back keeps that quota: later jobs of the same
+        # queue start only if predicted (upper bound) to end before the quota frees for it.
+        held: dict[str, tuple[str, float]] = {}
         for job in aged + rest:
             options = plan.options(job)
             startable: list[tuple[str, QuotaCheck, bool]] = []
+            holder = held.get(job.queue)
+            if holder is not None:
+                upper = min(
+                    (e.upper_s for t, e in job.runtime.items() if t in dict(options.now)),
+                    default=INF,
+                )
+                if not (upper < INF and now + upper <= holder[1]):
+                    plan.wait(
+                        job,
+                        WaitReason(
+                            "reservation",
+                            f"queue {job.queue}'s quota is reserved for {holder[0]}, which has "
+                            "waited longest; this job is not predicted to end before it starts",
+                        ),
+                    )
+                    continue
             for gpu_type, check in options.now:
                 shadow = shadows.get(gpu_type)
                 if shadow is None:
@@ -119,7 +140,9 @@ class Alnair:
                     continue
                 estimate = job.runtime.get(gpu_type)
                 upper = estimate.upper_s if estimate is not None else INF
-                if now + upper <= shadow.start_s:
+                # Backfill only what is predicted to end before the reservation: a job of
+                # unknown runtime cannot be, even when the reservation's start is unknown too.
+                if upper < INF and now + upper <= shadow.start_s:
                     startable.append((gpu_type, check, False))
                 elif job.gpus <= shadow.extra:
                     startable.append((gpu_type, check, True))
@@ -147,6 +170,19 @@ class Alnair:
                         ),
                     )
                     continue
+            if (
+                job.id in aged_ids
+                and not options.allowed
+                and options.reason is not None
+                and options.reason.kind == "quota"
+                and job.queue not in held
+            ):
+                ends = [
+                    run.expected_end_s(now)
+                    for run in snapshot.running
+                    if run.job.queue == job.queue
+                ]
+                held[job.queue] = (job.id, max(ends, default=now))
             if self.reclaim and options.reclaimable and self._reclaim(job, options, plan, releases):
                 shadows_for = options.reclaimable[0]
                 shadows[shadows_for] = _Shadow(job.id, now, 0)
@@ -212,10 +248,12 @@ class Alnair:
             start = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
             estimate = job.runtime.get(gpu_type)
             end = start + (estimate.expected_s if estimate is not None else 0.0)
-            if start < INF and (best is None or end < best[0]):
+            if best is None or (end, start) < (best[0], best[2]):
                 best = (end, gpu_type, start)
         if best is None:
             return None
+        # A start of INF (the holders' runtimes are unknown) still reserves: the GPUs freed on
+        # that type go to this job first, whenever that is.
         _, gpu_type, start = best
         spare = _free_at(plan.free[gpu_type], releases[gpu_type], start) - job.gpus
         shadows[gpu_type] = _Shadow(job.id, start, max(0, spare))
