@@ -191,12 +191,12 @@ class Alnair:
             if options.reason is not None:
                 plan.wait(job, options.reason)
             elif not startable:
-                holder = next((shadows[t].job_id for t, _ in options.now if t in shadows), "")
+                reserver = next((shadows[t].job_id for t, _ in options.now if t in shadows), "")
                 plan.wait(
                     job,
                     WaitReason(
                         "reservation",
-                        f"would delay the reservation of {holder}; predicted to end too late",
+                        f"would delay the reservation of {reserver}; predicted to end too late",
                     ),
                 )
             else:
