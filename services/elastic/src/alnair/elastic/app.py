@@ -1,0 +1,108 @@
+"""Wiring and lifespan of the ElasticJob controller.
+
+`start` opens the Kubernetes client and (unless disabled) NATS, starts the controller's
+informers, subscribes to scale requests and starts the HTTP server, returning a handle whose
+`stop()` undoes it all in reverse. Tests use `start` directly; `serve` runs until SIGTERM, or
+until a vital task dies (crash-only: Kubernetes restarts the process, which converges from
+what it finds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from alnair.common.bus import Bus, Subscription
+from alnair.common.events import ScaleEvent
+from alnair.common.http import bound_port, named_task, start_http, stop_http
+from alnair.common.kube import KubeClient
+from alnair.common.logs import setup_logging
+from alnair.common.tasks import until_stopped
+from alnair.elastic.api import create_app
+from alnair.elastic.controller import Controller
+from alnair.elastic.handlers import subscribe
+from alnair.elastic.metrics import ElasticMetrics
+from alnair.elastic.settings import ElasticSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Running:
+    """A started controller."""
+
+    settings: ElasticSettings
+    metrics: ElasticMetrics
+    kube: KubeClient
+    controller: Controller
+    server: uvicorn.Server
+    bus: Bus | None = None
+    subscriptions: list[Subscription] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def http_port(self) -> int:
+        return bound_port(self.server)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    async def stop(self) -> None:
+        await stop_http(self.server, named_task(self.tasks, "elastic.http"))
+        for sub in self.subscriptions:
+            await sub.stop()
+        await self.controller.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        await self.kube.close()
+
+
+async def start(
+    settings: ElasticSettings,
+    registry: CollectorRegistry | None = None,
+    kube: KubeClient | None = None,
+) -> Running:
+    metrics = ElasticMetrics(registry)
+    kube = kube or KubeClient.from_config(settings.kubeconfig)
+    died = asyncio.Event()
+
+    def on_death(_exc: BaseException) -> None:
+        died.set()
+
+    bus = None
+    publish = None
+    if settings.nats_enabled:
+        bus = await Bus.connect(settings.nats_url, name="elastic")
+        connected = bus
+
+        async def publish_event(event: ScaleEvent, event_id: str) -> None:
+            await connected.publish(event, source=settings.source, event_id=event_id)
+
+        publish = publish_event
+    controller = Controller(kube, settings, metrics, publish, on_death=on_death)
+    await controller.start()
+    subscriptions = await subscribe(bus, controller, settings.durable) if bus else []
+    app = create_app(controller, metrics)
+    server, http_task = await start_http(
+        app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death
+    )
+    return Running(
+        settings, metrics, kube, controller, server, bus, subscriptions, [http_task], died
+    )
+
+
+async def serve(settings: ElasticSettings) -> int:
+    """Run the controller until SIGTERM/SIGINT, or until one of its tasks dies."""
+    setup_logging(settings.log_level, settings.log_json)
+    running = await start(settings)
+    log.info("elastic controller serving", extra={"url": running.url})
+    died = await until_stopped(running.died)
+    await running.stop()
+    return 1 if died else 0
