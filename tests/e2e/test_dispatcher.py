@@ -276,7 +276,7 @@ async def test_a_job_that_would_oom_on_t4_waits_for_a_v100(
     await control_plane.create_gpu_nodes(
         "1x T4:4, 1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns}
     )
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"m-{ns}", None, {"T4": 4, "V100M32": 4}))
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"m-{ns}", None, {"T4": 4, "V100M32": 8}))
     await kube.create(LOCALQUEUES, local_queue("ml", ns, f"m-{ns}"), ns)
     predictor = await start_predictor(
         PredictorSettings(nats_url=nats_url, redis_url=redis_url, http_port=0,
