@@ -12,6 +12,7 @@ from alnair.predictor.datasets import JobKey, Observation, TrainingData, load_ga
 from alnair.predictor.evaluation import (
     COLOCATION_OF,
     SINGLE_PAIR_KINDS,
+    TRIAL_KINDS,
     evaluate,
     evaluate_throughput,
     pair_holdout_folds,
@@ -241,3 +242,12 @@ def test_evaluation_reports_the_single_pair_protocol_for_the_chosen_model(
     # Figures of this commit: 12.96% MAPE, 90.6% coverage with every pair held out alone.
     assert single["mape"] < 0.135
     assert 0.85 <= single["coverage"] <= 0.95
+    # The cold-start protocol (one measurement per pair kept) for the same cheap models.
+    trial = result["a_trial"]
+    assert set(trial["models"]) == set(TRIAL_KINDS)
+    assert trial["goal_mape"] == 0.06
+    assert trial["models"]["ratio"]["n"] == 168
+    assert "split" in trial["models"]["ratio"]
+    assert result["chosen"]["a_trial"] == {
+        key: trial["models"]["ratio"][key] for key in ("mape", "median_ape", "coverage")
+    }

@@ -2,7 +2,10 @@
 
 Completions are the only thing that makes the predictor retrain (no timer looks for new
 records). The handler does no training itself, it only tells the retrainer, so a burst of
-completions is acknowledged at once and folded into one retrain.
+completions is acknowledged at once and folded into one retrain. Before that it hands the
+retrainer the record the completion names (`detail.record`, written by the profiler's
+aggregator before it publishes), so a new measurement, such as a TrialJob's run on a GPU type
+the job was never measured on, serves at once (`Retrainer.absorb_record`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def job_event_handler(
 ) -> Callable[[JobEvent, Envelope[JobEvent]], Awaitable[None]]:
     async def on_job_event(event: JobEvent, _envelope: Envelope[JobEvent]) -> None:
         if event.phase == JobPhase.COMPLETED:
+            record = event.detail.get("record")
+            if isinstance(record, str) and record:
+                await retrainer.absorb_record(record)
             retrainer.notify()
 
     return on_job_event

@@ -42,6 +42,10 @@ class PredictorMetrics:
             "Execution records the last retrain could not learn from, by offending field.",
             ["field"],
         )
+        self.absorbed = m.counter(
+            "measurements_absorbed_total",
+            "New (job, GPU type, count) measurements served at once, before any retrain.",
+        )
         self.completions = m.counter(
             "job_completions_total", "Job-completed events received (each may trigger a retrain)."
         )

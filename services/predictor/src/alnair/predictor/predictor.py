@@ -14,6 +14,7 @@ when the job was measured nowhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -30,6 +31,7 @@ from alnair.predictor.gpus import GPU_SPECS, lookup_gpu
 from alnair.predictor.memory import MemoryModel
 from alnair.predictor.schemas import (
     DEFAULT_GPU_COUNTS,
+    HIGH_CONFIDENCE_BASES,
     ColocatedJob,
     ColocationReply,
     ColocationRequest,
@@ -84,6 +86,8 @@ class ModelBundle:
     validation: Validation | None = None
     known_models: frozenset[str] = field(default_factory=frozenset)
     measured_gpus: frozenset[str] = field(default_factory=frozenset)
+    # Cells measured after training and served without a refit (see `with_measurements`).
+    absorbed: frozenset[tuple[JobKey, str, int]] = field(default_factory=frozenset)
 
     def halfwidths(self) -> dict[str, float]:
         widths = getattr(self.throughput, "halfwidth", {})
@@ -134,6 +138,36 @@ def train_bundle(
         trained_at=time.time(),
         known_models=frozenset(o.job.model_name for o in alone),
         measured_gpus=frozenset(o.gpu_type for o in alone),
+    )
+
+
+def with_measurements(
+    bundle: ModelBundle, observations: Sequence[Observation]
+) -> ModelBundle | None:
+    """The bundle serving also these measurements, without refitting anything; None when each
+    of their (job, GPU type, count) cells is measured already.
+
+    This is how a TrialJob's run (or any job's record) of a pair the bundle has not seen
+    serves at once: that cell answers with its measurement, and `ratio` anchors the pair's
+    other counts on it (`basis: "on_type"`) because it reads its table afresh on every
+    prediction. The next retrain learns from the record properly; cells already measured wait
+    for it, so absorbing the same record twice changes nothing.
+    """
+    new = [o for o in observations if (o.job, o.gpu_type, o.gpu_count) not in bundle.measured]
+    if not new:
+        return None
+    cells = _measured(new)
+    return dataclasses.replace(
+        bundle,
+        throughput=bundle.throughput.with_observations(new),
+        measured={**bundle.measured, **cells},
+        training_size={
+            **bundle.training_size,
+            "absorbed": bundle.training_size.get("absorbed", 0) + len(new),
+        },
+        known_models=bundle.known_models | {o.job.model_name for o in new},
+        measured_gpus=bundle.measured_gpus | {o.gpu_type for o in new},
+        absorbed=bundle.absorbed | set(cells),
     )
 
 
@@ -200,7 +234,9 @@ def validate_candidate(
     candidate_mape = _mape(candidate, _measured(candidate_data), holdout)
     if current is None:
         return Validation(True, "no serving model to compare with", holdout_n, candidate_mape)
-    current_mape = _mape(current.throughput, current.measured, holdout)
+    # Cells the serving model absorbed without training are no test of it: compare its model.
+    current_measured = {k: v for k, v in current.measured.items() if k not in current.absorbed}
+    current_mape = _mape(current.throughput, current_measured, holdout)
     limit = max(current_mape * (1.0 + tolerance), current_mape + 0.05)
     if candidate_mape > limit:
         return Validation(
@@ -303,9 +339,11 @@ def predict(bundle: ModelBundle, request: PredictRequest) -> PredictReply:
                 fits_memory=memory.peak_mib <= query.gpu.memory_mib,
                 low_confidence=basis in ("features", "extrapolated"),
                 basis=basis,
+                confidence="high" if basis in HIGH_CONFIDENCE_BASES else "low",
             )
         )
     known = job.model_name in bundle.known_models
+    unmeasured = list(dict.fromkeys(p.gpu_type for p in predictions if p.confidence == "low"))
     return PredictReply(
         model_version=bundle.version,
         model_kind=bundle.kind,
@@ -313,6 +351,8 @@ def predict(bundle: ModelBundle, request: PredictRequest) -> PredictReply:
         job=request.job,
         known_model=known,
         low_confidence=not known or any(p.low_confidence for p in predictions),
+        confidence="low" if unmeasured else "high",
+        unmeasured_gpu_types=unmeasured,
         memory_basis=memory.basis,
         predictions=predictions,
     )

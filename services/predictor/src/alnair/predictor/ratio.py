@@ -23,6 +23,17 @@ columns, and adds it to the job's own measurement on A. Several estimators of th
   of that measurement times the siblings' ratio from its (GPU, count) to the target; a median
   so that one odd anchor cell does not move it.
 
+A job measured on the asked GPU type at another count (a TrialJob's one run there, or any
+record) is answered differently (`basis: "on_type"`): that measurement fixes the level, and
+the members estimate only how throughput moves from its count to the asked one, on that type
+(`ON_TYPE_MEMBERS`): `prior` (the batch-size siblings' move between the two counts on that
+type, else the family's, else the median job's), `similar2` / `similar5` (the same similarity
+members, anchored on the on-type measurement), `cross` (the cross-type stack above, which
+ignores the on-type measurement) and `cross_shift` (the cross-type stack's own move between
+the two counts, added to the on-type measurement). They are stacked the same way, with
+weights and half-width from holding out, for each pair of the training data, every count but
+its smallest.
+
 The stacking weights (a simplex grid in steps of 0.1) minimise the mean absolute percentage
 error of the stacked prediction on the training data with each (job, GPU type) pair held out
 on its own, and the same inner residuals give the conformal half-width of the interval, so in
@@ -32,16 +43,18 @@ is answered by the random forest's features-only model and flagged (`basis: "fea
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from alnair.predictor.datasets import Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
 from alnair.predictor.throughput import (
+    DEFAULT_HALFWIDTH,
     Basis,
     ModelKind,
     ThroughputEstimate,
@@ -55,6 +68,7 @@ if TYPE_CHECKING:
     from alnair.predictor.throughput import LearnedThroughput
 
 MEMBERS: tuple[str, ...] = ("nearest", "all", "similar2", "similar5", "direct", "anycount")
+ON_TYPE_MEMBERS: tuple[str, ...] = ("prior", "similar2", "similar5", "cross", "cross_shift")
 # (neighbours, temperature of the exp(-distance / temperature) weights) per similarity member.
 _SIMILAR: dict[str, tuple[int, float]] = {"similar2": (2, 0.1), "similar5": (5, 0.3)}
 _OTHER_MODEL_PENALTY = 1.0
@@ -177,10 +191,10 @@ def any_count_median(table: _Table, query: ThroughputQuery) -> float | None:
 
 def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | None:
     """Log throughput of the query by each member (order of MEMBERS); None if unanchored."""
-    every = table.anchors(query, nearest_only=False)
+    every = table.anchors(query, nearest_only=False, other_types_only=True)
     if not every:
         return None
-    nearest = table.anchors(query)
+    nearest = table.anchors(query, other_types_only=True)
     priors = {
         (gpu.name, count): value + ratio_prior(table, query, gpu, count)
         for gpu, count, value in every
@@ -200,6 +214,57 @@ def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | N
     for extra in (direct_interpolation(table, query), any_count_median(table, query)):
         out.append(out[0] if extra is None else extra)
     return out
+
+
+def on_type_local(
+    table: _Table, query: ThroughputQuery, count: int, value: float
+) -> tuple[float, float, float]:
+    """`prior`, `similar2`, `similar5` from the job's log throughput `value` on the query's GPU
+    type at `count`: the move from `count` to the asked count on that type, added to it."""
+    prior = value + ratio_prior(table, query, query.gpu, count)
+    elsewhere = any(gpu != query.gpu.name for gpu, _, _ in table.by_job.get(query.job, []))
+    # Without measurements on other types there is no profile to compare: every other job
+    # would be equally similar, so the similarity members fall back to `prior`.
+    scored = similar_scores(table, query, query.gpu, count) if elsewhere else []
+    similar = [weighted_neighbours(scored, k, t) for k, t in _SIMILAR.values()]
+    two, five = (prior if ratio is None else value + ratio for ratio in similar)
+    return prior, two, five
+
+
+def on_type_row(
+    local: tuple[float, float, float],
+    value: float,
+    cross_here: Sequence[float] | None,
+    cross_anchor: Sequence[float] | None,
+    weights: Sequence[float],
+) -> list[float]:
+    """The on-type members (order of ON_TYPE_MEMBERS) from `on_type_local`'s three, the on-type
+    log throughput `value`, and the cross-type members at the asked and at the anchor count
+    (None when the job was measured on no other type: both cross members are then `prior`)."""
+    prior = local[0]
+    if cross_here is None or cross_anchor is None:
+        return [*local, prior, prior]
+    w = np.asarray(weights)
+    here = float(np.asarray(cross_here) @ w)
+    there = float(np.asarray(cross_anchor) @ w)
+    return [*local, here, value + here - there]
+
+
+def on_type_members(
+    table: _Table, query: ThroughputQuery, cross_weights: Sequence[float]
+) -> list[float] | None:
+    """Log throughput of the query by each on-type member, averaged over the job's
+    measurements on the query's GPU type at other counts; None without one."""
+    anchors = table.on_type(query)
+    if not anchors:
+        return None
+    cross_here = member_predictions(table, query)
+    rows = []
+    for count, value in anchors:
+        local = on_type_local(table, query, count, value)
+        cross_anchor = member_predictions(table, ThroughputQuery(query.job, query.gpu, count))
+        rows.append(on_type_row(local, value, cross_here, cross_anchor, cross_weights))
+    return [float(v) for v in np.mean(np.asarray(rows), axis=0)]
 
 
 def _simplex(members: int, step: int = 10) -> list[tuple[float, ...]]:
@@ -229,12 +294,17 @@ class RatioThroughput:
         level: float = 0.9,
         calibration_folds: int = 4,
         features_model: bool = True,
+        on_type: bool = True,
     ) -> None:
         self.level = level
         self.calibration_folds = calibration_folds
         self.features_model = features_model
+        self.on_type = on_type
         self.weights: tuple[float, ...] = tuple(1.0 / len(MEMBERS) for _ in MEMBERS)
-        self.halfwidth: dict[Basis, float] = {"anchored": math.log(2.0), "features": math.log(4.0)}
+        self.on_type_weights: tuple[float, ...] = tuple(
+            1.0 / len(ON_TYPE_MEMBERS) for _ in ON_TYPE_MEMBERS
+        )
+        self.halfwidth: dict[Basis, float] = dict(DEFAULT_HALFWIDTH)
         self.training_size = 0
         self._observations: Sequence[Observation] = ()
         self._table = _Table([])
@@ -257,43 +327,84 @@ class RatioThroughput:
         self._cold.fit(self._observations)
 
     def _calibrate(self, observations: Sequence[Observation]) -> None:
-        """Stacking weights and half-width from leave-one-(job, GPU type)-out predictions.
+        """Stacking weights and half-widths from leave-one-(job, GPU type)-out predictions.
 
         The members need no fitting (they read a table), so every pair can be held out on its
         own, exactly as a prediction faces it. Coarser folds (a third of the pairs at once)
         also hold out the siblings the sibling members rely on and favoured the wrong member.
+        The on-type members are calibrated in the same pass: the held-out pair's measurement
+        at its smallest count goes back into the table, and its other counts are predicted.
         """
         pairs: dict[tuple[str, str], list[int]] = {}
         for index, obs in enumerate(observations):
             pairs.setdefault((str(obs.job), obs.gpu_type), []).append(index)
         rows: list[list[float]] = []
         truth: list[float] = []
+        # On-type: (local members, anchor value, cross members here, at the anchor, truth).
+        on_type: list[tuple[tuple[float, float, float], float, Any, Any, float]] = []
         for held in pairs.values():
             held_set = set(held)
             train = [o for i, o in enumerate(observations) if i not in held_set]
             if not train:
                 continue
             table = _Table(train)
+            cross: dict[int, list[float] | None] = {}
             for index in held:
                 obs = observations[index]
                 query = ThroughputQuery(obs.job, lookup_gpu(obs.gpu_type), obs.gpu_count)
                 members = member_predictions(table, query)
+                cross[obs.gpu_count] = members
                 if members is not None:
                     rows.append(members)
                     truth.append(math.log(obs.throughput))
-        if len(rows) < 10:
-            return
-        x, y = np.array(rows), np.array(truth)
-        self.weights = stack_weights(x, y)
-        anchored = conformal_halfwidth(
-            np.abs(x @ np.asarray(self.weights) - y).tolist(), self.level
-        )
-        self.halfwidth = {"anchored": anchored, "features": max(anchored * 2.0, math.log(3.0))}
+            anchor = min(cross)
+            if not self.on_type or len(cross) < 2:
+                continue
+            first = observations[held[0]]
+            anchor_logs = [
+                math.log(observations[i].throughput)
+                for i in held
+                if observations[i].gpu_count == anchor
+            ]
+            value = math.fsum(anchor_logs) / len(anchor_logs)
+            table.add_cell(first.job, first.gpu_type, anchor, value)
+            for index in held:
+                obs = observations[index]
+                if obs.gpu_count == anchor:
+                    continue
+                query = ThroughputQuery(obs.job, lookup_gpu(obs.gpu_type), obs.gpu_count)
+                local = on_type_local(table, query, anchor, value)
+                on_type.append(
+                    (local, value, cross[obs.gpu_count], cross[anchor], math.log(obs.throughput))
+                )
+        if len(rows) >= 10:
+            x, y = np.array(rows), np.array(truth)
+            self.weights = stack_weights(x, y)
+            anchored = conformal_halfwidth(
+                np.abs(x @ np.asarray(self.weights) - y).tolist(), self.level
+            )
+            self.halfwidth = {
+                "anchored": anchored,
+                "on_type": self.halfwidth["on_type"],
+                "features": max(anchored * 2.0, math.log(3.0)),
+            }
+        if len(on_type) >= 10:
+            x = np.array([on_type_row(lo, v, h, a, self.weights) for lo, v, h, a, _ in on_type])
+            y = np.array([t for *_, t in on_type])
+            self.on_type_weights = stack_weights(x, y)
+            self.halfwidth["on_type"] = conformal_halfwidth(
+                np.abs(x @ np.asarray(self.on_type_weights) - y).tolist(), self.level
+            )
 
     def predict_log(self, queries: Sequence[ThroughputQuery]) -> list[tuple[float, Basis]]:
         out: list[tuple[float, Basis] | None] = []
         weights = np.asarray(self.weights)
+        on_type_weights = np.asarray(self.on_type_weights)
         for query in queries:
+            local = on_type_members(self._table, query, self.weights)
+            if local is not None:
+                out.append((float(np.asarray(local) @ on_type_weights), "on_type"))
+                continue
             members = member_predictions(self._table, query)
             out.append(
                 None if members is None else (float(np.asarray(members) @ weights), "anchored")
@@ -309,3 +420,12 @@ class RatioThroughput:
 
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
         return _estimates(self.predict_log(queries), self.halfwidth)
+
+    def with_observations(self, observations: Sequence[Observation]) -> RatioThroughput:
+        """Nothing is fitted on the table, so new measurements serve at once as anchors (the
+        stacking weights and half-widths stay until the next fit)."""
+        out = copy.copy(self)
+        out._observations = (*self._observations, *observations)
+        out._table = _Table(out._observations)
+        out.training_size = len(out._observations)
+        return out

@@ -23,6 +23,14 @@ def _text(value: object) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
+async def load_record(redis: aioredis.Redis, key: str) -> Observation | RecordProblem:
+    """One record by key (the one a job-completed event names), or why it cannot be used."""
+    raw = await redis.hgetall(key)
+    if not raw:
+        return RecordProblem(key, "key", "no record under this key")
+    return parse_record(key, {_text(k): _text(v) for k, v in raw.items()})
+
+
 async def load_records(
     redis: aioredis.Redis, batch: int = 500
 ) -> tuple[list[Observation], list[RecordProblem]]:

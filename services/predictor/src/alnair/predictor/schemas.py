@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,6 +19,9 @@ from alnair.common.annotations import job_model
 from alnair.predictor.gpus import GPU_SPECS, canonical_gpu
 
 DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
+# Whether a prediction rests on a measurement of the job on the GPU type asked about.
+Confidence = Literal["high", "low"]
+HIGH_CONFIDENCE_BASES = frozenset({"measured", "on_type"})
 
 
 def _gpu_name(value: str) -> str:
@@ -108,9 +112,15 @@ class Prediction(BaseModel):
     fits_memory: bool
     low_confidence: bool = Field(description="basis is features or extrapolated")
     basis: str = Field(
-        description="measured: this very measurement; anchored: from this job's measurements "
-        "on other GPUs or counts; features: from its features alone (job never measured); "
-        "extrapolated: GPU type never measured, scaled by specification"
+        description="measured: this very measurement; on_type: from this job's measurement on "
+        "this GPU type at another count (a TrialJob's run), scaled to this count; anchored: "
+        "from this job's measurements on other GPU types; features: from its features alone "
+        "(job never measured); extrapolated: GPU type never measured, scaled by specification"
+    )
+    confidence: Confidence = Field(
+        description="high: this job was measured on this GPU type (basis measured or on_type); "
+        "low: it was not (anchored, features, extrapolated), and one short run of it on this "
+        "GPU type (a TrialJob on 1 GPU) would make this prediction high-confidence"
     )
 
 
@@ -122,6 +132,13 @@ class PredictReply(BaseModel):
     known_model: bool = Field(description="the model name was measured somewhere")
     low_confidence: bool = Field(
         description="the model was never measured, or any prediction below is low-confidence"
+    )
+    confidence: Confidence = Field(
+        description="low when any prediction below has confidence low, else high"
+    )
+    unmeasured_gpu_types: list[str] = Field(
+        description="GPU types asked about on which this job (model and batch size) has no "
+        "measurement: the candidates for a TrialJob; empty when confidence is high"
     )
     memory_basis: str = Field(description="records, catalog or family (name not in catalog)")
     predictions: list[Prediction]

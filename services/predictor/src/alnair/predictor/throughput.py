@@ -21,6 +21,7 @@ residual always comes from a pair the model had not seen, which is how predictio
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -37,7 +38,16 @@ from alnair.predictor.datasets import JobKey, Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
 
 ModelKind = Literal["baseline", "rf", "gb", "ratio"]
-Basis = Literal["anchored", "features", "extrapolated"]
+# anchored: from the job's measurements on other GPU types; on_type: from its measurement on the
+# same GPU type at another count (a TrialJob's 1-GPU run); features: job measured nowhere;
+# extrapolated: GPU type measured for no job (see `predictor._estimate`).
+Basis = Literal["anchored", "on_type", "features", "extrapolated"]
+# Half-widths before any calibration (log space).
+DEFAULT_HALFWIDTH: dict[Basis, float] = {
+    "anchored": math.log(2.0),
+    "on_type": math.log(1.5),
+    "features": math.log(4.0),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,7 @@ class ThroughputEstimate:
 
     @property
     def low_confidence(self) -> bool:
-        return self.basis != "anchored"
+        return self.basis not in ("anchored", "on_type")
 
 
 class ThroughputModel(Protocol):
@@ -69,6 +79,10 @@ class ThroughputModel(Protocol):
     def fit(self, observations: Sequence[Observation]) -> None: ...
 
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]: ...
+
+    def with_observations(self, observations: Sequence[Observation]) -> ThroughputModel:
+        """A copy that also reads `observations` as measurements, without refitting."""
+        ...
 
 
 def conformal_halfwidth(abs_residuals: Iterable[float], level: float) -> float:
@@ -98,20 +112,38 @@ class _Table:
             self.siblings[job.model_name].append(job)
             self.families[describe_model(job.model_name).family].append(job)
 
+    def add_cell(self, job: JobKey, gpu: str, count: int, value: float) -> None:
+        """Add one measured (job, GPU, count) log throughput not yet in the table (in place)."""
+        if job not in self.by_job:
+            self.siblings[job.model_name].append(job)
+            self.families[describe_model(job.model_name).family].append(job)
+        self.log_thr[(job, gpu, count)] = value
+        self.by_job[job].append((gpu, count, value))
+
+    def on_type(self, query: ThroughputQuery) -> list[tuple[int, float]]:
+        """(count, log throughput) of the query's job on the query's GPU type, other counts."""
+        return [
+            (count, value)
+            for gpu, count, value in self.by_job.get(query.job, [])
+            if gpu == query.gpu.name and count != query.gpu_count
+        ]
+
     def anchors(
-        self, query: ThroughputQuery, nearest_only: bool = True
+        self, query: ThroughputQuery, nearest_only: bool = True, other_types_only: bool = False
     ) -> list[tuple[GpuSpec, int, float]]:
         """Measurements of the query's job that can anchor it.
 
         Same GPU count preferred, and among those the GPU type closest in FP32 throughput (a
         V100 says more about an A100 than a K80 does; averaging in the far one cost 0.5 points
         of held-out MAPE; the FP32-scaling baseline does better averaging all, so it asks for
-        `nearest_only=False`). Equally close anchors are all returned.
+        `nearest_only=False`). Equally close anchors are all returned. `other_types_only`
+        leaves out the job's measurements on the query's GPU type (the cross-type estimators
+        of `ratio` use it; measurements on the same type are its `on_type` estimators').
         """
         found = [
             (lookup_gpu(gpu), count, value)
             for gpu, count, value in self.by_job.get(query.job, [])
-            if not (gpu == query.gpu.name and count == query.gpu_count)
+            if not (gpu == query.gpu.name and (count == query.gpu_count or other_types_only))
         ]
         pool = [a for a in found if a[1] == query.gpu_count] or found
         if not pool or not nearest_only:
@@ -271,6 +303,45 @@ def _regressor(kind: ModelKind, seed: int) -> RandomForestRegressor | HistGradie
     )
 
 
+def on_type_folds(
+    observations: Sequence[Observation],
+) -> list[tuple[list[Observation], list[Observation]]]:
+    """Cold-start folds: each (job, GPU type) pair keeps only its smallest-count measurement.
+
+    That one measurement is what a TrialJob gives (one short run on the target type, usually
+    on 1 GPU); the pair's other counts are held out and predicted from it plus everything
+    else. One fold per pair measured at two counts or more, in a stable order.
+    """
+    by_pair: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for index, obs in enumerate(observations):
+        by_pair[(str(obs.job), obs.gpu_type)].append(index)
+    out = []
+    for pair in sorted(by_pair):
+        indices = by_pair[pair]
+        anchor = min(observations[i].gpu_count for i in indices)
+        held = {i for i in indices if observations[i].gpu_count != anchor}
+        if not held:
+            continue
+        train = [o for i, o in enumerate(observations) if i not in held]
+        out.append((train, [observations[i] for i in sorted(held)]))
+    return out
+
+
+def linear_scaling_residuals(observations: Sequence[Observation]) -> list[float]:
+    """|log error| of scaling each pair's smallest-count measurement linearly to its others."""
+    table = _Table(observations)
+    smallest: dict[tuple[JobKey, str], tuple[int, float]] = {}
+    for (job, gpu, count), value in table.log_thr.items():
+        if (job, gpu) not in smallest or count < smallest[(job, gpu)][0]:
+            smallest[(job, gpu)] = (count, value)
+    out = []
+    for (job, gpu, count), value in table.log_thr.items():
+        base_count, base = smallest[(job, gpu)]
+        if count != base_count:
+            out.append(abs(value - base - math.log(count / base_count)))
+    return out
+
+
 def _groups(observations: Sequence[Observation], folds: int) -> list[list[int]]:
     """Indices of observations split into folds by (job, GPU type), deterministically.
 
@@ -288,19 +359,25 @@ def _groups(observations: Sequence[Observation], folds: int) -> list[list[int]]:
 
 
 class BaselineThroughput:
-    """Measured throughput elsewhere, scaled by FP32 TFLOPS and GPU count."""
+    """Measured throughput elsewhere, scaled by FP32 TFLOPS and GPU count.
+
+    A job measured on the asked GPU type at another count (a TrialJob's run) is scaled from
+    that measurement linearly in GPU count: the simple answer to the cold-start question.
+    """
 
     kind: ModelKind = "baseline"
 
     def __init__(self, level: float = 0.9, calibration_folds: int = 4) -> None:
         self.level = level
         self.calibration_folds = calibration_folds
+        self._observations: Sequence[Observation] = ()
         self._table = _Table([])
         self._family_log_per_tflop: dict[str, float] = {}
         self._global_log_per_tflop = 0.0
-        self.halfwidth: dict[Basis, float] = {"anchored": math.log(2.0), "features": math.log(4.0)}
+        self.halfwidth: dict[Basis, float] = dict(DEFAULT_HALFWIDTH)
 
     def _fit_core(self, observations: Sequence[Observation]) -> None:
+        self._observations = observations
         self._table = _Table(observations)
         per_family: dict[str, list[float]] = defaultdict(list)
         for obs in observations:
@@ -314,6 +391,11 @@ class BaselineThroughput:
     def predict_log(self, queries: Sequence[ThroughputQuery]) -> list[tuple[float, Basis]]:
         out: list[tuple[float, Basis]] = []
         for query in queries:
+            on_type = self._table.on_type(query)
+            if on_type:
+                linear = [value + math.log(query.gpu_count / count) for count, value in on_type]
+                out.append((float(np.mean(linear)), "on_type"))
+                continue
             anchors = self._table.anchors(query, nearest_only=False)
             if anchors:
                 estimates = [
@@ -337,10 +419,19 @@ class BaselineThroughput:
                 self.calibration_folds,
                 self.level,
             )
+            residuals = linear_scaling_residuals(observations)
+            if residuals:
+                self.halfwidth["on_type"] = conformal_halfwidth(residuals, self.level)
         self._fit_core(observations)
 
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
         return _estimates(self.predict_log(queries), self.halfwidth)
+
+    def with_observations(self, observations: Sequence[Observation]) -> BaselineThroughput:
+        out = copy.copy(self)
+        out._observations = (*self._observations, *observations)
+        out._table = _Table(out._observations)
+        return out
 
 
 class LearnedThroughput:
@@ -366,7 +457,7 @@ class LearnedThroughput:
         self._table = _Table([])
         self._transfer: RandomForestRegressor | HistGradientBoostingRegressor | None = None
         self._cold: RandomForestRegressor | HistGradientBoostingRegressor | None = None
-        self.halfwidth: dict[Basis, float] = {"anchored": math.log(2.0), "features": math.log(4.0)}
+        self.halfwidth: dict[Basis, float] = dict(DEFAULT_HALFWIDTH)
         self.training_size = 0
 
     def _fit_core(self, observations: Sequence[Observation]) -> None:
@@ -463,6 +554,16 @@ class LearnedThroughput:
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
         return _estimates(self.predict_log(queries), self.halfwidth)
 
+    def with_observations(self, observations: Sequence[Observation]) -> LearnedThroughput:
+        """New measurements become anchors; the learned ratios stay as they were fitted (the
+        trees anchor on the same count, so a measurement on the asked type at another count
+        does not move their answer until a retrain learns from it)."""
+        out = copy.copy(self)
+        out._observations = (*self._observations, *observations)
+        out._table = _Table(out._observations)
+        out.training_size = len(out._observations)
+        return out
+
 
 class _CoreModel(Protocol):
     def _fit_core(self, observations: Sequence[Observation]) -> None: ...
@@ -495,7 +596,11 @@ def _calibrate(
         if len(residuals["features"]) >= 10
         else max(anchored * 2.0, math.log(3.0))
     )
-    return {"anchored": anchored, "features": max(features, anchored)}
+    return {
+        "anchored": anchored,
+        "on_type": DEFAULT_HALFWIDTH["on_type"],
+        "features": max(features, anchored),
+    }
 
 
 def _estimates(
@@ -517,12 +622,19 @@ def make_model(
     level: float = 0.9,
     calibration_folds: int = 4,
     features_model: bool = True,
+    on_type: bool = True,
 ) -> ThroughputModel:
-    """A fresh, unfitted throughput model of `kind`."""
+    """A fresh, unfitted throughput model of `kind`.
+
+    `on_type=False` skips calibrating `ratio`'s on-type estimators, for evaluations that never
+    ask about a pair measured on its own GPU type.
+    """
     if kind == "baseline":
         return BaselineThroughput(level, calibration_folds)
     if kind == "ratio":
         from alnair.predictor.ratio import RatioThroughput
 
-        return RatioThroughput(level, calibration_folds, features_model=features_model)
+        return RatioThroughput(
+            level, calibration_folds, features_model=features_model, on_type=on_type
+        )
     return LearnedThroughput(kind, level, calibration_folds, features_model=features_model)
