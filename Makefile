@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-elastic bench-elastic-flap schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -49,8 +49,11 @@ fmt: setup-python
 schema: setup-python ## JSON Schema of every event, for external subscribers
 	@$(BIN)/python -m alnair.common.events schema --out deploy/schemas
 
-demo: setup-python ## replay the Alibaba GPU trace under every policy and compare with the paper
+# The replay needs no Kubernetes and comes first; the live part (ALNAIR_DEMO_LIVE=0 skips it) runs
+# the whole system on 200 KWOK GPU nodes with Gavel's Philly trace, time-compressed.
+demo: setup-python setup-control-plane ## replay the Alibaba GPU trace under every policy, then the whole system live
 	@$(BIN)/python -m alnair.scheduler.simulator.demo
+	@$(BIN)/python -m alnair.scheduler.simulator.live_demo
 
 # The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
 # its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"
@@ -78,6 +81,12 @@ bench-scheduler: setup
 
 bench-predictor: setup-python ## where the predictor's held-out error comes from (JSON)
 	@$(BIN)/python bench/predictor_error_split.py
+
+bench-elastic: setup ## ElasticJob grow/shrink latency, p50/p99 (JSON)
+	@$(BIN)/python bench/elastic.py
+
+bench-elastic-flap: setup ## anti-flap: GPUs freed and reclaimed every 20 s for 5 minutes (JSON)
+	@$(BIN)/python bench/elastic.py --flap --duration-s 300 --period-s 20 --cooldown-s 60
 
 clean:
 	@$(MAKE) -s -C native/intercept clean || true
