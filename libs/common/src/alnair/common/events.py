@@ -111,6 +111,9 @@ class GpuDevice(BaseModel):
     compute_capability: str = ""
     numa_node: int | None = None
     healthy: bool = True
+    pcie_root: str = Field(
+        default="", description="PCIe root complex (e.g. pci0000:00), empty when unknown"
+    )
 
 
 class GpuInventory(Event):

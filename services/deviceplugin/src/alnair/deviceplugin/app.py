@@ -2,7 +2,8 @@
 
 `start` connects NATS (health events, pod metrics, the inventory KV) and optionally the API
 server (to honour the scheduler's GPU choice), starts the vGPU registry, one gRPC endpoint per
-resource with its kubelet registration, and the HTTP API, all as named tasks whose death is
+resource with its kubelet registration (mode `deviceplugin`), the DRA driver with its
+ResourceSlice publisher (mode `dra`), or both, and the HTTP API, all as named tasks whose death is
 logged and fatal (crash-only: the DaemonSet restarts the pod). It returns a handle whose
 `stop()` undoes everything in reverse. Tests call `start` directly; `serve` runs until SIGTERM.
 """
@@ -28,6 +29,14 @@ from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.deviceplugin.api import create_app
 from alnair.deviceplugin.devices import RESOURCES
+from alnair.deviceplugin.draplugin import (
+    ClaimSource,
+    DraDriver,
+    DraServer,
+    KubeClaims,
+    SlicePublisher,
+    dra_server,
+)
 from alnair.deviceplugin.handlers import (
     pod_cleanup_handler,
     subscribe_health,
@@ -58,6 +67,8 @@ class Running:
     server: uvicorn.Server | None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     died: asyncio.Event = field(default_factory=asyncio.Event)
+    dra: DraServer | None = None
+    slices: SlicePublisher | None = None
 
     @property
     def http_port(self) -> int:
@@ -80,10 +91,11 @@ async def start(
     registry: CollectorRegistry | None = None,
     *,
     pods: PodSource | None = None,
+    claims: ClaimSource | None = None,
     connect_bus: bool = True,
     http: bool = True,
 ) -> Running:
-    """Start every part of the plugin; `pods` overrides the API-server lookup (tests)."""
+    """Start every part of the plugin; `pods` and `claims` override the API server (tests)."""
     if not settings.node_name:
         raise ConfigError(
             "the device plugin needs its node name (ALNAIR_DEVICEPLUGIN_NODE_NAME or NODE_NAME)"
@@ -139,7 +151,8 @@ async def start(
         layout=settings.layout(),
     )
     plugins: dict[str, PluginServer] = {}
-    for resource in settings.resources:
+    resources = settings.resources if settings.mode != "dra" else []
+    for resource in resources:
         plugin = ResourcePlugin(
             resource, state, config=config, pods=pods, vgpus=vgpus, metrics=metrics
         )
@@ -152,6 +165,29 @@ async def start(
         plugins[resource] = srv
         tasks.append(spawn(srv.run(), name=f"deviceplugin.plugin.{resource}", on_death=on_death))
 
+    drasrv: DraServer | None = None
+    slices: SlicePublisher | None = None
+    if settings.mode != "deviceplugin":
+        if kube is None:
+            kube = KubeClient.from_config(settings.kubeconfig)
+        drasrv = dra_server(
+            DraDriver(
+                state,
+                claims or KubeClaims(kube),
+                cdi_dir=settings.cdi_dir,
+                checkpoint_dir=settings.dra_checkpoint_dir,
+                layout=settings.layout(),
+                vgpus=vgpus,
+                metrics=metrics,
+            ),
+            settings.dra_plugins_dir,
+            settings.dra_registry_dir,
+            metrics,
+        )
+        slices = SlicePublisher(kube, state, metrics, retry_max_s=settings.register_retry_max_s)
+        tasks.append(spawn(drasrv.run(), name="deviceplugin.dra", on_death=on_death))
+        tasks.append(spawn(slices.run(), name="deviceplugin.slices", on_death=on_death))
+
     server: uvicorn.Server | None = None
     if http:
         app = create_app(state, vgpus, metrics, settings.resources, settings.memory_unit_mib)
@@ -161,9 +197,27 @@ async def start(
         tasks.append(http_task)
     log.info(
         "device plugin started",
-        extra={"node": settings.node_name, "resources": settings.resources, "restored": restored},
+        extra={
+            "node": settings.node_name,
+            "mode": settings.mode,
+            "resources": resources,
+            "restored": restored,
+        },
     )
-    return Running(settings, state, vgpus, metrics, plugins, bus, kube, server, tasks, running_died)
+    return Running(
+        settings,
+        state,
+        vgpus,
+        metrics,
+        plugins,
+        bus,
+        kube,
+        server,
+        tasks,
+        running_died,
+        drasrv,
+        slices,
+    )
 
 
 async def _reconcile(informer: Informer, vgpus: VgpuRegistry) -> None:

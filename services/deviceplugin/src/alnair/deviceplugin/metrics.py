@@ -49,6 +49,15 @@ class DevicePluginMetrics:
         self.utilization_forwarded = m.counter(
             "utilization_forwarded", "Utilisation measurements forwarded to shims"
         )
+        self.dra_claims = m.counter(
+            "dra_claims", "DRA claims prepared or unprepared, by outcome", ["operation", "outcome"]
+        )
+        self.dra_slice_publishes = m.counter(
+            "dra_slice_publishes", "ResourceSlice writes, by outcome", ["outcome"]
+        )
+        self.dra_registrations = m.counter(
+            "dra_registrations", "Kubelet plugin-registration outcomes", ["outcome"]
+        )
 
     def watch_vgpus(self, vgpus: VgpuRegistry) -> None:
         self.registry.register(VgpuCollector(vgpus, self.prefix))

@@ -79,12 +79,35 @@ class DevicePluginSettings(ServiceSettings):
         default=True,
         description="look up the pod being admitted to honour the scheduler's GPU choice",
     )
+    mode: Literal["deviceplugin", "dra", "both"] = Field(
+        default="deviceplugin",
+        description="which kubelet API serves the GPUs: the device plugin (clusters without "
+        "DRA), the DRA driver gpu.alnair.io (ResourceSlices, claims prepared with CDI), or both",
+    )
+    dra_plugins_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins"),
+        description="the kubelet's plugins directory; the DRA socket is "
+        "<dir>/gpu.alnair.io/dra.sock",
+    )
+    dra_registry_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        description="the directory the kubelet watches for plugin-registration sockets",
+    )
+    cdi_dir: Path = Field(
+        default=Path("/var/run/cdi"),
+        description="where the container runtime reads CDI spec files (one per prepared claim)",
+    )
     register_retry_max_s: float = Field(
         default=5.0, gt=0, description="longest wait between attempts to reach the kubelet"
     )
     source: str = Field(
         default="alnair-deviceplugin", description="CloudEvents source of this service's events"
     )
+
+    @property
+    def dra_checkpoint_dir(self) -> Path:
+        """Prepared claims, so a repeated prepare answers without the API server."""
+        return Path(self.state_dir) / "dra" / "claims"
 
     def layout(self) -> Layout:
         return Layout(

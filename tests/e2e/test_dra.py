@@ -1,0 +1,138 @@
+"""Dynamic Resource Allocation on the real API server: the driver's ResourceSlice for a node of
+8 x 80 GB GPUs is accepted as published (consumable capacity, request policies, taints), and the
+DeviceClasses that ship in deploy/ are accepted too."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alnair.common import dra
+from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory
+from alnair.common.kube import Conflict, KubeClient
+from alnair.deviceplugin.draslices import build_slice
+from alnair.deviceplugin.state import NodeDevices
+
+pytestmark = pytest.mark.e2e
+
+H100_MIB = 81920
+KUSTOMIZE = Path(__file__).resolve().parents[2] / "deploy" / "kustomize"
+
+
+def render_with_dra(tmp_path: Path) -> list[dict[str, Any]]:
+    """The production overlay with the DRA component, as an operator would compose them."""
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n- {rel}/overlays/production\ncomponents:\n- {rel}/components/dra\n"
+    )
+    kubectl = Path(sys.executable).parent / "kubectl"
+    done = subprocess.run(
+        [str(kubectl), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+async def ensure_device_classes(kube: KubeClient, docs: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for doc in docs:
+        if doc["kind"] != "DeviceClass":
+            continue
+        doc["metadata"].pop("labels", None)
+        # another test of this session may have created it, from the same manifest
+        with contextlib.suppress(Conflict):
+            await kube.create(dra.DEVICECLASSES, doc)
+        names.append(doc["metadata"]["name"])
+    return names
+
+
+def h100_node(name: str, count: int = 8) -> NodeDevices:
+    state = NodeDevices(name)
+    gpus = [
+        GpuDevice(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model="H100-SXM5-80GB",
+            memory_mib=H100_MIB,
+            compute_capability="9.0",
+            numa_node=i // 4,
+            pcie_root=f"pci0000:{i // 2:02x}",
+        )
+        for i in range(count)
+    ]
+    state.set_inventory(GpuInventory(node=name, gpus=gpus))
+    return state
+
+
+async def test_resource_slice_for_eight_80gb_gpus_is_accepted(kube: KubeClient) -> None:
+    node = f"dra-{uuid.uuid4().hex[:6]}"
+    state = h100_node(node)
+    state.apply_health(
+        GpuHealthChanged(node=node, gpu_index=5, gpu_uuid=f"GPU-{node}-5", healthy=False, xid=79)
+    )
+    body = build_slice(state.snapshot, generation=1)
+    created = await kube.create(dra.RESOURCESLICES, body)
+    try:
+        spec = created["spec"]
+        assert spec["driver"] == dra.DRIVER and spec["nodeName"] == node
+        assert spec["pool"] == {"name": node, "generation": 1, "resourceSliceCount": 1}
+        devices = {d["name"]: d for d in spec["devices"]}
+        assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+        gpu0 = devices["gpu-0"]
+        assert gpu0["allowMultipleAllocations"] is True
+        assert gpu0["capacity"]["memory"]["value"] == "80Gi"
+        assert gpu0["capacity"]["memory"]["requestPolicy"]["default"] == "80Gi"
+        assert gpu0["capacity"]["compute"]["value"] == "100"
+        assert gpu0["attributes"]["computeCapability"] == {"version": "9.0.0"}
+        assert gpu0["attributes"][dra.ATTR_PCIE_ROOT] == {"string": "pci0000:00"}
+        assert gpu0["attributes"]["numaNode"] == {"int": 0}
+        assert "taints" not in gpu0
+        taints = devices["gpu-5"]["taints"]
+        assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
+            (dra.TAINT_UNHEALTHY, "xid-79", "NoSchedule")
+        ]
+    finally:
+        await kube.delete(dra.RESOURCESLICES, body["metadata"]["name"])
+
+
+async def test_dra_component_ships_device_classes_the_api_server_accepts(
+    kube: KubeClient, tmp_path: Path
+) -> None:
+    docs = render_with_dra(tmp_path)
+    names = await ensure_device_classes(kube, docs)
+    assert sorted(names) == sorted(dra.CLASSES)
+    shared = await kube.get(dra.DEVICECLASSES, dra.CLASS_SHARED)
+    [config] = shared["spec"]["config"]
+    assert config["opaque"]["driver"] == dra.DRIVER
+    assert config["opaque"]["parameters"]["kind"] == dra.SHARING_CONFIG_KIND
+    [ds] = [
+        d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("plugin")
+    ]
+    [container] = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ALNAIR_DEVICEPLUGIN_MODE"] == "both"
+    host_paths = {
+        v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v
+    }
+    assert {
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+    } <= host_paths
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    rules = roles["alnair-deviceplugin-dra"]["rules"]
+    assert {
+        r["resources"][0]: r["verbs"] for r in rules if r["apiGroups"] == ["resource.k8s.io"]
+    } == {"resourceslices": ["get", "create", "update"], "resourceclaims": ["get"]}
