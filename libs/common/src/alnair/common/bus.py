@@ -60,6 +60,7 @@ from alnair.common.events import (
     subject_token,
     wrap,
 )
+from alnair.common.natsauth import NatsCredentials
 from alnair.common.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,10 @@ class Bus:
         name: str,
         connect_timeout_s: float = 5.0,
         ensure_streams: bool = True,
+        credentials: NatsCredentials | None = None,
     ) -> Bus:
+        """Connect as `name`, presenting `credentials` (the service's NATS user) if given."""
+
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"client": name})
 
@@ -144,7 +148,12 @@ class Bus:
             log.info("nats reconnected", extra={"client": name, "url": str(nc.connected_url)})
 
         async def on_error(exc: Exception) -> None:
-            log.debug("nats error", extra={"client": name, "error": str(exc)})
+            # A permissions violation means this service tried what its NATS user may not: a
+            # bug or a misconfigured deployment, never noise.
+            if "permissions violation" in str(exc).lower():
+                log.error("nats refused", extra={"client": name, "error": str(exc)})
+            else:
+                log.debug("nats error", extra={"client": name, "error": str(exc)})
 
         nc = await nats.connect(
             servers=[u.strip() for u in url.split(",")],
@@ -156,6 +165,7 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             error_cb=on_error,
+            **(credentials or NatsCredentials()).connect_options(),
         )
         bus = cls(nc, nc.jetstream(), name)
         if ensure_streams:

@@ -7,8 +7,13 @@ Units are in the field names (`timeout_s`, `port`), and every field says what it
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from alnair.common.errors import ConfigError
+from alnair.common.natsauth import NatsCredentials
 
 
 class CommonSettings(BaseSettings):
@@ -23,10 +28,40 @@ class CommonSettings(BaseSettings):
         default="nats://127.0.0.1:4222",
         description="NATS server URL(s), comma-separated",
     )
+    nats_user: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_USER"),
+        default=None,
+        description="NATS user of this service (its subject permissions: alnair.common.natsauth)",
+    )
+    nats_password: SecretStr | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_PASSWORD"),
+        default=None,
+        description="password of ALNAIR_NATS_USER (from a Secret)",
+    )
+    nats_creds_file: Path | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_CREDS"),
+        default=None,
+        description="NATS .creds file (JWT + nkey seed) instead of user and password",
+    )
+    nats_tls_ca_file: Path | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_TLS_CA"),
+        default=None,
+        description="CA certificate of the NATS server; set: connect with TLS and verify it",
+    )
     redis_url: str = Field(
         validation_alias=AliasChoices("ALNAIR_REDIS_URL"),
         default="redis://127.0.0.1:6379/0",
         description="Redis URL",
+    )
+    redis_user: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_USER"),
+        default=None,
+        description="Redis ACL user of this service (its rules: alnair.common.redisauth)",
+    )
+    redis_password: SecretStr | None = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_PASSWORD"),
+        default=None,
+        description="password of ALNAIR_REDIS_USER (from a Secret)",
     )
     kubeconfig: str | None = Field(
         validation_alias=AliasChoices("ALNAIR_KUBECONFIG"),
@@ -48,6 +83,23 @@ class CommonSettings(BaseSettings):
         default=True,
         description="JSON log lines (false: human-readable)",
     )
+
+    def nats_credentials(self) -> NatsCredentials:
+        """What this service presents to NATS."""
+        return NatsCredentials(
+            user=self.nats_user,
+            password=None if self.nats_password is None else self.nats_password.get_secret_value(),
+            creds_file=self.nats_creds_file,
+            tls_ca_file=self.nats_tls_ca_file,
+        )
+
+    def redis_credentials(self) -> dict[str, str]:
+        """Keyword arguments for `redis.asyncio.from_url` (empty: the URL's own, if any)."""
+        if self.redis_user is None:
+            return {}
+        if self.redis_password is None:
+            raise ConfigError("ALNAIR_REDIS_USER is set without ALNAIR_REDIS_PASSWORD")
+        return {"username": self.redis_user, "password": self.redis_password.get_secret_value()}
 
 
 DEFAULT_HTTP_PORTS: dict[str, int] = {

@@ -137,7 +137,11 @@ async def start(
             pods = NoPods()
     bus: Bus | None = None
     if connect_bus:
-        bus = await Bus.connect(settings.nats_url, name=f"deviceplugin-{settings.node_name}")
+        bus = await Bus.connect(
+            settings.nats_url,
+            name=f"deviceplugin-{settings.node_name}",
+            credentials=settings.nats_credentials(),
+        )
         kv = await bus.kv(GpuInventory.BUCKET)
         tasks.append(
             spawn(watch_inventory(kv, state), name="deviceplugin.inventory", on_death=on_death)

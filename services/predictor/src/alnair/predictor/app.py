@@ -67,7 +67,7 @@ class Running:
 async def start(settings: PredictorSettings, registry: CollectorRegistry | None = None) -> Running:
     metrics = PredictorMetrics(registry)
     gavel = load_gavel(settings.gavel_path)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
     store = ModelStore(redis, model_key(settings), keep=settings.models_kept)
     retrainer = Retrainer(
         redis,
@@ -81,7 +81,9 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
         tolerance=settings.validation_tolerance,
     )
     await retrainer.bootstrap()
-    bus = await Bus.connect(settings.nats_url, name="predictor")
+    bus = await Bus.connect(
+        settings.nats_url, name="predictor", credentials=settings.nats_credentials()
+    )
     died = asyncio.Event()
 
     def on_death(_exc: BaseException) -> None:

@@ -118,7 +118,11 @@ async def start_agent(
         from alnair.profiler.nvml import NvmlBackend
 
         backend = NvmlBackend(settings.node_name, recover_after_s=settings.nvml_recover_after_s)
-    bus = await Bus.connect(settings.nats_url, name=f"profiler-agent-{settings.node_name or 'sim'}")
+    bus = await Bus.connect(
+        settings.nats_url,
+        name=f"profiler-agent-{settings.node_name or 'sim'}",
+        credentials=settings.nats_credentials(),
+    )
     kube = KubeClient.from_config(settings.kubeconfig)
     agent = Agent(
         backend,
@@ -247,9 +251,11 @@ async def start_aggregator(
     settings: ProfilerSettings, registry: CollectorRegistry | None = None
 ) -> Running:
     metrics = ProfilerMetrics(registry)
-    bus = await Bus.connect(settings.nats_url, name="profiler-aggregator")
+    bus = await Bus.connect(
+        settings.nats_url, name="profiler-aggregator", credentials=settings.nats_credentials()
+    )
     kube = KubeClient.from_config(settings.kubeconfig)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
     tasks: list[asyncio.Task[Any]] = []
     died = asyncio.Event()
     aggregator = Aggregator(

@@ -25,7 +25,7 @@ from alnair.profiler.settings import ProfilerSettings
 async def _records(
     settings: ProfilerSettings, model: str | None, gpu: str | None, limit: int
 ) -> int:
-    client = aioredis.from_url(settings.redis_url)
+    client = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
     try:
         found = await RecordStore(client).query(model=model, gpu=gpu, limit=limit)
     finally:

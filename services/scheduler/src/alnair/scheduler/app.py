@@ -36,7 +36,11 @@ async def serve(settings: SchedulerSettings) -> int:
     bus: Bus | None = None
     inventory: asyncio.Task[None] | None = None
     if settings.nats_enabled:
-        bus = await Bus.connect(settings.nats_url, name=f"scheduler-{settings.identity}")
+        bus = await Bus.connect(
+            settings.nats_url,
+            name=f"scheduler-{settings.identity}",
+            credentials=settings.nats_credentials(),
+        )
         await handlers.subscribe(bus, scheduler, settings.identity)
         inventory = spawn(handlers.watch_inventory(bus, scheduler), name="scheduler.inventory")
     server, http = await start_http(

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from alnair.common.errors import ConfigError, TemporaryError
+from alnair.common.natsauth import NatsCredentials, server_config
 
 
 def free_port() -> int:
@@ -106,23 +107,45 @@ class ManagedProcess:
 
 
 class NatsServer:
-    """nats-server with JetStream on a free port; `restart()` keeps the port and the store."""
+    """nats-server with JetStream on a free port; `restart()` keeps the port and the store.
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+    With `users` (service name -> password, see `alnair.common.natsauth`) the server starts
+    from a configuration that lets only those users in, each limited to its service's
+    subjects; `credentials(user)` is what that service then presents.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        port: int | None = None,
+        users: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-nats-"))
         self.port = port or free_port()
         self.store = self.workdir / "jetstream"
+        self.users = dict(users or {})
         self._proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    def credentials(self, user: str) -> NatsCredentials:
+        """The user and password `user` connects with (a user the server was started with)."""
+        if user not in self.users:
+            raise ConfigError(f"nats-server has no user {user!r}", user=user)
+        return NatsCredentials(user=user, password=self.users[user])
+
     def start(self) -> NatsServer:
         argv = [
             find_binary("nats-server", "ALNAIR_NATS_SERVER"),
             "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
         ]  # fmt: skip
+        if self.users:
+            conf = self.workdir / "nats.conf"
+            conf.write_text(server_config(self.users))
+            conf.chmod(0o600)
+            argv += ["-c", str(conf)]
         self._proc = ManagedProcess("nats-server", argv, self.workdir)
         self._proc.start()
         self._proc.wait_ready(lambda: port_open(self.port), 30)

@@ -79,7 +79,9 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     bus: Bus | None = None
     predictor: PredictorClient | None = None
     if settings.nats_enabled:
-        bus = await Bus.connect(settings.nats_url, name="dispatcher")
+        bus = await Bus.connect(
+            settings.nats_url, name="dispatcher", credentials=settings.nats_credentials()
+        )
         predictor = PredictorClient(bus, settings.predict_subject, settings.predict_timeout_s)
     dispatcher = Dispatcher(kube, settings, metrics, bus=bus, predictor=predictor)
     await dispatcher.start_watching()
