@@ -49,7 +49,8 @@ def test_conformal_halfwidth_covers_the_level(residuals: list[float], level: flo
 
 def test_baseline_scales_by_fp32(gavel: TrainingData) -> None:
     model = BaselineThroughput(calibration_folds=0)
-    model.fit([o for o in gavel.alone if not (o.gpu_type == "V100" and o.gpu_count == 1)])
+    # No V100 at all: a V100 measurement at another count would anchor it on the type itself.
+    model.fit([o for o in gavel.alone if o.gpu_type != "V100"])
     job = JobKey("resnet50", 32)
     p100 = next(
         o.throughput

@@ -198,7 +198,8 @@ def test_unmeasured_job_falls_back_to_features_with_a_wider_interval(gavel: Trai
             ThroughputQuery(JobKey("vgg19", 64), lookup_gpu("V100"), 1),
         ]
     )
-    assert known.basis == "anchored" and not known.low_confidence
+    # Measured on the V100 at 2, 4 and 8 GPUs: anchored on the type itself.
+    assert known.basis == "on_type" and not known.low_confidence
     assert unknown.basis == "features" and unknown.low_confidence
     for estimate in (known, unknown):
         assert 0 < estimate.low < estimate.steps_per_s < estimate.high
