@@ -16,6 +16,7 @@ from pathlib import Path
 
 from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.natsauth import NatsCredentials, server_config
+from alnair.common.redisauth import acl_file
 
 
 def free_port() -> int:
@@ -168,23 +169,45 @@ class NatsServer:
 
 
 class RedisServer:
-    """redis-server on a free port with an append-only file in its own directory."""
+    """redis-server on a free port with an append-only file in its own directory.
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+    With `users` (service name -> password, see `alnair.common.redisauth`) it starts with an
+    ACL file: only those users get in, each limited to its service's keys and commands.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        port: int | None = None,
+        users: Mapping[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-redis-"))
         self.port = port or free_port()
+        self.users = dict(users or {})
         self._proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def credentials(self, user: str) -> dict[str, str]:
+        """`username`/`password` keyword arguments for `redis.asyncio.from_url`."""
+        if user not in self.users:
+            raise ConfigError(f"redis-server has no user {user!r}", user=user)
+        return {"username": user, "password": self.users[user]}
+
     def start(self) -> RedisServer:
+        binary = find_binary("redis-server", "ALNAIR_REDIS_SERVER")
         argv = [
-            find_binary("redis-server", "ALNAIR_REDIS_SERVER"),
+            binary,
             "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
             "--appendonly", "yes", "--save", "", "--protected-mode", "no",
         ]  # fmt: skip
+        if self.users:
+            acl = self.workdir / "users.acl"
+            acl.write_text(acl_file(self.users, redis_major=_redis_major(binary)))
+            acl.chmod(0o600)
+            argv += ["--aclfile", str(acl)]
         self._proc = ManagedProcess("redis-server", argv, self.workdir)
         self._proc.start()
         self._proc.wait_ready(lambda: port_open(self.port), 30)
@@ -200,3 +223,9 @@ class RedisServer:
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
+
+
+def _redis_major(binary: str) -> int:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    version = next((w.split("=", 1)[1] for w in out.split() if w.startswith("v=")), "0")
+    return int(version.split(".", 1)[0])
