@@ -49,8 +49,11 @@ fmt: setup-python
 schema: setup-python ## JSON Schema of every event, for external subscribers
 	@$(BIN)/python -m alnair.common.events schema --out deploy/schemas
 
-demo: setup-python ## replay the Alibaba GPU trace under every policy and compare with the paper
+# The replay needs no Kubernetes and comes first; the live part (ALNAIR_DEMO_LIVE=0 skips it) runs
+# the whole system on 200 KWOK GPU nodes with Gavel's Philly trace, time-compressed.
+demo: setup-python setup-control-plane ## replay the Alibaba GPU trace under every policy, then the whole system live
 	@$(BIN)/python -m alnair.scheduler.simulator.demo
+	@$(BIN)/python -m alnair.scheduler.simulator.live_demo
 
 # The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
 # its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"

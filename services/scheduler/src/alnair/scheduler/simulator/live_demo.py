@@ -1,0 +1,539 @@
+"""`make demo`, live part: the whole system on the local control plane, fed Gavel's Philly trace.
+
+After the trace replay (`alnair.scheduler.simulator.demo`, no Kubernetes), this starts the local
+stack (`alnair.common.devstack`: nats, redis, the control plane, a few hundred KWOK GPU nodes
+across K80/P100/V100, and the scheduler, the sim profiler agent, the aggregator and the
+predictor as processes), then submits the trace's jobs as batch/v1 Jobs with
+`schedulerName: alnair`, time-compressed so the run takes a few minutes.
+
+A job's runtime depends on where it runs, as on a real cluster: once the scheduler binds its pod
+this demo (standing in for the training process) reads the node's GPU model and writes the
+pod's `alnair.io/duration` = total steps / Gavel's measured throughput on that GPU type and
+count, compressed; KWOK then completes the pod after that long. Arrivals and runtimes are
+compressed by separate factors (printed): squeezing 85 days of arrivals into minutes with the
+same factor would leave runtimes of a second or two and an idle cluster, so runtimes are scaled
+to a median of `--median-runtime-s` on the job's fastest GPU type and capped at
+`--max-runtime-s` (the trace's runtimes span four orders of magnitude).
+
+What it measures, from one pod watch: jobs done, job completion time (submission to the pod's
+success), scheduling latency (pod creation seen to bind seen), GPUs allocated over time (the
+PNG), and what the rest of the system did with the jobs (execution records, predictor version).
+
+    python -m alnair.scheduler.simulator.live_demo [--nodes ...] [--jobs N] [--out out/demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from alnair.common import devstack
+from alnair.common import resources as res
+from alnair.common.data import GAVEL_ARRIVALS, data_file, gavel_throughputs
+from alnair.common.errors import AlnairError, ConfigError, InvalidValueError
+from alnair.common.informer import Informer, WatchEvent
+from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, KubeClient, Obj
+from alnair.common.localstack import parse_node_specs
+from alnair.common.tasks import cancel_all, spawn
+
+LIVE_ENV = "ALNAIR_DEMO_LIVE"
+DEFAULT_NODES = "67x K80, 67x P100, 66x V100M16"
+NAMESPACE = "live-demo"
+LABEL_JOB = "alnair.io/demo-job"
+GAVEL_TYPE = {"K80": "k80", "P100": "p100", "V100M16": "v100", "V100M32": "v100"}
+"""Node GPU model (the profiler's label) -> Gavel's GPU type. Gavel measured 16 GB V100s."""
+SERVICES = ("profiler-agent", "aggregator", "predictor", "scheduler")
+SERVICE_ENV = {
+    # 1 Hz samples of hundreds of pods would keep two cores busy with metrics alone; every
+    # 5 s still shows each job's utilization in its annotations and record.
+    "profiler-agent": {"ALNAIR_PROFILER_SAMPLE_INTERVAL_S": "5"},
+}
+_BATCH = re.compile(r"^(?P<family>.+?) \(batch size (?P<bs>\d+)\)$")
+
+
+# --- the workload ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of the trace and how long it runs alone on each GPU type it can use."""
+
+    id: str
+    job_type: str
+    gpus: int
+    arrival_s: float
+    runtime_s: Mapping[str, float]
+    """Gavel GPU type -> seconds (types where Gavel measured no throughput are absent)."""
+
+
+def load_trace(gpu_types: Sequence[str], limit: int | None = None) -> list[TraceJob]:
+    """The shipped Philly-derived trace: Gavel's seven tab-separated columns `job_type,
+    command, num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor`; the
+    runtime on a type is total steps / Gavel's throughput for that job, GPU count and type
+    (jobs Gavel measured on one GPU only are scaled linearly to their count, as Gavel's own
+    simulator does)."""
+    rate: dict[tuple[str, int, str], float] = {}
+    for row in gavel_throughputs():
+        if not row.partner and row.own > 0:
+            rate[(row.job, row.scale, row.gpu.lower())] = row.own
+    path = data_file(*GAVEL_ARRIVALS)
+    jobs: list[TraceJob] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        try:
+            job_type, steps, arrival_s, scale = (
+                fields[0],
+                int(fields[4]),
+                float(fields[5]),
+                int(fields[6]),
+            )
+        except (IndexError, ValueError) as exc:
+            raise ConfigError(f"{path}:{number}: not a Gavel trace line ({exc})") from exc
+        runtime: dict[str, float] = {}
+        for gpu_type in gpu_types:
+            measured = rate.get((job_type, scale, gpu_type))
+            if measured is None and (single := rate.get((job_type, 1, gpu_type))) is not None:
+                measured = single * scale
+            if measured is not None:
+                runtime[gpu_type] = steps / measured
+        if runtime:
+            jobs.append(TraceJob(f"job-{number:05d}", job_type, scale, arrival_s, runtime))
+        if limit is not None and len(jobs) >= limit:
+            break
+    return jobs
+
+
+@dataclass(frozen=True)
+class Compression:
+    """Trace time -> demo time: arrivals and runtimes each by their own factor."""
+
+    arrival_factor: float
+    runtime_factor: float
+    max_runtime_s: float
+
+    def arrival(self, trace_s: float) -> float:
+        return trace_s / self.arrival_factor
+
+    def runtime(self, trace_s: float) -> float:
+        return max(1.0, min(trace_s / self.runtime_factor, self.max_runtime_s))
+
+
+def compression(
+    jobs: Sequence[TraceJob], window_s: float, median_runtime_s: float, max_runtime_s: float
+) -> Compression:
+    """Arrivals squeezed into `window_s`; the median fastest-type runtime to `median_runtime_s`."""
+    for name, value in (
+        ("window_s", window_s),
+        ("median_runtime_s", median_runtime_s),
+        ("max_runtime_s", max_runtime_s),
+    ):
+        if value <= 0:
+            raise InvalidValueError(name, value, "must be > 0")
+    if not jobs:
+        raise InvalidValueError("jobs", 0, "the workload is empty")
+    last = max(j.arrival_s for j in jobs)
+    fastest = statistics.median(min(j.runtime_s.values()) for j in jobs)
+    return Compression(
+        arrival_factor=max(last / window_s, 1.0),
+        runtime_factor=max(fastest / median_runtime_s, 1.0),
+        max_runtime_s=max_runtime_s,
+    )
+
+
+def model_annotations(job_type: str) -> dict[str, str]:
+    """The profiler's and predictor's model annotations for a Gavel job type."""
+    m = _BATCH.match(job_type)
+    if m is None:
+        return {res.ANN_MODEL_NAME: job_type}
+    return {res.ANN_MODEL_NAME: m.group("family"), res.ANN_BATCH_SIZE: m.group("bs")}
+
+
+def job_manifest(job: TraceJob, node_models: Sequence[str]) -> Obj:
+    """A batch/v1 Job for one trace job; GPU types it cannot run on are excluded."""
+    name = job.id.lower()
+    runs_on = [m for m in node_models if GAVEL_TYPE.get(m) in job.runtime_s]
+    pod_annotations = model_annotations(job.job_type)
+    if set(runs_on) != set(node_models):
+        pod_annotations[res.GPU_MODEL_REQUEST] = "|".join(runs_on)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_JOB: name},
+            "annotations": model_annotations(job.job_type),
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {LABEL_JOB: name}, "annotations": pod_annotations},
+                "spec": {
+                    "schedulerName": res.SCHEDULER_NAME,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "example.invalid/gavel-job:1",
+                            "resources": {
+                                "limits": {res.GPU: str(job.gpus)},
+                                "requests": {"cpu": str(2 * job.gpus), "memory": "8Gi"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+# --- what one run observed ---------------------------------------------------------------
+
+
+@dataclass
+class Observed:
+    """Everything measured, in seconds since the workload started."""
+
+    total_gpus: int
+    submitted: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, tuple[float, str]] = field(default_factory=dict)
+    gpus: dict[str, int] = field(default_factory=dict)
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    """(t, GPUs allocated, pods waiting) after every change."""
+
+    @property
+    def allocated(self) -> int:
+        return sum(self.gpus[j] for j in self.bound if j not in self.finished)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for j in self.seen if j not in self.bound and j not in self.finished)
+
+    def mark(self, now: float) -> None:
+        self.timeline.append((now, self.allocated, self.waiting))
+
+
+@dataclass(frozen=True)
+class Report:
+    jobs: int
+    done: int
+    failed: int
+    mean_jct_s: float
+    median_jct_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_max_ms: float
+    mean_util_pct: float
+    peak_util_pct: float
+    makespan_s: float
+
+
+def report(obs: Observed) -> Report:
+    ok = {j: t for j, (t, phase) in obs.finished.items() if phase == "Succeeded"}
+    jct = [t - obs.submitted[j] for j, t in ok.items() if j in obs.submitted]
+    lat = sorted((obs.bound[j] - obs.seen[j]) * 1000 for j in obs.bound if j in obs.seen)
+    end = max((t for t, _ in obs.finished.values()), default=0.0)
+    # time-weighted allocation from the first submission to the last completion
+    area = 0.0
+    for (t0, gpus, _), (t1, _, _) in zip(obs.timeline, obs.timeline[1:], strict=False):
+        area += gpus * (t1 - t0)
+    busy = end - min(obs.submitted.values(), default=0.0)
+    return Report(
+        jobs=len(obs.submitted),
+        done=len(ok),
+        failed=len(obs.finished) - len(ok),
+        mean_jct_s=statistics.fmean(jct) if jct else 0.0,
+        median_jct_s=statistics.median(jct) if jct else 0.0,
+        latency_p50_ms=_pct(lat, 50),
+        latency_p99_ms=_pct(lat, 99),
+        latency_max_ms=lat[-1] if lat else 0.0,
+        mean_util_pct=100 * area / (busy * obs.total_gpus) if busy > 0 else 0.0,
+        peak_util_pct=100 * max((g for _, g, _ in obs.timeline), default=0) / obs.total_gpus,
+        makespan_s=busy,
+    )
+
+
+def _pct(sorted_values: Sequence[float], pct: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, round(pct / 100 * (len(sorted_values) - 1)))
+    return sorted_values[index]
+
+
+def plot(obs: Observed, path: Path, title: str) -> Path:
+    """GPUs allocated (% of the cluster) and pods waiting, over the run."""
+    import matplotlib as mpl
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [t for t, _, _ in obs.timeline]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    top.step(ts, [100 * g / obs.total_gpus for _, g, _ in obs.timeline], where="post")
+    top.set_ylabel("GPUs allocated (% of cluster)")
+    top.set_ylim(0, 100)
+    top.grid(alpha=0.3)
+    top.set_title(title)
+    bottom.step(ts, [w for _, _, w in obs.timeline], where="post", color="tab:orange")
+    bottom.set_ylabel("pods waiting to be bound")
+    bottom.set_xlabel("seconds since the first job was submitted")
+    bottom.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+class Run:
+    """Submits the jobs, writes each bound pod's duration, and records what it sees."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        jobs: Sequence[TraceJob],
+        comp: Compression,
+        node_model: dict[str, str],
+        total_gpus: int,
+    ) -> None:
+        self.kube = kube
+        self.jobs = {j.id.lower(): j for j in jobs}
+        self.comp = comp
+        self.node_model = node_model
+        self.obs = Observed(total_gpus)
+        self.t0 = time.monotonic()
+        self.durations: asyncio.Queue[tuple[str, str, float]] = asyncio.Queue()
+        self.all_done = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.node_models = sorted(set(node_model.values()))
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def on_pod(self, _event: WatchEvent, pod: Obj, _old: Obj | None) -> None:
+        meta = pod["metadata"]
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        if job not in self.jobs:
+            return
+        now = self.now()
+        obs = self.obs
+        obs.seen.setdefault(job, now)
+        node = pod["spec"].get("nodeName")
+        if node and job not in obs.bound:
+            obs.bound[job] = now
+            model = self.node_model.get(node, "")
+            runtime = self.jobs[job].runtime_s.get(GAVEL_TYPE.get(model, ""))
+            if runtime is not None:
+                self.durations.put_nowait((meta["name"], job, self.comp.runtime(runtime)))
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed") and job not in obs.finished:
+            obs.finished[job] = (now, phase)
+            if len(obs.finished) == len(self.jobs):
+                self.all_done.set()
+        obs.mark(now)
+        self.changed.set()
+
+    async def write_durations(self) -> None:
+        """The job 'runs' as long as its GPU type needs: KWOK completes it after that."""
+        while True:
+            pod, _job, seconds = await self.durations.get()
+            await self.kube.patch(
+                PODS,
+                pod,
+                {"metadata": {"annotations": {res.ANN_DURATION: res.duration_value(seconds)}}},
+                NAMESPACE,
+            )
+
+    async def submit(self) -> None:
+        for job in sorted(self.jobs.values(), key=lambda j: j.arrival_s):
+            delay = self.comp.arrival(job.arrival_s) - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the trace's arrival time, compressed
+            self.obs.gpus[job.id.lower()] = job.gpus
+            self.obs.submitted[job.id.lower()] = self.now()
+            await self.kube.create(JOBS, job_manifest(job, self.node_models), NAMESPACE)
+
+
+async def run_workload(
+    state: devstack.State, jobs: Sequence[TraceJob], comp: Compression, timeout_s: float
+) -> Observed:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    async with KubeClient.from_config(state.kubeconfig, max_connections=64) as kube:
+        nodes = (await kube.list(NODES))["items"]
+        node_model = {
+            n["metadata"]["name"]: n["metadata"]["labels"].get(res.LABEL_GPU_MODEL, "")
+            for n in nodes
+        }
+        total = sum(int(n["status"]["capacity"].get(res.GPU, 0)) for n in nodes)
+        await kube.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
+        run = Run(kube, jobs, comp, node_model, total)
+        informer = Informer(kube, PODS, namespace=NAMESPACE, name="live-demo.pods")
+        informer.add_handler(run.on_pod)
+        died = asyncio.Event()
+
+        def on_death(_exc: BaseException) -> None:
+            died.set()
+            run.changed.set()
+
+        tasks = [spawn(informer.run(), name="live-demo.pods", on_death=on_death)]
+        tasks += [
+            spawn(run.write_durations(), name=f"live-demo.durations-{i}", on_death=on_death)
+            for i in range(8)
+        ]
+        await informer.synced.wait()
+        tasks.append(spawn(run.submit(), name="live-demo.submit", on_death=on_death))
+        deadline = time.monotonic() + timeout_s
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+        )
+        try:
+            with Progress(*columns, transient=False) as progress:
+                bar = progress.add_task("jobs done", total=len(jobs), status="")
+                while not run.all_done.is_set() and not died.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    run.changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(run.changed.wait(), min(remaining, 1.0))
+                    obs = run.obs
+                    progress.update(
+                        bar,
+                        completed=len(obs.finished),
+                        status=f"submitted {len(obs.submitted)}, waiting {obs.waiting}, "
+                        f"running {len(obs.bound) - len(obs.finished)}, GPUs "
+                        f"{100 * obs.allocated / max(total, 1):.0f}%",
+                    )
+        finally:
+            await cancel_all(tasks)
+        if died.is_set():
+            raise AlnairError("a part of the live demo died; see the log lines above")
+        return run.obs
+
+
+def system_summary(state: devstack.State, done: int, wait_s: float = 30.0) -> list[str]:
+    """What the other services made of the run: execution records (given up to `wait_s` to
+    catch up with the last completions) and the predictor's serving model."""
+    lines = []
+    with httpx.Client(timeout=10) as http:
+        agg = state.services["aggregator"]
+        deadline = time.monotonic() + wait_s
+        while True:
+            records = http.get(f"{agg.url}/v1/records", params={"limit": 10000}).json()
+            if len(records) >= done or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)  # an outside view of the aggregator's asynchronous work
+        lines.append(f"records             {len(records)} execution records in Redis")
+        models = http.get(f"{state.services['predictor'].url}/v1/models").json()
+        size = models.get("training_size", {})
+        lines.append(
+            f"predictor           model v{models.get('version')} ({models.get('kind')}) "
+            f"trained on {size.get('records', 0)} records + Gavel's table, retrained "
+            f"{int(models.get('version', 1)) - 1} times during the run"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m alnair.scheduler.simulator.live_demo")
+    parser.add_argument("--nodes", default=DEFAULT_NODES, help="KWOK GPU nodes")
+    parser.add_argument("--jobs", type=int, default=None, help="first N trace jobs (all)")
+    parser.add_argument("--window-s", type=float, default=150.0, help="arrivals span this long")
+    parser.add_argument("--median-runtime-s", type=float, default=40.0)
+    parser.add_argument("--max-runtime-s", type=float, default=120.0)
+    parser.add_argument("--timeout-s", type=float, default=480.0, help="give up after")
+    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="plot directory")
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if os.environ.get(LIVE_ENV, "1") in ("0", "false", "no"):
+        print(f"live demo skipped ({LIVE_ENV}=0)")
+        return 0
+    try:
+        specs = parse_node_specs(args.nodes)
+        unknown = sorted({s.model for s in specs} - set(GAVEL_TYPE))
+        if unknown:
+            raise InvalidValueError("--nodes", args.nodes, f"Gavel has no {unknown}")
+        total_gpus = sum(s.count * s.gpus for s in specs)
+        jobs = load_trace(sorted({GAVEL_TYPE[s.model] for s in specs}), limit=args.jobs)
+        comp = compression(jobs, args.window_s, args.median_runtime_s, args.max_runtime_s)
+    except AlnairError as exc:
+        print(f"live demo: {exc}", file=sys.stderr)
+        return 2
+
+    stack_dir = args.out / "live-stack"
+    devstack.down(stack_dir)  # a previous run that was interrupted
+    shutil.rmtree(stack_dir, ignore_errors=True)
+    nodes = sum(s.count for s in specs)
+    print(
+        f"\nLive: the whole system on a local control plane with {nodes} KWOK GPU nodes "
+        f"({args.nodes}; {total_gpus} GPUs), {len(jobs)} jobs of Gavel's Philly trace.\n"
+        f"  arrivals compressed {comp.arrival_factor:,.0f}x (into {args.window_s:.0f} s), "
+        f"runtimes {comp.runtime_factor:,.0f}x (median {args.median_runtime_s:.0f} s on the "
+        f"job's fastest GPU, at most {args.max_runtime_s:.0f} s)",
+        flush=True,
+    )
+    started = time.perf_counter()
+    try:
+        state = devstack.up(
+            stack_dir,
+            devstack.UpOptions(nodes=args.nodes, free_ports=True, only=SERVICES, env=SERVICE_ENV),
+        )
+        print(f"  stack up in {time.perf_counter() - started:.0f} s (logs in {stack_dir}/logs)")
+        obs = asyncio.run(run_workload(state, jobs, comp, args.timeout_s))
+        extra = system_summary(state, sum(1 for _, p in obs.finished.values() if p == "Succeeded"))
+    except AlnairError as exc:
+        print(f"live demo: {exc}", file=sys.stderr)
+        devstack.down(stack_dir)
+        return 1
+    except BaseException:
+        devstack.down(stack_dir)
+        raise
+    devstack.down(stack_dir)
+
+    r = report(obs)
+    chart = plot(
+        obs,
+        args.out / "live-gpu-allocation.png",
+        f"Live: {len(jobs)} Gavel jobs on {nodes} KWOK nodes ({total_gpus} GPUs)",
+    )
+    lines = [
+        f"jobs done           {r.done} of {r.jobs} ({r.failed} failed)",
+        f"job completion time mean {r.mean_jct_s:.1f} s, median {r.median_jct_s:.1f} s "
+        "(submission to success, demo seconds)",
+        f"scheduling latency  pod creation to bind: p50 {r.latency_p50_ms:.0f} ms, "
+        f"p99 {r.latency_p99_ms:.0f} ms, max {r.latency_max_ms:.0f} ms",
+        f"GPUs allocated      mean {r.mean_util_pct:.0f}%, peak {r.peak_util_pct:.0f}% "
+        f"over {r.makespan_s:.0f} s",
+        *extra,
+        f"plot                {chart}",
+        f"live part took {time.perf_counter() - started:.0f} s",
+    ]
+    print("\n" + "\n".join(f"  {line}" for line in lines), flush=True)
+    return 0 if r.done == r.jobs else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
