@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _table(result: dict[str, Any]) -> str:
     lines = [f"interval level {result['interval_level']}"]
-    for question in ("a", "a_single_pair", "b"):
+    for question in ("a", "a_single_pair", "a_trial", "b"):
         lines.append(f"({question}) {result[question]['question']}")
         lines.append(f"    {'model':<9}{'MAPE':>8}{'median':>8}{'cover':>8}{'n':>6}")
         for kind, f in result[question]["models"].items():
