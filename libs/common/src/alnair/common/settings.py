@@ -120,3 +120,17 @@ class ServiceSettings(CommonSettings):
 
     http_host: str = Field(default="0.0.0.0", description="address the HTTP API listens on")
     http_port: int = Field(default=8080, ge=0, le=65535, description="HTTP API port (0: any)")
+    http_auth: bool = Field(
+        validation_alias=AliasChoices("ALNAIR_HTTP_AUTH", "http_auth"),
+        default=True,
+        description=(
+            "mutating HTTP requests need a bearer token the API server authenticates"
+            " (TokenReview); false only for local development"
+        ),
+    )
+    http_auth_cache_s: float = Field(
+        validation_alias=AliasChoices("ALNAIR_HTTP_AUTH_CACHE_S", "http_auth_cache_s"),
+        default=10.0,
+        ge=0.0,
+        description="how long a token's review is reused before the API server is asked again",
+    )

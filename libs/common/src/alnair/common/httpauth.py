@@ -1,0 +1,179 @@
+"""Bearer tokens on every mutating HTTP endpoint, checked with TokenReview (the Kubernetes way).
+
+A service API that changes something (POST/PUT/PATCH/DELETE) must know who asks. Callers send
+a Kubernetes token (`Authorization: Bearer <token>`: a ServiceAccount's projected token, or a
+user's token from their kubeconfig), and the service asks the API server whether it is valid
+(`authentication.k8s.io/v1` TokenReview), exactly as the kubelet and aggregated API servers
+do. Nothing is stored: no second user database, and revoking the ServiceAccount revokes access.
+
+`install_token_auth` adds one middleware that guards every mutating method on every route, so
+a route added later is guarded without anyone remembering to; queries that use POST only to
+carry a body (the predictor's `/v1/predict`) are listed as `exempt` by their service. Reads
+(GET, HEAD, OPTIONS) stay open, as the metrics and readiness probes need.
+
+Answers: no or malformed header -> 401 problem with `WWW-Authenticate: Bearer`; a token the
+API server does not authenticate -> 401; the API server unreachable -> 503 (the caller may
+retry; we do not guess). Reviews are cached briefly by the token's SHA-256 (a bounded LRU,
+rejections for a shorter time), so a burst of requests costs one review and a flood of
+garbage tokens cannot become a flood of TokenReviews. `ALNAIR_HTTP_AUTH=false` turns the
+check off for local development; the service logs that it runs unauthenticated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from alnair.common.errors import ConfigError
+from alnair.common.http import problem
+from alnair.common.kube import ApiError, KubeClient, Unavailable
+from alnair.common.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a token belongs to, as the API server says."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+
+
+class TokenReviewer:
+    """Asks the API server who a bearer token belongs to; caches answers briefly."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        audiences: Collection[str] = (),
+        cache_s: float = 10.0,
+        rejected_cache_s: float = 2.0,
+        max_entries: int = 4096,
+    ) -> None:
+        self.kube = kube
+        self.audiences = list(audiences)
+        self.cache_s = cache_s
+        self.rejected_cache_s = rejected_cache_s
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[float, Identity | None]] = OrderedDict()
+        self.reviews = 0
+        """TokenReviews sent (the cache's misses)."""
+
+    async def review(self, token: str) -> Identity | None:
+        """The token's identity, or None when the API server does not authenticate it.
+
+        Raises `Unavailable` when the API server cannot be asked."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            self._cache.move_to_end(key)
+            return hit[1]
+        spec: dict[str, object] = {"token": token}
+        if self.audiences:
+            spec["audiences"] = self.audiences
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        self.reviews += 1
+        try:
+            doc = await self.kube.request("POST", TOKENREVIEWS, body=body)
+        except ApiError as exc:
+            # 403: this service's account may not create TokenReviews (RBAC: the
+            # system:auth-delegator role); that is the operator's to fix, not the caller's.
+            raise Unavailable(
+                f"TokenReview refused by the API server: {exc}", status=exc.status
+            ) from exc
+        status = doc.get("status") or {}
+        identity: Identity | None = None
+        if status.get("authenticated"):
+            user = status.get("user") or {}
+            identity = Identity(
+                username=str(user.get("username", "")),
+                uid=str(user.get("uid", "")),
+                groups=tuple(str(g) for g in user.get("groups") or ()),
+            )
+        ttl = self.cache_s if identity is not None else self.rejected_cache_s
+        self._cache[key] = (now + ttl, identity)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return identity
+
+
+def reviewer_for(settings: ServiceSettings, kube: KubeClient | None) -> TokenReviewer | None:
+    """The service's token reviewer, or None when `settings.http_auth` is off."""
+    if not settings.http_auth:
+        return None
+    if kube is None:
+        raise ConfigError(
+            "ALNAIR_HTTP_AUTH needs a Kubernetes client to review tokens; set it to false"
+            " for a service run without one"
+        )
+    return TokenReviewer(kube, cache_s=settings.http_auth_cache_s)
+
+
+def _unauthorized(detail: str) -> Response:
+    response = problem(401, "Unauthorized", detail)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="alnair"'
+    return response
+
+
+def install_token_auth(
+    app: FastAPI,
+    reviewer: TokenReviewer | None,
+    *,
+    service: str,
+    exempt: Collection[str] = (),
+) -> None:
+    """Guard every mutating request to `app` with a reviewed bearer token (see the module).
+
+    `reviewer` None means authentication is off (local development): logged once, loudly.
+    `exempt` lists paths whose POST is a query that changes nothing.
+    """
+    if reviewer is None:
+        log.warning(
+            "HTTP mutations accept anyone: ALNAIR_HTTP_AUTH is off", extra={"service": service}
+        )
+        return
+    open_paths = frozenset(exempt)
+
+    @app.middleware("http")
+    async def _authenticate(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if request.method not in MUTATING or request.url.path in open_paths:
+            return await call_next(request)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return _unauthorized(f"{request.method} {request.url.path} needs a bearer token")
+        try:
+            identity = await reviewer.review(token)
+        except Unavailable as exc:
+            log.warning("token review failed", extra={"service": service, "error": str(exc)})
+            return problem(503, "Service Unavailable", "cannot verify the token right now")
+        if identity is None:
+            return _unauthorized("the API server does not authenticate this token")
+        request.state.identity = identity
+        log.info(
+            "authenticated mutation",
+            extra={
+                "service": service,
+                "user": identity.username,
+                "method": request.method,
+                "path": request.url.path,
+            },
+        )
+        return await call_next(request)

@@ -1,0 +1,150 @@
+"""Mutating HTTP requests need a bearer token the real API server authenticates (issue 16).
+
+The guard from `alnair.common.httpauth` on a small app, reviewing tokens against the local
+control plane: a ServiceAccount's token is accepted, garbage and a missing header get a 401
+problem, reads and exempt queries stay open, answers are cached, and a service whose own
+account may not create TokenReviews answers 503 instead of letting anyone in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+
+from alnair.common.http import install_problem_handlers
+from alnair.common.httpauth import TokenReviewer, install_token_auth, reviewer_for
+from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
+from alnair.common.localstack import ControlPlane
+from alnair.common.settings import ServiceSettings
+
+pytestmark = pytest.mark.e2e
+
+
+def make_app(reviewer: TokenReviewer | None) -> FastAPI:
+    app = FastAPI()
+    install_problem_handlers(app)
+    install_token_auth(app, reviewer, service="test", exempt={"/v1/query"})
+    state: dict[str, int] = {"scaled": 0}
+
+    @app.post("/v1/scale")
+    async def scale(request: Request) -> dict[str, object]:
+        state["scaled"] += 1
+        return {"scaled": state["scaled"], "by": request.state.identity.username}
+
+    @app.delete("/v1/things/{name}")
+    async def delete(name: str) -> dict[str, str]:
+        return {"deleted": name}
+
+    @app.get("/v1/scale")
+    async def read() -> dict[str, int]:
+        return state
+
+    @app.post("/v1/query")
+    async def query() -> dict[str, str]:
+        return {"answer": "42"}
+
+    return app
+
+
+@pytest.fixture
+async def account(kube: KubeClient, namespace: str) -> str:
+    name = "caller"
+    await kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        namespace,
+    )
+    return await kube.service_account_token(namespace, name)
+
+
+def client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc")
+
+
+async def test_service_account_token_accepted_garbage_refused(
+    kube: KubeClient, namespace: str, account: str
+) -> None:
+    reviewer = TokenReviewer(kube)
+    async with client(make_app(reviewer)) as http:
+        missing = await http.post("/v1/scale")
+        garbage = await http.post("/v1/scale", headers={"Authorization": "Bearer not-a-token"})
+        basic = await http.delete("/v1/things/x", headers={"Authorization": "Basic YTpi"})
+        for refused in (missing, garbage, basic):
+            assert refused.status_code == 401
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+        assert "bearer token" in missing.json()["detail"]
+        assert "does not authenticate" in garbage.json()["detail"]
+        assert (await http.get("/v1/scale")).json() == {"scaled": 0}  # nothing happened
+
+        ok = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
+        assert ok.status_code == 200
+        assert ok.json()["by"] == f"system:serviceaccount:{namespace}:caller"
+        again = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
+        assert again.json()["scaled"] == 2
+        # reads and exempt queries need nothing
+        assert (await http.get("/v1/scale")).status_code == 200
+        assert (await http.post("/v1/query")).json() == {"answer": "42"}
+    # one review per distinct token: the good one and the garbage one
+    assert reviewer.reviews == 2
+
+
+async def test_reviewer_without_tokenreview_rights_fails_closed(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, account: str
+) -> None:
+    # The service itself runs as a ServiceAccount; without system:auth-delegator it may not
+    # ask the API server, and must answer 503, never let the caller in.
+    name = f"svc-{uuid.uuid4().hex[:6]}"
+    await kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        namespace,
+    )
+    own = await kube.service_account_token(namespace, name)
+    config = dataclasses.replace(kube.config, cert_file=None, key_file=None, token=own)
+    async with KubeClient(config) as as_service:
+        async with client(make_app(TokenReviewer(as_service))) as http:
+            denied = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
+        assert denied.status_code == 503
+        assert denied.headers["content-type"] == "application/problem+json"
+        binding = f"{name}-auth-delegator"
+        await kube.create(
+            KIND_RESOURCES["ClusterRoleBinding"],
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": binding},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "system:auth-delegator",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )
+        try:
+            async with client(make_app(TokenReviewer(as_service))) as http:
+                for _ in range(50):  # RBAC caches take a moment to see the binding
+                    ok = await http.post(
+                        "/v1/scale", headers={"Authorization": f"Bearer {account}"}
+                    )
+                    if ok.status_code != 503:
+                        break
+                    await asyncio.sleep(0.1)
+            assert ok.status_code == 200
+        finally:
+            with contextlib.suppress(NotFound):
+                await kube.delete(KIND_RESOURCES["ClusterRoleBinding"], binding)
+
+
+def test_switch_for_local_development(kube: KubeClient) -> None:
+    assert reviewer_for(ServiceSettings(http_auth=False), kube) is None
+    assert isinstance(reviewer_for(ServiceSettings(), kube), TokenReviewer)
+    with pytest.raises(Exception, match="ALNAIR_HTTP_AUTH needs a Kubernetes client"):
+        reviewer_for(ServiceSettings(), None)
