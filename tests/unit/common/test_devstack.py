@@ -48,8 +48,13 @@ def test_default_services_skip_optional_and_missing_modules() -> None:
     names = [s.name for s in run]
     assert names[:4] == ["profiler-agent", "aggregator", "predictor", "scheduler"]
     assert "deviceplugin" not in names  # optional: KWOK nodes have no kubelet
-    # the elastic controller has a package but no `python -m` entry yet
-    assert "elastic" in [s.name for s in skipped]
+    # the hooks (dispatcher, elastic controller) run exactly when their module can
+    for hook in ("dispatcher", "elastic"):
+        spec = devstack.service(hook)
+        assert (hook in names) == spec.available()
+        assert (hook in [s.name for s in skipped]) != spec.available()
+    assert not devstack.ServiceSpec("x", ("alnair.not_built",), "P", "").available()
+    assert not devstack.ServiceSpec("x", ("alnair.common",), "P", "").available()  # no __main__
     with_plugin, _ = devstack.wanted(devstack.UpOptions(extra=("deviceplugin",)))
     assert "deviceplugin" in [s.name for s in with_plugin]
     only, _ = devstack.wanted(devstack.UpOptions(only=("scheduler",)))
@@ -115,3 +120,15 @@ def test_status_and_down_without_a_stack(tmp_path: Path) -> None:
     assert devstack.status(tmp_path) is None
     assert devstack.down(tmp_path) == []
     assert devstack.main(["--dir", str(tmp_path), "status"]) == 1
+
+
+def test_a_service_that_dies_at_start_fails_with_its_log_tail(tmp_path: Path) -> None:
+    # `python -m alnair.common.devstack` without a command exits at once with its usage
+    broken = devstack.ServiceSpec("scheduler", ("alnair.common.devstack",), "UNUSED_PORT", "x")
+    state = devstack.State(tmp_path, "nats://n", "redis://r", "/k", "https://a", [])
+    with pytest.raises(devstack.StartError, match=r"scheduler exited during start-up") as err:
+        devstack._start_services(state, [broken], {"scheduler": 1}, devstack.UpOptions())
+    assert "usage: python -m alnair.common.devstack" in str(err.value)
+    assert str(tmp_path / "logs" / "scheduler.log") in str(err.value)
+    # the state file already names it, so `make down` and `make status` see it
+    assert devstack.State.load(tmp_path).services["scheduler"].log.endswith("scheduler.log")
