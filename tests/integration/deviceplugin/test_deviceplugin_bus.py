@@ -5,8 +5,9 @@ bring them back, and a fractional pod's utilisation reaches its shims through th
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -50,12 +51,15 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 
 
 @pytest.fixture
-async def plugin(nats_url: str, tmp_path: Path, kubelet: Any) -> AsyncIterator[Running]:
+async def plugin(nats_url: str, kubelet: Any) -> AsyncIterator[Running]:
+    # short: a unix socket path holds at most 107 bytes, and each vGPU's registry socket
+    # lives under the state directory
+    state = tempfile.mkdtemp(prefix="alnair-dp-", dir="/tmp")
     settings = DevicePluginSettings(
         nats_url=nats_url,
         node_name="n1",
         kubelet_dir=kubelet.dir,
-        state_dir=str(tmp_path / "state"),
+        state_dir=state,
         http_host="127.0.0.1",
         http_port=0,
         register_retry_max_s=0.2,
@@ -64,6 +68,7 @@ async def plugin(nats_url: str, tmp_path: Path, kubelet: Any) -> AsyncIterator[R
     running = await start(settings, CollectorRegistry(), pods=StaticPods("n1", [POD]))
     yield running
     await running.stop()
+    shutil.rmtree(state, ignore_errors=True)
 
 
 async def test_inventory_and_health_events_drive_list_and_watch(
@@ -110,7 +115,7 @@ async def test_utilisation_reaches_the_shims_of_the_pod(
     vgpu = envs["ALNAIR_VGPU_ID"]
 
     # a shim's side of the registry protocol, on the socket the container gets mounted
-    reader, writer = await asyncio.open_unix_connection(str(plugin.vgpus.socket_path))
+    reader, writer = await asyncio.open_unix_connection(str(plugin.vgpus.socket_for(vgpu)))
     writer.write(f"REGISTER vgpu={vgpu} pid=7 region=/r memory=- compute=30\n".encode())
     await writer.drain()
     await asyncio.wait_for(plugin.vgpus.wait_registered(vgpu), 5)

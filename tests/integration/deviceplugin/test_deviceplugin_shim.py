@@ -60,7 +60,7 @@ async def test_shim_registers_and_its_region_reads_back(shim_build: Path, tmp_pa
             "ALNAIR_GPU_MEMORY_LIMIT_MIB": grant.envs["ALNAIR_GPU_MEMORY_LIMIT_MIB"],
             "ALNAIR_VGPU_ID": grant.envs["ALNAIR_VGPU_ID"],
             "ALNAIR_VGPU_REGION": str(Path(layout.vgpu_host_dir("v1")) / "region"),
-            "ALNAIR_REGISTRY_SOCKET": str(vgpus.socket_path),
+            "ALNAIR_REGISTRY_SOCKET": str(vgpus.socket_for("v1")),
         }
         proc = await asyncio.create_subprocess_exec(
             str(shim_build / "tests" / "test_paths"),

@@ -131,7 +131,8 @@ def test_fraction_grant_injects_the_shim_its_limits_and_state() -> None:
     mounts = {m.container_path: (m.host_path, m.read_only) for m in grant.mounts}
     assert mounts[layout.shim_container_path] == ("/opt/alnair/libalnair-intercept.so", True)
     assert mounts["/var/run/alnair/vgpu"] == ("/srv/alnair/vgpu/v1", False)
-    assert mounts["/var/run/alnair/registry"] == ("/srv/alnair/registry", False)
+    # its own vGPU's socket directory only, read-only (issue 16)
+    assert mounts["/var/run/alnair/registry"] == ("/srv/alnair/registry/v1", True)
     assert grant.envs["ALNAIR_VGPU_REGION"] == "/var/run/alnair/vgpu/region"
     assert grant.envs["ALNAIR_REGISTRY_SOCKET"] == "/var/run/alnair/registry/registry.sock"
 

@@ -9,7 +9,7 @@ large holes stay open for large requests. Whole-GPU requests go to the best-conn
 
 `grant_whole` / `grant_fraction` build the container's environment and mounts. In intercept
 mode a fraction gets the shim (LD_PRELOAD, mounted read-only), its limits, its accounting
-region and the registry socket; in MPS mode it gets the MPS limits and pipe directory. Every
+region and its own registry socket; in MPS mode it gets the MPS limits and pipe directory. Every
 value is a function of the grant alone, so the kubelet merging the Allocate responses of the
 memory and compute resources of one container sees identical values, never a conflict.
 """
@@ -137,9 +137,12 @@ class Layout:
     def registry_host_dir(self) -> str:
         return str(PurePosixPath(self.state_dir) / "registry")
 
-    @property
-    def registry_host_socket(self) -> str:
-        return str(PurePosixPath(self.registry_host_dir) / "registry.sock")
+    def registry_dir(self, vgpu_id: str) -> str:
+        """The directory of `vgpu_id`'s own registry socket (mounted into its container only)."""
+        return str(PurePosixPath(self.registry_host_dir) / vgpu_id)
+
+    def registry_socket(self, vgpu_id: str) -> str:
+        return str(PurePosixPath(self.registry_dir(vgpu_id)) / REGISTRY_SOCKET_FILE)
 
 
 REGION_FILE: Final = "region"
@@ -194,6 +197,6 @@ def grant_fraction(
     mounts = [
         MountSpec(layout.shim_container_path, layout.shim_host_path, True),
         MountSpec(str(run / "vgpu"), layout.vgpu_host_dir(vgpu_id), False),
-        MountSpec(str(run / "registry"), layout.registry_host_dir, False),
+        MountSpec(str(run / "registry"), layout.registry_dir(vgpu_id), True),
     ]
     return Grant(envs=envs, mounts=mounts, annotations={"alnair.io/vgpu-id": vgpu_id})

@@ -1,9 +1,19 @@
 """The node's vGPU registry: where intercept shims register, and how they hear utilisation.
 
-Every process that loads the shim connects to the registry's unix socket (mounted into its
+Every process that loads the shim connects to its vGPU's unix socket (mounted into its
 container) and sends one line, `REGISTER vgpu=<id> pid=<pid> region=<path> memory=<limits>
 compute=<pct>`. The registry learns the process's host pid from the socket's peer credentials
-and its exit from the connection closing, so nobody reports liveness on a timer. Usage is read
+and its exit from the connection closing, so nobody reports liveness on a timer.
+
+One socket per vGPU (`<state>/registry/<vgpu>/registry.sock`, its directory mounted as the
+container's `/var/run/alnair/registry`): which vGPU a process speaks for is decided by which
+socket it can reach, not by what it claims, so a container can neither register as another
+container's vGPU nor read another's utilisation, and never sees another's socket. A line that
+names another vGPU is refused. The directory is the plugin's (0755) and only the socket in it
+is open to the container's user. The bookkeeping is bounded: at most `max_connections` per
+vGPU (a fork bomb of shims is refused beyond it), a REGISTER line of at most 4 KiB within
+5 s, a peer that sends anything after it is cut off, the history of registrations is a ring,
+and a vGPU's socket, connections and directories go when its pod goes. Usage is read
 from the container's accounting region (a file in the vGPU's host directory) when metrics are
 scraped. In the other direction the registry forwards the container's measured utilisation
 (`UTIL <device> <percent>`), which the shim's launch throttle needs to hold the compute share;
@@ -25,10 +35,12 @@ import os
 import shutil
 import socket
 import struct
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from alnair.common.errors import InvalidValueError
+from alnair.common.tasks import spawn
 from alnair.deviceplugin import region
 from alnair.deviceplugin.allocation import REGION_FILE, Layout
 
@@ -36,6 +48,9 @@ log = logging.getLogger(__name__)
 
 RECORD_FILE = "allocation.json"
 _REGISTER_TIMEOUT_S = 5.0
+_LINE_LIMIT = 4096
+SEEN_KEPT = 1024
+_SUN_PATH_MAX = 107
 
 
 @dataclass(frozen=True)
@@ -98,17 +113,25 @@ class ShimConnection:
 
 
 class VgpuRegistry:
-    """The registry's server and its view of every vGPU on the node."""
+    """The registry's servers (one socket per vGPU) and its view of every vGPU on the node."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, *, max_connections: int = 256) -> None:
         self.layout = layout
-        self.socket_path = Path(layout.registry_host_socket)
+        self.max_connections = max_connections
         self._records: dict[str, VgpuRecord] = {}
         self._conns: dict[str, list[ShimConnection]] = {}
-        self._server: asyncio.AbstractServer | None = None
+        self._pending: dict[str, int] = {}
+        self._servers: dict[str, asyncio.AbstractServer] = {}
+        self._started = False
         self._changed = asyncio.Event()
-        self.seen: list[Registration] = []
-        """Every registration since start, also of processes already gone."""
+        self.refused = 0
+        """Connections refused (bad line, wrong vGPU, over the limit, chatter)."""
+        self.seen: deque[Registration] = deque(maxlen=SEEN_KEPT)
+        """The latest registrations, also of processes already gone (a bounded ring)."""
+
+    def socket_for(self, vgpu_id: str) -> Path:
+        """The host path of `vgpu_id`'s registry socket."""
+        return Path(self.layout.registry_socket(vgpu_id))
 
     # --- allocations ---------------------------------------------------------------------
 
@@ -122,6 +145,8 @@ class VgpuRegistry:
         tmp.write_text(json.dumps(asdict(rec), sort_keys=True))
         tmp.replace(host_dir / RECORD_FILE)
         self._records[rec.vgpu_id] = rec
+        if self._started and rec.vgpu_id not in self._servers:
+            self._listen(rec.vgpu_id)
 
     def load_records(self) -> int:
         """Read the records a previous run of the plugin left; returns how many."""
@@ -140,7 +165,14 @@ class VgpuRegistry:
     def forget(self, vgpu_id: str) -> bool:
         """Drop a vGPU whose pod is gone, with its host directory (region, record)."""
         rec = self._records.pop(vgpu_id, None)
+        server = self._servers.pop(vgpu_id, None)
+        if server is not None:
+            server.close()
+        for conn in self._conns.pop(vgpu_id, []):
+            conn.writer.close()
+        self._pending.pop(vgpu_id, None)
         shutil.rmtree(self.layout.vgpu_host_dir(vgpu_id), ignore_errors=True)
+        shutil.rmtree(self.layout.registry_dir(vgpu_id), ignore_errors=True)
         if rec is not None:
             log.info("vGPU released", extra={"vgpu": vgpu_id, "pod": rec.pod})
         return rec is not None
@@ -187,21 +219,52 @@ class VgpuRegistry:
     # --- server --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        """Open the socket of every recorded vGPU; later records open theirs at once."""
+        base = self.layout.registry_host_dir
+        _plugin_dir(Path(base))
+        self._started = True
+        for vgpu_id in list(self._records):
+            self._listen(vgpu_id)
+        log.info("vGPU registry listening", extra={"dir": base, "vgpus": len(self._servers)})
+
+    def _listen(self, vgpu_id: str) -> None:
+        # Bound and listening before Allocate returns, so the container's first process finds
+        # it; connections queue in the backlog until the server task accepts them.
+        path = self.socket_for(vgpu_id)
+        _plugin_dir(path.parent)
         with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
-        # shims run as the container's user, whoever that is
-        self.socket_path.chmod(0o666)
-        log.info("vGPU registry listening", extra={"socket": str(self.socket_path)})
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _bind(sock, path)
+        except OSError:
+            sock.close()
+            raise
+        # shims run as the container's user, whoever that is; only their own vGPU's socket
+        path.chmod(0o666)
+        sock.listen(64)
+        sock.setblocking(False)
+        spawn(self._serve_socket(vgpu_id, sock), name=f"deviceplugin.registry.{vgpu_id}")
+
+    async def _serve_socket(self, vgpu_id: str, sock: socket.socket) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(vgpu_id, reader, writer)
+
+        server = await asyncio.start_unix_server(handle, sock=sock, limit=_LINE_LIMIT)
+        if vgpu_id not in self._records or not self._started:
+            server.close()  # forgotten or stopped while starting
+            return
+        self._servers[vgpu_id] = server
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for conn in self.connections():
-                conn.writer.close()
-            await self._server.wait_closed()
-            self._server = None
+        self._started = False
+        servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
+        for conn in self.connections():
+            conn.writer.close()
+        for server in servers:
+            await server.wait_closed()
 
     async def wait_registered(self, vgpu_id: str, count: int = 1) -> list[ShimConnection]:
         """Wait until `count` processes of `vgpu_id` are connected (tests, tooling)."""
@@ -223,13 +286,29 @@ class VgpuRegistry:
                 continue  # the process is exiting; its connection's end removes it
         return sent
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, vgpu_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        held = len(self._conns.get(vgpu_id, ())) + self._pending.get(vgpu_id, 0)
+        if held >= self.max_connections:
+            self._refuse(writer, vgpu_id, f"more than {self.max_connections} connections")
+            return
+        self._pending[vgpu_id] = self._pending.get(vgpu_id, 0) + 1
         try:
             line = await asyncio.wait_for(reader.readline(), _REGISTER_TIMEOUT_S)
             reg = parse_register(line.decode(errors="replace"))
-        except (TimeoutError, InvalidValueError, ConnectionError) as exc:
-            log.warning("shim registration refused", extra={"error": str(exc)})
-            writer.close()
+        except (TimeoutError, InvalidValueError, ConnectionError, ValueError) as exc:
+            # ValueError: a line over the limit (asyncio's LimitOverrunError)
+            self._refuse(writer, vgpu_id, str(exc) or type(exc).__name__)
+            return
+        finally:
+            if vgpu_id in self._pending:
+                self._pending[vgpu_id] -= 1
+        if reg.vgpu_id != vgpu_id:
+            self._refuse(writer, vgpu_id, f"claims vGPU {reg.vgpu_id!r} on another's socket")
+            return
+        if vgpu_id not in self._records:
+            self._refuse(writer, vgpu_id, "vGPU released")
             return
         conn = ShimConnection(reg, _peer_pid(writer), writer)
         self.seen.append(reg)
@@ -240,9 +319,11 @@ class VgpuRegistry:
             extra={"vgpu": reg.vgpu_id, "pid": reg.pid, "host_pid": conn.host_pid},
         )
         try:
-            # nothing more is expected from the shim: reading only tells us when it is gone
-            while await reader.read(4096):
-                pass
+            # Nothing more is expected from the shim: reading only tells us when it is gone.
+            # A peer that talks anyway is cut off instead of being read forever.
+            if await reader.read(1):
+                log.warning("shim sent data after REGISTER: disconnected", extra={"vgpu": vgpu_id})
+                self.refused += 1
         except ConnectionError:
             pass
         finally:
@@ -254,6 +335,30 @@ class VgpuRegistry:
             self._changed.set()
             writer.close()
             log.info("shim gone", extra={"vgpu": reg.vgpu_id, "pid": reg.pid})
+
+    def _refuse(self, writer: asyncio.StreamWriter, vgpu_id: str, reason: str) -> None:
+        self.refused += 1
+        log.warning("shim registration refused", extra={"vgpu": vgpu_id, "error": reason})
+        writer.close()
+
+
+def _plugin_dir(path: Path) -> None:
+    """A directory the plugin owns: containers that mount it can replace or add nothing."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+
+
+def _bind(sock: socket.socket, path: Path) -> None:
+    """Bind `sock` at `path`, also when the path is longer than a unix socket address holds
+    (107 bytes): through the directory's /proc/self/fd link, which is always short."""
+    if len(str(path).encode()) <= _SUN_PATH_MAX:
+        sock.bind(str(path))
+        return
+    dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sock.bind(f"/proc/self/fd/{dirfd}/{path.name}")
+    finally:
+        os.close(dirfd)
 
 
 def _peer_pid(writer: asyncio.StreamWriter) -> int | None:
