@@ -136,3 +136,101 @@ async def test_dra_component_ships_device_classes_the_api_server_accepts(
     assert {
         r["resources"][0]: r["verbs"] for r in rules if r["apiGroups"] == ["resource.k8s.io"]
     } == {"resourceslices": ["get", "create", "update"], "resourceclaims": ["get"]}
+
+
+async def test_claims_allocated_by_the_scheduler_allocator_pack_without_overcommit(
+    kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """40 claims of 10 GiB and 30 % onto a node of 8 x 80 GB (room for 24 by compute): the
+    allocations are written to the API server as the scheduler writes them (status.allocation
+    and reservedFor), and the sums, read back from every claim, never exceed a GPU."""
+    from decimal import Decimal
+
+    from alnair.common.resources import parse_quantity
+    from alnair.scheduler.dra.allocator import Usage, allocate, node_devices, parse_requests
+
+    await ensure_device_classes(kube, render_with_dra(tmp_path))
+    classes = {c: await kube.get(dra.DEVICECLASSES, c) for c in dra.CLASSES}
+    node = f"dra-{uuid.uuid4().hex[:6]}"
+    state = h100_node(node)
+    state.apply_health(
+        GpuHealthChanged(node=node, gpu_index=7, gpu_uuid=f"GPU-{node}-7", healthy=False, xid=79)
+    )
+    created = await kube.create(dra.RESOURCESLICES, build_slice(state.snapshot, generation=1))
+    try:
+        devices = node_devices([created], node)
+        usage = Usage()
+        placed, refused = 0, []
+        for i in range(40):
+            claim = await kube.create(
+                dra.RESOURCECLAIMS,
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": f"share-{i}", "namespace": namespace},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": dra.CLASS_SHARED,
+                                        "capacity": {
+                                            "requests": {"memory": "10Gi", "compute": "30"}
+                                        },
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                },
+            )
+            got = allocate(
+                claim, parse_requests(claim), devices, classes, usage, new_share_id=uuid.uuid4
+            )
+            if not got.results:
+                refused.append(got.reason)
+                continue
+            usage.set_claim(claim["metadata"]["uid"], got.results)
+            claim["status"] = {
+                "allocation": {
+                    "devices": {"results": list(got.results)},
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": [node]}
+                                ]
+                            }
+                        ]
+                    },
+                },
+                "reservedFor": [{"resource": "pods", "name": f"p{i}", "uid": str(uuid.uuid4())}],
+            }
+            await kube.replace(dra.RESOURCECLAIMS, claim, sub="status")
+            placed += 1
+        # 7 healthy GPUs x 3 shares (compute-bound); GPU 7 is tainted
+        assert placed == 21
+        assert len(refused) == 19
+        assert "request gpu" in refused[0] and "1 tainted" in refused[0]
+        stored = await kube.list(dra.RESOURCECLAIMS, namespace)
+        memory: dict[str, Decimal] = {}
+        compute: dict[str, Decimal] = {}
+        for c in stored["items"]:
+            for r in claim_results_of(c):
+                memory[r["device"]] = memory.get(r["device"], Decimal(0)) + parse_quantity(
+                    r["consumedCapacity"]["memory"]
+                )
+                compute[r["device"]] = compute.get(r["device"], Decimal(0)) + parse_quantity(
+                    r["consumedCapacity"]["compute"]
+                )
+        assert sorted(compute) == [f"gpu-{i}" for i in range(7)]
+        assert all(v <= 100 for v in compute.values())
+        assert all(v <= H100_MIB * (1 << 20) for v in memory.values())
+    finally:
+        await kube.delete(dra.RESOURCESLICES, dra.slice_name(node))
+
+
+def claim_results_of(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return list((alloc.get("devices") or {}).get("results") or [])
