@@ -177,7 +177,9 @@ async def test_allocate_a_fraction_without_a_scheduler_decision(
     vgpu = envs["ALNAIR_VGPU_ID"]
     host_dir = Path(layout.vgpu_host_dir(vgpu))
     assert mounts["/var/run/alnair/vgpu"] == (str(host_dir), False)
-    assert (host_dir / "allocation.json").exists()
+    # the record stays in the plugin's own state, out of the container's reach
+    assert not (host_dir / "allocation.json").exists()
+    assert (Path(layout.state_dir) / "records" / f"{vgpu}.json").exists()
     (rec,) = node.vgpus.records()
     assert (rec.vgpu_id, rec.gpu_index, rec.memory_mib) == (vgpu, 1, 512)
 

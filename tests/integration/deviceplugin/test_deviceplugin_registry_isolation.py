@@ -2,18 +2,24 @@
 
 A hostile container reaches only its own vGPU's socket: it cannot register as another vGPU,
 cannot hold more than `max_connections` connections, cannot send an endless line or chatter
-after registering, and everything of a vGPU goes when its pod goes.
+after registering, and everything of a vGPU goes when its pod goes. What it writes in its own
+directory (the region) is read as untrusted: no symlink followed, no FIFO, no huge read, and
+the plugin's records are not there to forge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import stat
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from alnair.deviceplugin.allocation import Layout
+from alnair.deviceplugin import region
+from alnair.deviceplugin.allocation import REGION_FILE, Layout
 from alnair.deviceplugin.registry import SEEN_KEPT, VgpuRecord, VgpuRegistry
 
 pytestmark = pytest.mark.integration
@@ -142,3 +148,27 @@ async def test_restart_reopens_the_sockets_of_recorded_vgpus(tmp_path: Path) -> 
         writer.close()
     finally:
         await second.stop()
+
+
+async def test_what_the_container_writes_is_untrusted(tmp_path: Path) -> None:
+    vgpus = VgpuRegistry(Layout(state_dir=str(tmp_path)))
+    vgpus.record(rec("a", pod_uid="uid-a"))
+    host_dir = Path(vgpus.layout.vgpu_host_dir("a"))
+    secret = tmp_path / "node-secret"
+    secret.write_bytes(region.build())
+    # a symlink to a node file is not followed, even one that parses as a region
+    (host_dir / REGION_FILE).symlink_to(secret)
+    assert vgpus.usage("a") is None
+    (host_dir / REGION_FILE).unlink()
+    os.mkfifo(host_dir / REGION_FILE)  # would block a plain read forever
+    assert vgpus.usage("a") is None
+    (host_dir / REGION_FILE).unlink()
+    with (host_dir / REGION_FILE).open("wb") as f:  # 1 GiB, sparse: only the region's size is read
+        f.write(region.build())
+        f.truncate(1 << 30)
+    assert vgpus.usage("a") is not None
+    # a forged record in the container's directory is not what a restarted plugin believes
+    (host_dir / "allocation.json").write_text(json.dumps(asdict(rec("a", pod_uid="victim"))))
+    restarted = VgpuRegistry(Layout(state_dir=str(tmp_path)))
+    assert restarted.load_records() == 1
+    assert [r.pod_uid for r in restarted.records()] == ["uid-a"]

@@ -32,7 +32,8 @@ def test_deleted_or_finished_pods_release_their_vgpus(tmp_path: Path) -> None:
     assert not (tmp_path / "vgpu" / "v1").exists()
     handle(WatchEvent.MODIFIED, pod("uid-b", "Succeeded"), None)
     assert {r.vgpu_id for r in vgpus.records()} == {"v3"}
-    assert (tmp_path / "vgpu" / "v3" / "allocation.json").exists()
+    assert (tmp_path / "records" / "v3.json").exists()
+    assert not (tmp_path / "records" / "v1.json").exists()
 
 
 def test_reconcile_after_a_restart(tmp_path: Path) -> None:

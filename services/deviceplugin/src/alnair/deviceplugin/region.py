@@ -8,6 +8,8 @@ a torn read of counters being updated is harmless (each counter is one aligned w
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +75,24 @@ def parse(raw: bytes) -> RegionSnapshot:
 
 
 def read(path: Path) -> RegionSnapshot | None:
-    """The region at `path`, or None while no process of the container has created it."""
+    """The region at `path`, or None while no process of the container has created it.
+
+    The file lives in a directory the container writes, so it is read as untrusted input: a
+    symlink is not followed (it could point at any file of the node), anything but a regular
+    file is refused (a FIFO would block the plugin), and no more than the region's size is
+    read (a huge file cannot exhaust the plugin's memory)."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise InvalidValueError("region", str(path), f"not a plain file ({exc.strerror})") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidValueError("region", str(path), "not a regular file")
+        raw = os.read(fd, SIZE)
+    finally:
+        os.close(fd)
     return parse(raw)
 
 

@@ -19,7 +19,7 @@ scraped. In the other direction the registry forwards the container's measured u
 (`UTIL <device> <percent>`), which the shim's launch throttle needs to hold the compute share;
 measurements arrive as the profiler's pod metrics, so forwarding is event-driven too.
 
-Each allocated vGPU is recorded (`allocation.json` in its host directory), so a restarted
+Each allocated vGPU is recorded (`records/<vgpu>.json` in the plugin's state), so a restarted
 plugin still knows which pod a region belongs to; the record and directory go when the pod is
 deleted or finishes (a pod watch tells), or, for pods deleted while the plugin was away, at
 the first complete pod list after it starts.
@@ -46,7 +46,7 @@ from alnair.deviceplugin.allocation import REGION_FILE, Layout
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "allocation.json"
+RECORDS_DIR = "records"
 _REGISTER_TIMEOUT_S = 5.0
 _LINE_LIMIT = 4096
 SEEN_KEPT = 1024
@@ -129,6 +129,9 @@ class VgpuRegistry:
         self.seen: deque[Registration] = deque(maxlen=SEEN_KEPT)
         """The latest registrations, also of processes already gone (a bounded ring)."""
 
+    def _records_dir(self) -> Path:
+        return Path(self.layout.state_dir) / RECORDS_DIR
+
     def socket_for(self, vgpu_id: str) -> Path:
         """The host path of `vgpu_id`'s registry socket."""
         return Path(self.layout.registry_socket(vgpu_id))
@@ -136,23 +139,28 @@ class VgpuRegistry:
     # --- allocations ---------------------------------------------------------------------
 
     def record(self, rec: VgpuRecord) -> None:
-        """Remember a granted vGPU and prepare its host directory (mounted into the container)."""
+        """Remember a granted vGPU and prepare its host directory (mounted into the container).
+
+        The record itself is kept in the plugin's own directory, never in the one the
+        container writes: there a container could forge its record or plant a symlink that
+        the plugin, running as root, would write through."""
         host_dir = Path(self.layout.vgpu_host_dir(rec.vgpu_id))
         host_dir.mkdir(parents=True, exist_ok=True)
         # processes in the container may run as any user: they must create the region file
         host_dir.chmod(0o1777)
-        tmp = host_dir / (RECORD_FILE + ".tmp")
+        records = self._records_dir()
+        _plugin_dir(records)
+        tmp = records / f"{rec.vgpu_id}.json.tmp"
         tmp.write_text(json.dumps(asdict(rec), sort_keys=True))
-        tmp.replace(host_dir / RECORD_FILE)
+        tmp.replace(records / f"{rec.vgpu_id}.json")
         self._records[rec.vgpu_id] = rec
         if self._started and rec.vgpu_id not in self._servers:
             self._listen(rec.vgpu_id)
 
     def load_records(self) -> int:
         """Read the records a previous run of the plugin left; returns how many."""
-        base = Path(self.layout.state_dir) / "vgpu"
         count = 0
-        for path in sorted(base.glob(f"*/{RECORD_FILE}")):
+        for path in sorted(self._records_dir().glob("*.json")):
             try:
                 rec = VgpuRecord(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError) as exc:
@@ -173,6 +181,7 @@ class VgpuRegistry:
         self._pending.pop(vgpu_id, None)
         shutil.rmtree(self.layout.vgpu_host_dir(vgpu_id), ignore_errors=True)
         shutil.rmtree(self.layout.registry_dir(vgpu_id), ignore_errors=True)
+        (self._records_dir() / f"{vgpu_id}.json").unlink(missing_ok=True)
         if rec is not None:
             log.info("vGPU released", extra={"vgpu": vgpu_id, "pod": rec.pod})
         return rec is not None
