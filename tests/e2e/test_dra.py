@@ -17,7 +17,7 @@ import yaml
 
 from alnair.common import dra
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory
-from alnair.common.kube import Conflict, KubeClient
+from alnair.common.kube import PODS, Conflict, KubeClient
 from alnair.deviceplugin.draslices import build_slice
 from alnair.deviceplugin.state import NodeDevices
 
@@ -192,6 +192,21 @@ async def test_claims_allocated_by_the_scheduler_allocator_pack_without_overcomm
                 refused.append(got.reason)
                 continue
             usage.set_claim(claim["metadata"]["uid"], got.results)
+            # reserved for a real pod: the resourceclaim controller drops reservations of
+            # pods that do not exist
+            pod = await kube.create(
+                PODS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"p{i}", "namespace": namespace},
+                    "spec": {
+                        "schedulerName": "nobody",
+                        "containers": [{"name": "main", "image": "example.com/infer:1"}],
+                    },
+                },
+            )
+            pod_uid = pod["metadata"]["uid"]
             claim["status"] = {
                 "allocation": {
                     "devices": {"results": list(got.results)},
@@ -205,7 +220,7 @@ async def test_claims_allocated_by_the_scheduler_allocator_pack_without_overcomm
                         ]
                     },
                 },
-                "reservedFor": [{"resource": "pods", "name": f"p{i}", "uid": str(uuid.uuid4())}],
+                "reservedFor": [{"resource": "pods", "name": f"p{i}", "uid": pod_uid}],
             }
             await kube.replace(dra.RESOURCECLAIMS, claim, sub="status")
             placed += 1

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from alnair.common import dra
 from alnair.common.events import GpuDevice, GpuHealthChanged
-from alnair.common.kube import KubeClient, NotFound
+from alnair.common.kube import PODS, Conflict, KubeClient, NotFound
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.app import Running, start
 from alnair.deviceplugin.protos import dra_v1_pb2 as v1
@@ -107,7 +107,25 @@ async def allocated_claim(
     results: list[dict[str, Any]],
     config: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A claim created and allocated as a scheduler does: status.allocation and reservedFor."""
+    """A claim created and allocated as a scheduler does: status.allocation and reservedFor.
+
+    The claim is reserved for a real pod: the resourceclaim controller drops reservations of
+    pods that do not exist."""
+    try:
+        pod = await kube.create(
+            PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "infer", "namespace": namespace},
+                "spec": {
+                    "schedulerName": "nobody",  # stays Pending: no scheduler picks it
+                    "containers": [{"name": "main", "image": "example.com/infer:1"}],
+                },
+            },
+        )
+    except Conflict:
+        pod = await kube.get(PODS, "infer", namespace)
     claim = await kube.create(
         dra.RESOURCECLAIMS,
         {
@@ -135,7 +153,7 @@ async def allocated_claim(
                 ]
             },
         },
-        "reservedFor": [{"resource": "pods", "name": "infer", "uid": str(uuid.uuid4())}],
+        "reservedFor": [{"resource": "pods", "name": "infer", "uid": pod["metadata"]["uid"]}],
     }
     return await kube.replace(dra.RESOURCECLAIMS, claim, sub="status")
 
