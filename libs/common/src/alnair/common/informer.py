@@ -8,12 +8,22 @@ wait for a complete view before acting. BOOKMARK events only advance the version
 
 On relist the store is reconciled: objects that vanished while we were away are delivered as
 DELETED, so no consumer is left holding a ghost.
+
+Crash-only: `run` never ends on its own. A watch the server ends is resumed; anything else
+(the API server unreachable, 401/403 while credentials rotate or RBAC is fixed, a watch ERROR
+event, a malformed response) is logged, backs off exponentially up to `max_backoff_s` and
+relists, since nothing is known about what was missed. A handler that raises is logged with
+its traceback and counted (`handler_errors`); the object stays in the store and the other
+objects keep flowing, as one bad object must not freeze the cache for all. `healthy` turns
+false when the informer is not running, has not synced, or has failed for longer than
+`stale_after_s`; readiness probes use it so a dead watch is visible instead of silent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
@@ -50,6 +60,8 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         name: str | None = None,
+        stale_after_s: float = 30.0,
+        max_backoff_s: float = 30.0,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -62,15 +74,53 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        self.stale_after_s = stale_after_s
+        self.max_backoff_s = max_backoff_s
+        self.handler_errors = 0
+        self.failures = 0
+        """Consecutive failed list/watch attempts (0 while the watch works)."""
+        self.last_error: str | None = None
+        self._failing_since: float | None = None
+        self._running = False
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
 
+    @property
+    def healthy(self) -> bool:
+        """Running, synced, and not failing for longer than `stale_after_s`."""
+        if not self._running or not self.synced.is_set():
+            return False
+        since = self._failing_since
+        return since is None or time.monotonic() - since < self.stale_after_s
+
+    def status(self) -> dict[str, Any]:
+        """What readiness endpoints show about this informer."""
+        since = self._failing_since
+        return {
+            "healthy": self.healthy,
+            "running": self._running,
+            "synced": self.synced.is_set(),
+            "failures": self.failures,
+            "failing_for_s": None if since is None else round(time.monotonic() - since, 1),
+            "last_error": self.last_error,
+            "handler_errors": self.handler_errors,
+        }
+
     async def _emit(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         for h in self.handlers:
-            result = h(event, obj, old)
-            if result is not None:
-                await result
+            try:
+                result = h(event, obj, old)
+                if result is not None:
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.handler_errors += 1
+                log.exception(
+                    "informer handler failed",
+                    extra={"informer": self.name, "event": event.value, "key": key_of(obj)},
+                )
 
     async def _list(self) -> None:
         listing = await self.kube.list(
@@ -95,36 +145,75 @@ class Informer:
         self.relists += 1
 
     async def run(self) -> None:
-        """List, then watch forever (run it as a guarded task)."""
+        """List, then watch forever (run it as a guarded task); never returns on its own."""
         backoff = 0.2
         need_list = True
-        while True:
-            try:
-                if need_list:
-                    await self._list()
-                    need_list = False
-                    self.synced.set()
-                async for etype, obj in self.kube.watch(
-                    self.resource,
-                    self.namespace,
-                    resource_version=self.resource_version,
-                    label_selector=self.label_selector,
-                    field_selector=self.field_selector,
-                ):
-                    backoff = 0.2
-                    self.resource_version = obj.get("metadata", {}).get(
-                        "resourceVersion", self.resource_version
-                    )
-                    if etype == "BOOKMARK":
-                        continue
-                    await self._apply(WatchEvent(etype), obj)
-            except Gone:
-                log.info("watch expired, relisting", extra={"informer": self.name})
-                need_list = True
-            except Unavailable as exc:
-                log.warning("watch broken", extra={"informer": self.name, "error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        self._running = True
+        try:
+            while True:
+                try:
+                    if need_list:
+                        await self._list()
+                        need_list = False
+                        self.synced.set()
+                        self._recovered()
+                    async for etype, obj in self.kube.watch(
+                        self.resource,
+                        self.namespace,
+                        resource_version=self.resource_version,
+                        label_selector=self.label_selector,
+                        field_selector=self.field_selector,
+                    ):
+                        backoff = 0.2
+                        self._recovered()
+                        self.resource_version = obj.get("metadata", {}).get(
+                            "resourceVersion", self.resource_version
+                        )
+                        if etype == "BOOKMARK":
+                            continue
+                        await self._apply(WatchEvent(etype), obj)
+                    self._recovered()
+                except Gone:
+                    log.info("watch expired, relisting", extra={"informer": self.name})
+                    need_list = True
+                except asyncio.CancelledError:
+                    raise
+                except Unavailable as exc:
+                    self._failed(exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.max_backoff_s)
+                except Exception as exc:
+                    # 401/403, a watch ERROR event, a malformed answer: what we missed is
+                    # unknown, so start over from a list once the back-off has passed.
+                    self._failed(exc, backoff)
+                    need_list = True
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.max_backoff_s)
+        finally:
+            self._running = False
+
+    def _failed(self, exc: Exception, backoff_s: float) -> None:
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        level = logging.WARNING if isinstance(exc, Unavailable) else logging.ERROR
+        log.log(
+            level,
+            "watch failed, retrying",
+            extra={
+                "informer": self.name,
+                "error": self.last_error,
+                "failures": self.failures,
+                "retry_in_s": backoff_s,
+            },
+        )
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
+            log.info("watch recovered", extra={"informer": self.name, "failures": self.failures})
+        self.failures = 0
+        self._failing_since = None
 
     async def _apply(self, event: WatchEvent, obj: Obj) -> None:
         key = key_of(obj)

@@ -3,7 +3,8 @@
 - `GET /v1/pods/{namespace}/{name}/explain`: the request as the scheduler reads it, per-node
   filter reasons, the best node scores per plugin, and the sentence shown on the pod.
 - `GET /v1/queue`: pending pods in scheduling order with their state and last message.
-- `GET /metrics`, `/healthz`, `/readyz` (ready once the caches synced).
+- `GET /metrics`, `/healthz`, `/readyz` (ready while every informer has synced and its watch
+  works; else 503 naming the informer and its last error).
 Errors are RFC 7807 problem responses.
 """
 
@@ -53,8 +54,18 @@ def build_api(scheduler: Scheduler) -> FastAPI:
 
     @app.get("/readyz", response_model=None)
     async def readyz() -> dict[str, str] | JSONResponse:
-        if not scheduler.pods.synced.is_set():
-            return problem(503, "Not Ready", "caches not synced yet")
+        # A dead or failing watch freezes the scheduler's view of the cluster: not ready,
+        # with which informer and why, instead of serving decisions from a stale cache.
+        informers = scheduler.informers()
+        if not all(inf.healthy for inf in informers):
+            return problem(
+                503,
+                "Not Ready",
+                "caches not synced yet"
+                if not all(inf.synced.is_set() for inf in informers)
+                else "a watch is failing",
+                informers={inf.name: inf.status() for inf in informers},
+            )
         return {"status": "ready", "leading": str(scheduler.scheduling.is_set()).lower()}
 
     return app

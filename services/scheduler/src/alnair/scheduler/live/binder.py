@@ -175,9 +175,13 @@ class Scheduler:
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    def informers(self) -> list[Informer]:
+        """The caches scheduling decisions are made from (readiness checks each)."""
+        return [self.nodes, self.podgroups, self.pdbs, self.pods]
+
     async def start_watching(self) -> None:
         """Start the informers and wait for the first complete view."""
-        for inf in (self.nodes, self.podgroups, self.pdbs, self.pods):
+        for inf in self.informers():
             self._tasks.append(spawn(inf.run(), name=f"scheduler.informer.{inf.name}"))
         await asyncio.gather(
             self.nodes.synced.wait(), self.podgroups.synced.wait(), self.pdbs.synced.wait()

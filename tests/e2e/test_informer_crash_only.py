@@ -1,0 +1,136 @@
+"""Informers never end quietly (issue 16): against the real API server, a 403, a refused list
+and a handler that raises leave the informer running, report it unhealthy while it fails,
+and it recovers on its own once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from alnair.common.informer import Informer, WatchEvent
+from alnair.common.kube import CONFIGMAPS, KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
+from alnair.common.tasks import spawn
+
+pytestmark = pytest.mark.e2e
+
+
+async def eventually(check, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def as_account(kube: KubeClient, namespace: str) -> AsyncIterator[KubeClient]:
+    """A client acting as a fresh ServiceAccount that may do nothing yet."""
+    await kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "watcher"}},
+        namespace,
+    )
+    token = await kube.service_account_token(namespace, "watcher")
+    config = dataclasses.replace(kube.config, cert_file=None, key_file=None, token=token)
+    async with KubeClient(config) as client:
+        yield client
+
+
+async def test_forbidden_watch_keeps_trying_and_recovers_when_allowed(
+    kube: KubeClient, namespace: str, as_account: KubeClient
+) -> None:
+    informer = Informer(
+        as_account, CONFIGMAPS, namespace=namespace, stale_after_s=0.3, max_backoff_s=0.5
+    )
+    task = spawn(informer.run(), name="test.informer")
+    try:
+        await eventually(lambda: informer.failures >= 2)
+        assert not task.done()
+        assert not informer.healthy
+        assert "403" in (informer.last_error or "")
+        status = informer.status()
+        assert status["running"] and not status["synced"]
+        # RBAC fixed: it syncs without a restart
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "read-cm", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}],
+        }
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "read-cm", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-cm"},
+            "subjects": [{"kind": "ServiceAccount", "name": "watcher", "namespace": namespace}],
+        }
+        await kube.create(KIND_RESOURCES["Role"], role, namespace)
+        await kube.create(KIND_RESOURCES["RoleBinding"], binding, namespace)
+        await eventually(lambda: informer.healthy)
+        assert informer.failures == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_refused_list_is_retried_and_reported(kube: KubeClient, namespace: str) -> None:
+    # The API server refuses the selector (400): the informer must say so, not die.
+    informer = Informer(
+        kube,
+        CONFIGMAPS,
+        namespace=namespace,
+        field_selector="spec.nonsense=1",
+        stale_after_s=0.2,
+        max_backoff_s=0.3,
+    )
+    task = spawn(informer.run(), name="test.informer.bad")
+    try:
+        await eventually(lambda: informer.failures >= 3)
+        await asyncio.sleep(0.25)
+        assert not task.done()
+        assert not informer.healthy
+        assert "400" in (informer.last_error or "")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_handler_exception_does_not_stop_the_others(kube: KubeClient, namespace: str) -> None:
+    informer = Informer(kube, CONFIGMAPS, namespace=namespace)
+    seen: list[str] = []
+
+    def handler(event: WatchEvent, obj: dict[str, object], _old: object) -> None:
+        name = obj["metadata"]["name"]  # type: ignore[index]
+        if name == "poison":
+            raise RuntimeError("bug in a handler")
+        seen.append(f"{event.value}:{name}")
+
+    informer.add_handler(handler)
+    task = spawn(informer.run(), name="test.informer.handlers")
+    try:
+        await informer.synced.wait()
+        last = f"x-{uuid.uuid4().hex[:4]}"
+        for name in ("poison", "after", last):
+            await kube.create(
+                CONFIGMAPS,
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}},
+                namespace,
+            )
+        await eventually(lambda: f"ADDED:{last}" in seen)
+        assert "ADDED:after" in seen
+        assert informer.handler_errors == 1
+        assert informer.healthy and not task.done()
+        assert informer.get(f"{namespace}/poison") is not None  # the cache stays complete
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(NotFound):
+            await kube.delete(CONFIGMAPS, "poison", namespace)
