@@ -15,7 +15,7 @@ from alnair.common.bus import Bus
 from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import on_stop_signals, spawn
+from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
 from alnair.scheduler.leader import LeaderElector
@@ -27,11 +27,18 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: SchedulerSettings) -> int:
+    """Run the scheduler; returns 1 when a vital task died or leadership was lost (crash-only:
+    Kubernetes restarts the process, a follower takes over), 0 when cancelled by a signal."""
     kube = KubeClient.from_config(
         settings.kubeconfig, max_connections=settings.max_binds_in_flight + 32
     )
     metrics = SchedulerMetrics()
     scheduler = Scheduler(kube, settings, metrics)
+    died = scheduler.died
+
+    def on_death(_exc: BaseException) -> None:
+        died.set()
+
     await scheduler.start_watching()
     bus: Bus | None = None
     inventory: asyncio.Task[None] | None = None
@@ -42,11 +49,19 @@ async def serve(settings: SchedulerSettings) -> int:
             credentials=settings.nats_credentials(),
         )
         await handlers.subscribe(bus, scheduler, settings.identity)
-        inventory = spawn(handlers.watch_inventory(bus, scheduler), name="scheduler.inventory")
+        inventory = spawn(
+            handlers.watch_inventory(bus, scheduler), name="scheduler.inventory", on_death=on_death
+        )
     server, http = await start_http(
-        build_api(scheduler), settings.http_host, settings.http_port, name="scheduler.http"
+        build_api(scheduler),
+        settings.http_host,
+        settings.http_port,
+        name="scheduler.http",
+        on_death=on_death,
     )
     elector: LeaderElector | None = None
+    loop: asyncio.Task[None] | None = None
+    campaign: asyncio.Task[None] | None = None
     try:
         if settings.leader_elect:
             elector = LeaderElector(
@@ -57,21 +72,24 @@ async def serve(settings: SchedulerSettings) -> int:
                 lease_duration_s=settings.lease_duration_s,
                 renew_deadline_s=settings.renew_deadline_s,
             )
-            campaign = spawn(elector.run(), name="scheduler.leader")
-            await elector.is_leader.wait()
+            campaign = spawn(elector.run(), name="scheduler.leader", on_death=on_death)
+            await first_of(elector.is_leader, died)
+        if not died.is_set():
             metrics.leader.set(1)
-            loop = spawn(scheduler.run(), name="scheduler.loop")
-            lost = asyncio.ensure_future(elector.lost.wait())
-            await asyncio.wait({loop, lost, http}, return_when=asyncio.FIRST_COMPLETED)
-            campaign.cancel()
-            if elector.lost.is_set():
-                log.error("leadership lost; exiting so a follower takes over")
-                return 1
+            loop = spawn(scheduler.run(), name="scheduler.loop", on_death=on_death)
+            await first_of(died, *([elector.lost] if elector is not None else []))
+        if elector is not None and elector.lost.is_set():
+            log.error("leadership lost; exiting so a follower takes over")
         else:
-            metrics.leader.set(1)
-            await scheduler.run()
+            log.error("a vital task died; exiting so the scheduler is restarted")
+        return 1
     finally:
         server.should_exit = True
+        for task in (loop, campaign):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         await scheduler.stop()
         if elector is not None:
             await elector.release()
@@ -84,7 +102,6 @@ async def serve(settings: SchedulerSettings) -> int:
         await kube.close()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await http
-    return 0
 
 
 async def _serve_until_signalled(settings: SchedulerSettings) -> int:

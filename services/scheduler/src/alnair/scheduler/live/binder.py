@@ -172,8 +172,13 @@ class Scheduler:
         self.last_result: dict[str, ScheduleResult] = {}
         self._pg_pending: dict[str, dict[str, Any]] = {}
         self.scheduling = asyncio.Event()
+        self.died = asyncio.Event()
+        """Set when one of the scheduler's long-lived tasks died: the process must exit."""
 
     # --- lifecycle -----------------------------------------------------------------------
+
+    def _on_death(self, _exc: BaseException) -> None:
+        self.died.set()
 
     def informers(self) -> list[Informer]:
         """The caches scheduling decisions are made from (readiness checks each)."""
@@ -182,7 +187,9 @@ class Scheduler:
     async def start_watching(self) -> None:
         """Start the informers and wait for the first complete view."""
         for inf in self.informers():
-            self._tasks.append(spawn(inf.run(), name=f"scheduler.informer.{inf.name}"))
+            self._tasks.append(
+                spawn(inf.run(), name=f"scheduler.informer.{inf.name}", on_death=self._on_death)
+            )
         await asyncio.gather(
             self.nodes.synced.wait(), self.podgroups.synced.wait(), self.pdbs.synced.wait()
         )
@@ -191,7 +198,9 @@ class Scheduler:
     async def run(self) -> None:
         """Schedule until cancelled (call `start_watching` first; only the leader runs this)."""
         for i in range(self.settings.event_writers):
-            self._tasks.append(spawn(self._event_writer(), name=f"scheduler.events.{i}"))
+            self._tasks.append(
+                spawn(self._event_writer(), name=f"scheduler.events.{i}", on_death=self._on_death)
+            )
         self.scheduling.set()
         try:
             while True:
