@@ -336,6 +336,14 @@ class Bus:
                     log.warning("fetch failed", extra={"durable": durable, "error": repr(exc)})
                     await asyncio.sleep(0.5)
                     continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Crash-only: a consumer that stops quietly loses every later event; a
+                    # surprise from the client is logged and the loop goes on after a pause.
+                    log.exception("fetch failed unexpectedly", extra={"durable": durable})
+                    await asyncio.sleep(1.0)
+                    continue
                 for msg in msgs:
                     await sem.acquire()
                     task = asyncio.create_task(
@@ -344,6 +352,7 @@ class Bus:
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
                     task.add_done_callback(lambda _t: sem.release())
+                    task.add_done_callback(_log_dispatch_failure)
         finally:
             # Cancelled: let in-flight handlers finish so nothing is handled twice needlessly.
             if inflight:
@@ -520,6 +529,12 @@ class Bus:
         sub._subs.append(nsub)
         self._subs.append(sub)
         return sub
+
+
+def _log_dispatch_failure(task: asyncio.Task[None]) -> None:
+    # The message stays unacknowledged, so JetStream redelivers it after ack_wait; say why.
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("dispatch failed, message left for redelivery", exc_info=exc)
 
 
 def _validation_text(exc: ValidationError) -> str:
