@@ -241,6 +241,7 @@ class Scheduler:
         key = f"{pg['metadata']['namespace']}/{pg['metadata']['name']}"
         if event is WatchEvent.DELETED:
             self.gangs.delete_group(key)
+            self.queue.gang_ts.pop(key, None)
             return
         self.gangs.upsert_group(pg)
         ts = pg["metadata"].get("creationTimestamp")
@@ -265,6 +266,7 @@ class Scheduler:
         if event is WatchEvent.DELETED or is_terminal(pod):
             freed = self.cache.remove_pod(uid)
             self.queue.remove(uid)
+            self.last_result.pop(uid, None)  # bounded: nothing kept for pods that are gone
             self._release_reservation(uid)
             if gang_key:
                 self.gangs.member_gone(gang_key, uid)

@@ -278,6 +278,9 @@ class SchedulerCache:
     def delete_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
             self._snap = None
+        # bounded: measured use of a node that is gone is never read again
+        for key in [k for k in self.util if k[0] == name]:
+            del self.util[key]
 
     # --- pods ----------------------------------------------------------------------------
 

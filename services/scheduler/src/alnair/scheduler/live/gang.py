@@ -66,6 +66,16 @@ class GangManager:
 
     def delete_group(self, key: str) -> None:
         self.groups.pop(key, None)
+        self._drop_if_idle(key)
+
+    def _drop_if_idle(self, gang: str) -> None:
+        # Bounded: a gang whose group is gone and that holds no member keeps no state. One
+        # with members still waiting keeps it until their permit times out or they go.
+        st = self.state.get(gang)
+        if st is not None and gang not in self.groups and not st.bound and not st.waiting:
+            if st.timer is not None:
+                st.timer.cancel()
+            del self.state[gang]
 
     def st(self, gang: str) -> GangState:
         return self.state.setdefault(gang, GangState())
@@ -135,6 +145,7 @@ class GangManager:
         if st is not None:
             st.bound.discard(uid)
             st.waiting.pop(uid, None)
+            self._drop_if_idle(gang)
 
     def status_patch(
         self, gang: str, running: int, succeeded: int, failed: int

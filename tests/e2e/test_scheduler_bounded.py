@@ -1,0 +1,88 @@
+"""The scheduler keeps nothing for objects that are gone (issue 16): per-pod decisions of
+deleted pending pods, gang state of deleted PodGroups and measured use of deleted nodes are
+dropped with them, so its memory follows the cluster, not its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from alnair.common.kube import NODES, PODGROUPS, PODS, KubeClient
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.settings import SchedulerSettings
+from kube_builders import make_pod, pod_group
+
+pytestmark = pytest.mark.e2e
+
+
+async def eventually(check, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+    sched = Scheduler(
+        kube,
+        SchedulerSettings(
+            leader_elect=False,
+            nats_enabled=False,
+            initial_backoff_s=0.2,
+            max_backoff_s=1.0,
+            identity=f"bounded-{uuid.uuid4().hex[:6]}",
+        ),
+    )
+    await sched.start_watching()
+    loop = asyncio.create_task(sched.run())
+    yield sched
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    await sched.stop()
+
+
+async def test_state_of_deleted_objects_is_dropped(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    pool = f"b{uuid.uuid4().hex[:5]}"
+    nodes = await control_plane.create_gpu_nodes(
+        "1x V100M32:2", kube=kube, prefix=pool, labels={"alnair.io/test-pool": pool}
+    )
+    names = [f"big-{i}" for i in range(12)]
+    # pending for good: more GPUs than any node has; each leaves a decision behind
+    for name in names:
+        await kube.create(PODS, make_pod(name, namespace).gpus(8).pool(pool).obj(), namespace)
+    await kube.create(PODGROUPS, pod_group("team", namespace, 3), namespace)
+    await kube.create(
+        PODS, make_pod("member", namespace).gpus(8).pool(pool).gang("team").obj(), namespace
+    )
+    uids = {
+        p["metadata"]["uid"]
+        for p in (await kube.list(PODS, namespace))["items"]
+        if p["metadata"]["name"] in names
+    }
+    await eventually(lambda: uids <= set(scheduler.last_result))
+    gang = f"{namespace}/team"
+    await eventually(lambda: gang in scheduler.queue.gang_ts)
+    for node in nodes:  # what the pod-metric handler records from the profiler's samples
+        scheduler.cache.set_gpu_util(node, 0, 50.0)
+    assert all((node, 0) in scheduler.cache.util for node in nodes)
+
+    for name in [*names, "member"]:
+        await kube.delete(PODS, name, namespace, grace_period_s=0)
+    await kube.delete(PODGROUPS, "team", namespace)
+    for node in nodes:
+        await kube.delete(NODES, node)
+
+    await eventually(lambda: not (uids & set(scheduler.last_result)))
+    await eventually(lambda: gang not in scheduler.queue.gang_ts)
+    assert gang not in scheduler.gangs.state and gang not in scheduler.gangs.groups
+    await eventually(lambda: not any(k[0] in nodes for k in scheduler.cache.util))
+    assert not (uids & set(scheduler.queue.pods))
