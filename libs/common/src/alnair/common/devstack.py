@@ -503,9 +503,9 @@ def down(directory: Path) -> list[str]:
         if proc.alive():
             proc.stop()
             stopped.append(proc.name)
-    state.path.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (directory / "env").unlink()
+    # another `down` (or the live demo's own clean-up) may have finished first
+    state.path.unlink(missing_ok=True)
+    (directory / "env").unlink(missing_ok=True)
     return stopped
 
 

@@ -30,6 +30,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -496,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     started = time.perf_counter()
+    # SIGTERM (and SIGINT where a shell left it ignored) stops the run like Ctrl-C, so the
+    # stack below is always stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         state = devstack.up(
             stack_dir,
