@@ -109,12 +109,23 @@ async def test_aggregator_folds_samples_with_its_script(
     from alnair.profiler.aggregator import _FOLD  # the script the aggregator really runs
 
     fold = clients["aggregator"].register_script(_FOLD)
-    keys = ["alnair:pod:uid-1:stats", "alnair:owner:own-1:gpus"]
+    keys = [
+        "alnair:pod:uid-1:stats",
+        "alnair:owner:own-1:gpus",
+        "alnair:done:own-1",
+        "alnair:pod:uid-1:meta",
+        "alnair:owner:own-1:pods",
+        "alnair:owner:own-1:nodes",
+        "alnair:owner:own-1:meta",
+        "alnair:owner-by-name:ml/train",
+    ]
     for ts in (1, 2):
-        await fold(keys=keys, args=[ts, "GPU-0", 50, 1000, 40, 1.5, 2048])
+        await fold(keys=keys, args=[ts, "GPU-0", 50, 1000, 40, 1.5, 2048, 600])
     stats = await clients["aggregator"].hgetall("alnair:pod:uid-1:stats")
     assert stats[b"gpu_util_pct:count"] == b"2"
     # a script runs under its caller's ACL: it cannot reach the predictor's keys either
     sneaky = clients["aggregator"].register_script(_FOLD)
     with pytest.raises(ResponseError, match="[Nn]o permissions|NOPERM|permission"):
-        await sneaky(keys=["alnair:predictor:model:current", keys[1]], args=[3, "", 0, 0, 0, 0, 0])
+        await sneaky(
+            keys=["alnair:predictor:model:current", *keys[1:]], args=[3, "", 0, 0, 0, 0, 0, 600]
+        )

@@ -17,6 +17,12 @@ owner finishes the aggregator, in this order,
    JetStream drops a second copy if a crash repeats the step;
 4. marks the job done in Redis, after which later watch events (including the relist after a
    restart, which replays every finished Job) change nothing.
+
+Redis holds no key forever: the working keys of a pod and its owner (stats, meta, pod and GPU
+sets, the name index) live `idle_ttl_s` past their last sample (so pods of an owner that never
+finishes, a Deployment's, fade away), and once the record is written they, and the done
+marker, expire `finished_ttl_s` later (the profile stays readable for a while). A replay after
+that finds no profiled pods and, as for a job never seen running, does nothing.
 Every step is idempotent, so a crash between any two is repaired by the next watch event;
 when a dependency is away the aggregator retries on its own with backoff, since a finished
 job may never produce another event.
@@ -71,8 +77,11 @@ log = logging.getLogger(__name__)
 
 P = "alnair:"
 
-# KEYS[1] pod stats hash, KEYS[2] owner GPU set.
-# ARGV[1] ts, ARGV[2] gpu id ("" without GPU), ARGV[3..5] GPU series, ARGV[6..7] pod series.
+# KEYS[1] pod stats hash, KEYS[2] owner GPU set, KEYS[3] the owner's done marker, KEYS[4..]
+# the other working keys of the pod and its owner.
+# ARGV[1] ts, ARGV[2] gpu id ("" without GPU), ARGV[3..5] GPU series, ARGV[6..7] pod series,
+# ARGV[8] idle TTL in seconds: every working key expires that long after the last sample,
+# unless the owner is done (then its shorter expiry, set when the record was written, holds).
 _FOLD = """
 local function upd(name, v)
   redis.call('HINCRBY', KEYS[1], name .. ':count', 1)
@@ -100,6 +109,11 @@ if (not pod_ts) or ts > tonumber(pod_ts) then
   redis.call('HSET', KEYS[1], 'pod_ts', ARGV[1])
   upd('cpu_util_cores', ARGV[6])
   upd('mem_used_mib', ARGV[7])
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  for i, key in ipairs(KEYS) do
+    if i ~= 3 then redis.call('EXPIRE', key, ARGV[8]) end
+  end
 end
 return 1
 """
@@ -247,6 +261,8 @@ class Aggregator:
         source: str = "alnair/profiler-aggregator",
         cache_size: int = 10000,
         live_annotation_interval_s: float = 30.0,
+        idle_ttl_s: int = 7 * 24 * 3600,
+        finished_ttl_s: int = 3600,
     ) -> None:
         self.bus = bus
         self.kube = kube
@@ -259,6 +275,8 @@ class Aggregator:
         self._owners: OrderedDict[str, OwnerRef] = OrderedDict()
         self._cache_size = cache_size
         self.live_annotation_interval_s = live_annotation_interval_s
+        self.idle_ttl_s = idle_ttl_s
+        self.finished_ttl_s = finished_ttl_s
         self._annotated_at: dict[str, float] = {}
         self._not_annotatable: set[str] = set()
         self.latest: OrderedDict[tuple[str, str], dict[str, PodMetric]] = OrderedDict()
@@ -319,6 +337,14 @@ class Aggregator:
             self._owners.popitem(last=False)
         return owner
 
+    def _working_keys(self, owner_uid: str, pod_uids: list[str], by_name: str | None) -> list[str]:
+        keys = [f"{P}owner:{owner_uid}:{part}" for part in ("pods", "nodes", "gpus", "meta")]
+        for pod_uid in pod_uids:
+            keys += [f"{P}pod:{pod_uid}:meta", f"{P}pod:{pod_uid}:stats"]
+        if by_name is not None:
+            keys.append(by_name)
+        return keys
+
     async def on_pod_metric(
         self, metric: PodMetric, _envelope: Envelope[PodMetric] | None = None
     ) -> None:
@@ -341,8 +367,16 @@ class Aggregator:
         if owner is None:
             return
         gpu_id = f"{metric.node}/{metric.gpu_uuid}" if metric.gpu_uuid else ""
+        by_name = f"{P}owner-by-name:{owner.namespace}/{owner.name}"
         await self._fold(
-            keys=[f"{P}pod:{metric.pod_uid}:stats", f"{P}owner:{owner.uid}:gpus"],
+            keys=[
+                f"{P}pod:{metric.pod_uid}:stats",
+                f"{P}owner:{owner.uid}:gpus",
+                f"{P}done:{owner.uid}",
+                f"{P}pod:{metric.pod_uid}:meta",
+                *(f"{P}owner:{owner.uid}:{part}" for part in ("pods", "nodes", "meta")),
+                by_name,
+            ],
             args=[
                 metric.ts.timestamp(),
                 gpu_id,
@@ -351,6 +385,7 @@ class Aggregator:
                 metric.sm_util_pct,
                 metric.cpu_util_cores,
                 metric.mem_used_mib,
+                self.idle_ttl_s,
             ],
         )
         await self._annotate_live(owner, metric.ts.timestamp())
@@ -570,13 +605,21 @@ class Aggregator:
             log.warning("job event not published yet; next watch event retries", extra={"uid": uid})
             return record
         self.metrics.completions.labels(outcome).inc()
-        await self.redis.set(done_key, "1")
+        pod_uids = {_text(p) for p in await self.redis.smembers(f"{P}owner:{uid}:pods")}
+        by_name = f"{P}owner-by-name:{ns}/{name}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            # Outlives the working keys, so a replay in between still sees "done".
+            pipe.set(done_key, "1", ex=2 * self.finished_ttl_s)
+            for key in self._working_keys(uid, sorted(pod_uids), None):
+                pipe.expire(key, self.finished_ttl_s)
+            await pipe.execute()
+        if _text(await self.redis.get(by_name) or b"") == uid:
+            await self.redis.expire(by_name, self.finished_ttl_s)
         self._annotated_at.pop(uid, None)
         self._not_annotatable.discard(uid)
-        pod_uids = {_text(p) for p in await self.redis.smembers(f"{P}owner:{uid}:pods")}
-        for key, by_gpu in list(self.latest.items()):
+        for pod_key, by_gpu in list(self.latest.items()):
             if any(m.pod_uid in pod_uids for m in by_gpu.values()):
-                self.metrics.forget_pod(*key)
+                self.metrics.forget_pod(*pod_key)
         for pod_uid in pod_uids:
             self._owners.pop(pod_uid, None)
         for follower in self.on_finalized:

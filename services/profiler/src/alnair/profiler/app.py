@@ -266,6 +266,8 @@ async def start_aggregator(
         cluster=settings.cluster,
         source=f"{settings.source}-aggregator",
         live_annotation_interval_s=settings.live_annotation_interval_s,
+        idle_ttl_s=settings.redis_idle_ttl_s,
+        finished_ttl_s=settings.redis_finished_ttl_s,
     )
     await subscribe_pod_metrics(bus, aggregator, settings.durable)
     for spec in settings.owner_kinds:

@@ -75,6 +75,18 @@ class ProfilerSettings(ServiceSettings):
         description="how often at most a running owner's utilization annotations are refreshed "
         "(0: only when it finishes)",
     )
+    redis_idle_ttl_s: int = Field(
+        default=7 * 24 * 3600,
+        ge=60,
+        description="the aggregator's working keys of a pod and its owner expire this long after"
+        " the pod's last sample (owners that never finish leave nothing behind)",
+    )
+    redis_finished_ttl_s: int = Field(
+        default=3600,
+        ge=1,
+        description="once a job's record is written, its working keys expire this much later"
+        " (its live profile stays readable meanwhile)",
+    )
     trialjobs: bool = Field(
         default=True, description="run the TrialJob controller in the aggregator process"
     )
