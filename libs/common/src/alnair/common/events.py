@@ -284,11 +284,22 @@ class DecodeError(PermanentError):
     """Bytes that are not a valid envelope of a known event type."""
 
 
+def _no_constants(name: str) -> Any:
+    # NaN and Infinity are not JSON; Python's parser accepts them, our numbers must be finite.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def decode(raw: bytes, expected: type[E] | None = None) -> Envelope[E]:
-    """Parse and validate an envelope; raise DecodeError naming what is wrong."""
+    """Parse and validate an envelope; raise DecodeError naming what is wrong.
+
+    Nothing but DecodeError escapes for any input (the bus dead-letters it with the reason):
+    hostile documents nested deeper than the parser recurses, integers longer than Python
+    converts, NaN/Infinity and invalid UTF-8 are all "not JSON" here."""
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError as exc:
+        raise DecodeError("not JSON: nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long integers
         raise DecodeError(f"not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise DecodeError(f"envelope must be a JSON object, got {type(doc).__name__}")
