@@ -26,6 +26,13 @@ from typing import Literal
 from alnair.common.errors import InvalidValueError
 
 
+def gpu_type_of(key: str) -> str:
+    """The GPU type a capacity key names. A key may be qualified by a cluster,
+    `<cluster>/<type>` (the multi-cluster hub's pools); quotas and a job's GPU-model
+    constraint name the type alone, so they apply to that type on every cluster."""
+    return key.rpartition("/")[2]
+
+
 def _nonnegative(name: str, value: float, owner: str) -> None:
     if not value >= 0:  # also rejects NaN
         raise InvalidValueError(name, value, f"{owner}: must be >= 0")
@@ -91,7 +98,7 @@ class JobSpec:
 
     def allowed_types(self, types: Sequence[str]) -> list[str]:
         """The GPU types (of `types`, in that order) this job may run on."""
-        return [t for t in types if self.gpu_model is None or t == self.gpu_model]
+        return [t for t in types if self.gpu_model is None or gpu_type_of(t) == self.gpu_model]
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ The semantics are Kueue's, for one resource (`nvidia.com/gpu`) with one flavor p
   overdrawn, and a queue never goes above `nominal + borrowing_limit`;
 - usage above `nominal` is *borrowing*, and borrowed GPUs are what an owner may reclaim.
 
+Quota is per GPU type: a capacity key qualified by a cluster (`<cluster>/<type>`, see
+`model.gpu_type_of`) draws on its type's quota, wherever that cluster is.
+
 `QuotaLedger` is built from the running jobs of a snapshot and updated as a policy admits jobs
 within one decision, so every policy enforces quotas with this one piece of code.
 """
@@ -19,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from alnair.scheduler.queueing.model import ClusterQueueSpec, RunningJob, WaitKind
+from alnair.scheduler.queueing.model import ClusterQueueSpec, RunningJob, WaitKind, gpu_type_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +55,12 @@ class QuotaLedger:
                 self.take(run.job.queue, run.gpu_type, run.gpus)
 
     def usage(self, queue: str, gpu_type: str) -> int:
+        gpu_type = gpu_type_of(gpu_type)
         return self._usage[(queue, gpu_type)]
 
     def borrowed(self, queue: str, gpu_type: str) -> int:
         """GPUs of `gpu_type` the queue uses above its nominal quota."""
+        gpu_type = gpu_type_of(gpu_type)
         spec = self._queues[queue].quota.get(gpu_type)
         nominal = spec.nominal if spec is not None else 0
         return max(0, self._usage[(queue, gpu_type)] - nominal)
@@ -67,6 +72,7 @@ class QuotaLedger:
 
     def check(self, queue: str, gpu_type: str, gpus: int) -> QuotaCheck:
         """Whether `queue` may take `gpus` more GPUs of `gpu_type` now."""
+        gpu_type = gpu_type_of(gpu_type)
         spec = self._queues.get(queue)
         if spec is None:
             return QuotaCheck(False, kind="queue", reason=f"queue {queue!r} does not exist")
@@ -111,6 +117,7 @@ class QuotaLedger:
         self._move(queue, gpu_type, -gpus)
 
     def _move(self, queue: str, gpu_type: str, delta: int) -> None:
+        gpu_type = gpu_type_of(gpu_type)
         spec = self._queues.get(queue)
         now = self._usage[(queue, gpu_type)]
         self._usage[(queue, gpu_type)] = now + delta
