@@ -11,6 +11,7 @@ Errors are RFC 9457 problem responses that name what was not found.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,12 +19,14 @@ from fastapi.responses import JSONResponse, Response
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
-from alnair.common.errors import AlnairError
+from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.events import GpuInventory
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.metrics import ProfilerMetrics
+
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 class NotFoundProblem(AlnairError):
@@ -59,6 +62,9 @@ def create_app(
     async def read_inventory(node: str) -> GpuInventory:
         if inventory is None:
             raise NotFoundProblem("node inventory", node)
+        if len(node) > 253 or not _NODE_NAME.fullmatch(node):
+            # Not a name any node can have (nor a valid KV key): say so instead of asking NATS.
+            raise InvalidValueError("node", node, "not a Kubernetes node name (RFC 1123)")
         try:
             entry = await inventory.get(node)
         except KeyNotFoundError as exc:
