@@ -122,6 +122,8 @@ EXPECTATIONS = [
             Access("watch", "jobs", "batch"),
             Access("patch", "jobs", "batch", namespace="team-a"),
             Access("patch", "jobs", "batch", sub="status", namespace="team-a"),
+            Access("create", "trialjobs", "alnair.io", namespace="team-a"),
+            Access("watch", "trialjobs", "alnair.io"),
             Access("create", "events", namespace="team-a"),
         ],
         denied=[
@@ -129,6 +131,7 @@ EXPECTATIONS = [
             Access("delete", "jobs", "batch", namespace="team-a"),
             Access("patch", "clusterqueues", "alnair.io"),
             Access("create", "clusterqueues", "alnair.io"),
+            Access("delete", "trialjobs", "alnair.io", namespace="team-a"),
             Access("list", "pods"),
             Access("patch", "nodes"),
         ],

@@ -27,6 +27,7 @@ from alnair.common.kube import (
     EVENTS,
     JOBS,
     LOCALQUEUES,
+    TRIALJOBS,
     ApiError,
     KubeClient,
 )
@@ -292,7 +293,9 @@ async def test_a_job_that_would_oom_on_t4_waits_for_a_v100(
     await bus.subscribe(JobEvent, observe, durable="test-observer")
     async with scheduler(kube):
         running = await start_dispatcher(
-            dispatcher_settings(control_plane, ns, nats_enabled=True, nats_url=nats_url)
+            dispatcher_settings(
+                control_plane, ns, nats_enabled=True, nats_url=nats_url, trials=False
+            )
         )
         try:
             # The V100s are busy with a job that says nothing of its model.
@@ -400,3 +403,56 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
             await wait_for(lambda: admitted_type(kube, ns, "s3"), 30)
         finally:
             await running.stop()
+
+
+async def test_a_job_never_measured_on_a_gpu_model_runs_its_trial_first(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str, redis_url: str
+) -> None:
+    from alnair.predictor.app import start as start_predictor
+    from alnair.predictor.settings import PredictorSettings
+
+    ns = namespace
+    # Gavel measured ResNet-50 on K80, P100 and V100, never on a T4.
+    await control_plane.create_gpu_nodes("1x T4:4", kube=kube, prefix=ns, labels={POOL: ns})
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"t-{ns}", None, {"T4": 4}))
+    await kube.create(LOCALQUEUES, local_queue("ml", ns, f"t-{ns}"), ns)
+    predictor = await start_predictor(
+        PredictorSettings(
+            nats_url=nats_url, redis_url=redis_url, http_port=0, http_host="127.0.0.1"
+        ),
+        CollectorRegistry(),
+    )
+    running = await start_dispatcher(
+        dispatcher_settings(control_plane, ns, nats_enabled=True, nats_url=nats_url)
+    )
+    try:
+        model = {"model_name": "resnet50", "batch_size": "64", "data_size": "50000", "epoch": "1"}
+        await kube.create(JOBS, gpu_job("cold", ns, "ml", 2, model=model), ns)
+        trial = await wait_for(lambda: _get(kube, TRIALJOBS, "cold-trial", ns), 20)
+        assert trial["spec"]["candidates"] == [{"gpuModel": "T4", "gpuCount": 1}]
+        assert trial["metadata"]["annotations"]["model_name"] == "resnet50"
+        assert trial["metadata"]["ownerReferences"][0]["name"] == "cold"
+        assert (await wait_for(lambda: events(kube, ns, "cold", "TrialStarted"), 10))[0]
+        explained = await wait_for(
+            lambda: _explain(running, ns, "cold", lambda d: d["reason"] is not None), 10
+        )
+        assert (
+            explained["reason"]["kind"] == "prediction"
+            and "trial" in explained["reason"]["message"]
+        )
+        assert await admitted_type(kube, ns, "cold") is None
+        # The profiler's TrialJob controller (tests/e2e/test_profiler_sim_job.py) ends a trial by
+        # writing its phase; here the test writes it, standing in for that controller.
+        await kube.patch(
+            TRIALJOBS, "cold-trial", {"status": {"phase": "Succeeded"}}, ns, sub="status"
+        )
+        assert await wait_for(lambda: admitted_type(kube, ns, "cold"), 20) == "T4"
+    finally:
+        await running.stop()
+        await predictor.stop()
+
+
+async def _get(kube: KubeClient, res: Any, name: str, ns: str) -> dict[str, Any] | None:
+    with contextlib.suppress(ApiError):
+        return await kube.get(res, name, ns)
+    return None

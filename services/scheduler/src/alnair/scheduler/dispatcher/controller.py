@@ -35,6 +35,7 @@ from alnair.common.kube import (
     JOBS,
     LOCALQUEUES,
     NODES,
+    TRIALJOBS,
     ApiError,
     Conflict,
     KubeClient,
@@ -51,12 +52,16 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_SELECTED_TYPE,
+    ANN_TRIAL,
     LABEL_QUEUE,
+    LABEL_TRIAL_FOR,
     Workload,
     is_finished,
     node_gpus,
     parse_cluster_queue,
     parse_workload,
+    trial_phase,
+    trialjob_manifest,
 )
 from alnair.scheduler.dispatcher.predictions import (
     JobPrediction,
@@ -158,6 +163,7 @@ class Dispatcher:
         self.cohorts = Informer(kube, COHORTS, name="cohorts")
         self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="queued-jobs")
         self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
+        self.trials = Informer(kube, TRIALJOBS, label_selector=LABEL_TRIAL_FOR, name="trialjobs")
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
         self.last_decisions = Decisions()
@@ -170,8 +176,9 @@ class Dispatcher:
             self.cohorts,
             self.jobs,
             self.nodes,
+            self.trials,
         )
-        for informer in (self.local_queues, self.cohorts, self.jobs):
+        for informer in (self.local_queues, self.cohorts, self.jobs, self.trials):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
@@ -397,6 +404,9 @@ class Dispatcher:
                 )
                 await self._wait_event(wl, state)
                 continue
+            if await self._cold_start(wl, state):
+                await self._wait_event(wl, state)
+                continue
             assert state.cluster_queue is not None
             pending.append(
                 self._job_spec(
@@ -415,6 +425,48 @@ class Dispatcher:
         await self._apply(decisions, snapshot, workloads)
         await self._write_queue_status(snapshot, decisions)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    async def _cold_start(self, wl: Workload, state: JobState) -> bool:
+        """Hold a job the predictor never measured on some GPU model until its TrialJob has
+        run there (seed 004: an unseen model gets GPUs first to collect data). True: it waits.
+        """
+        prediction = state.prediction
+        chosen = wl.annotations.get(ANN_TRIAL)
+        if chosen == "skip" or not self.settings.trials:
+            return False
+        if chosen:
+            trial = self.trials.get(f"{wl.namespace}/{chosen}")
+            phase = trial_phase(trial)
+            if trial is None or phase in ("Succeeded", "Failed"):
+                return False  # measured, could not be, or deleted: decide on what is known
+            state.reason = WaitReason(
+                "prediction", f"trial run {chosen} is measuring the job ({phase or 'Pending'})"
+            )
+            return True
+        if prediction is None or not prediction.needs_trial:
+            return False
+        name = f"{wl.name[:50]}-trial"
+        models = list(prediction.unmeasured_models)
+        manifest = trialjob_manifest(wl, name, models, self.settings.trial_duration_s)
+        try:
+            created = await self.kube.create(TRIALJOBS, manifest, wl.namespace)
+            # Known at once, before its watch event arrives (the next reconcile looks for it).
+            self.trials.store.setdefault(f"{wl.namespace}/{name}", created)
+        except Conflict:
+            pass  # created by an earlier run of ours that died before annotating the Job
+        except ApiError as exc:
+            log.warning("trial not created", extra={"job": wl.key, "error": str(exc)})
+            return False
+        annotate = {"metadata": {"annotations": {ANN_TRIAL: name}}}
+        with contextlib.suppress(NotFound, Conflict):
+            self._remember(await self.kube.patch(JOBS, wl.name, annotate, wl.namespace))
+        await self._event(
+            wl.obj, "TrialStarted",
+            f"never measured on {', '.join(models)}: trial run {name} (1 GPU each, "
+            f"{self.settings.trial_duration_s} s) before admission",
+        )  # fmt: skip
+        state.reason = WaitReason("prediction", f"trial run {name} started on {', '.join(models)}")
+        return True
 
     # --- applying decisions ---------------------------------------------------------------
 

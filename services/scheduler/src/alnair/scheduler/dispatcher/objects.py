@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alnair.common import resources as res
-from alnair.common.annotations import object_model
+from alnair.common.annotations import MODEL_ANNOTATION_KEYS, object_model
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
@@ -31,6 +31,9 @@ ANN_BORROWING = "alnair.io/borrowing"
 ANN_PREEMPTIONS = "alnair.io/preemptions"
 ANN_RESTART_COST = "alnair.io/restart-cost-s"
 ANN_QUEUE_STATE = "alnair.io/queue-state"
+ANN_TRIAL = "alnair.io/trial"
+"""The TrialJob run for this Job's cold start, or `skip` (set by the user) for none."""
+LABEL_TRIAL_FOR = "alnair.io/trial-for"
 GPU = "nvidia.com/gpu"
 
 
@@ -253,3 +256,35 @@ def node_gpus(node: Obj) -> NodeGpus | None:
     if gpus <= 0:
         return None
     return NodeGpus(model=model, gpus=gpus, memory_mib=memory)
+
+
+def trialjob_manifest(wl: Workload, name: str, models: list[str], duration_s: int) -> Obj:
+    """A TrialJob measuring `wl` on 1 GPU of each of `models`, owned by the Job (deleted with
+    it). The profiler's TrialJob controller runs it; its records feed the predictor."""
+    meta = wl.obj["metadata"]
+    template = (wl.obj.get("spec") or {}).get("template") or {}
+    model_ann = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in MODEL_ANNOTATION_KEYS
+    }
+    return {
+        "apiVersion": "alnair.io/v1alpha1",
+        "kind": "TrialJob",
+        "metadata": {
+            "name": name,
+            "namespace": wl.namespace,
+            "labels": {LABEL_TRIAL_FOR: wl.name},
+            "annotations": model_ann,
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": wl.name, "uid": wl.uid}
+            ],
+        },
+        "spec": {
+            "template": template,
+            "candidates": [{"gpuModel": m, "gpuCount": 1} for m in models],
+            "durationSeconds": duration_s,
+        },
+    }
+
+
+def trial_phase(trialjob: Obj | None) -> str | None:
+    return ((trialjob or {}).get("status") or {}).get("phase")

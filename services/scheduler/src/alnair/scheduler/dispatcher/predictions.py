@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -66,6 +66,8 @@ class _Reply(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model_version: int
     low_confidence: bool
+    confidence: Literal["high", "low"] | None = None
+    unmeasured_gpu_types: list[str] = Field(default_factory=list)
     predictions: list[_Prediction]
 
 
@@ -81,6 +83,13 @@ class JobPrediction:
     peak_memory_mib: float | None
     low_confidence: bool
     model_version: int
+    unmeasured_models: tuple[str, ...] = ()
+    """GPU models (node label values) where the job was never measured: a 1-GPU trial run
+    there would make the prediction high-confidence."""
+
+    @property
+    def needs_trial(self) -> bool:
+        return bool(self.unmeasured_models)
 
 
 def canonical_match(model_label: str, predicted_types: Sequence[str]) -> str | None:
@@ -135,11 +144,15 @@ def to_prediction(reply_doc: Any, gpus: int, models: Sequence[str]) -> JobPredic
         runtime[model] = RuntimeEstimate(p.runtime_s, max(upper, p.runtime_s))
     if not peaks:
         raise PredictionError(f"predictor answered for none of the GPU models {list(models)}")
+    unmeasured = tuple(
+        m for m in models if canonical_match(m, reply.unmeasured_gpu_types) is not None
+    )
     return JobPrediction(
         runtime=runtime,
         peak_memory_mib=max(peaks),
-        low_confidence=reply.low_confidence,
+        low_confidence=reply.low_confidence or reply.confidence == "low",
         model_version=reply.model_version,
+        unmeasured_models=unmeasured,
     )
 
 
@@ -186,7 +199,10 @@ class PredictorClient:
         if self.model_version is not None and prediction.model_version != self.model_version:
             self._cache.clear()
         self.model_version = prediction.model_version
-        self._cache[key] = prediction
+        if not prediction.low_confidence:
+            # A low-confidence answer may be superseded by a measurement the predictor has
+            # not absorbed yet (a trial that just completed): ask again next time.
+            self._cache[key] = prediction
         return prediction
 
 

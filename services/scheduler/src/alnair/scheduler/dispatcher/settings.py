@@ -35,6 +35,14 @@ class DispatcherSettings(ServiceSettings):
         description="hold jobs that carry no model annotations (nothing to predict from) "
         "instead of admitting them with unknown runtime and memory",
     )
+    trials: bool = Field(
+        default=True,
+        description="cold start: when the predictor has never measured a job on a GPU model, "
+        "run its TrialJob (1 GPU per unmeasured model) before admitting it",
+    )
+    trial_duration_s: int = Field(
+        default=60, ge=1, le=3600, description="how long each trial run lasts"
+    )
     node_selector: str | None = Field(
         default=None,
         description="label selector of the GPU nodes this dispatcher admits onto (unset: all)",
