@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-elastic bench-elastic-flap schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-elastic bench-elastic-flap schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -81,6 +81,9 @@ bench-scheduler: setup
 
 bench-predictor: setup-python ## where the predictor's held-out error comes from (JSON)
 	@$(BIN)/python bench/predictor_error_split.py
+
+bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON)
+	@$(BIN)/python bench/queue.py
 
 bench-elastic: setup ## ElasticJob grow/shrink latency, p50/p99 (JSON)
 	@$(BIN)/python bench/elastic.py

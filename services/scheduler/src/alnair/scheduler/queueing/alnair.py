@@ -114,7 +114,17 @@ class Alnair:
         # An aged job its own queue's quota holds back keeps that quota: later jobs of the same
         # queue start only if predicted (upper bound) to end before the quota frees for it.
         held: dict[str, tuple[str, float]] = {}
-        for job in aged + rest:
+        # An owner within its nominal quota that cannot start claims its fastest type back:
+        # borrowers may use that type only if predicted (upper bound) to end before the owner
+        # could start. Jobs sorted as within quota that would borrow after all are deferred
+        # behind every job that stays within quota, so lending never costs the lender its turn.
+        claims: dict[str, tuple[str, float]] = {}
+        order = aged + rest
+        deferred: set[str] = set()
+        position = 0
+        while position < len(order):
+            job = order[position]
+            position += 1
             options = plan.options(job)
             startable: list[tuple[str, QuotaCheck, bool]] = []
             holder = held.get(job.queue)
@@ -134,6 +144,11 @@ class Alnair:
                     )
                     continue
             for gpu_type, check in options.now:
+                claim = claims.get(gpu_type)
+                if check.borrowing and claim is not None:
+                    estimate = job.runtime.get(gpu_type)
+                    if estimate is None or now + estimate.upper_s > claim[1]:
+                        continue
                 shadow = shadows.get(gpu_type)
                 if shadow is None:
                     startable.append((gpu_type, check, False))
@@ -149,6 +164,10 @@ class Alnair:
             choice = self._choose(job, startable, options, plan, releases)
             if choice is not None:
                 gpu_type, check, uses_extra = choice
+                if check.borrowing and job.id not in deferred:
+                    deferred.add(job.id)
+                    order.append(job)
+                    continue
                 plan.admit(job, gpu_type, check)
                 if uses_extra:
                     shadows[gpu_type].extra -= job.gpus
@@ -183,10 +202,16 @@ class Alnair:
                     if run.job.queue == job.queue
                 ]
                 held[job.queue] = (job.id, max(ends, default=now))
-            if self.reclaim and options.reclaimable and self._reclaim(job, options, plan, releases):
-                shadows_for = options.reclaimable[0]
-                shadows[shadows_for] = _Shadow(job.id, now, 0)
-                plan.wait(job, WaitReason("quota", "reclaiming lent GPUs from borrowers"))
+            target = self._reclaim_target(job, options, safe_types(job))
+            if target is not None and target not in claims:
+                claims[target] = (
+                    job.id,
+                    _earliest_free_s(now, plan.free[target], releases[target], job.gpus),
+                )
+            if target is not None and self._reclaim(job, target, plan, releases):
+                # Nobody else may take the reclaimed GPUs before the owner does.
+                shadows[target] = _Shadow(job.id, now, 0)
+                plan.wait(job, WaitReason("quota", f"reclaiming lent {target} GPUs from borrowers"))
                 continue
             if options.reason is not None:
                 plan.wait(job, options.reason)
@@ -259,10 +284,21 @@ class Alnair:
         shadows[gpu_type] = _Shadow(job.id, start, max(0, spare))
         return Reservation(job.id, gpu_type, start)
 
+    def _reclaim_target(self, job: JobSpec, options: Options, safe: list[str]) -> str | None:
+        """The type to reclaim for `job`: its fastest safe type, if that one is reclaimable.
+        Reclaiming a slower type would be undone at once by the wait for the faster one."""
+        if not self.reclaim or not options.reclaimable or not safe:
+            return None
+        fastest = min(
+            safe,
+            key=lambda t: job.runtime[t].expected_s if t in job.runtime else INF,
+        )
+        return fastest if fastest in options.reclaimable else None
+
     def _reclaim(
         self,
         job: JobSpec,
-        options: Options,
+        gpu_type: str,
         plan: Plan,
         releases: dict[str, list[tuple[float, int]]],
     ) -> bool:
@@ -271,7 +307,6 @@ class Alnair:
         queue = snapshot.queues.get(job.queue)
         if queue is None or queue.cohort is None:
             return False
-        gpu_type = options.reclaimable[0]
         victims: list[RunningJob] = sorted(
             (
                 run
