@@ -24,6 +24,7 @@ from alnair.common.events import JobEvent, JobPhase
 from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
+    ELASTICJOBS,
     EVENTS,
     JOBS,
     LOCALQUEUES,
@@ -456,3 +457,66 @@ async def _get(kube: KubeClient, res: Any, name: str, ns: str) -> dict[str, Any]
     with contextlib.suppress(ApiError):
         return await kube.get(res, name, ns)
     return None
+
+
+async def test_an_elastic_job_is_admitted_at_its_minimum_and_its_borrowed_surplus_reclaimed(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str
+) -> None:
+    from elastic_support import elastic_job, start_controller
+
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    cohort = f"e-{ns}"
+    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
+                                "metadata": {"name": cohort}})  # fmt: skip
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"ela-{ns}", cohort, {"V100M32": 4}, 4))
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"oth-{ns}", cohort, {"V100M32": 4}, 4))
+    await kube.create(LOCALQUEUES, local_queue("elastic", ns, f"ela-{ns}"), ns)
+    await kube.create(LOCALQUEUES, local_queue("other", ns, f"oth-{ns}"), ns)
+    ej = elastic_job("ej", ns, lo=2, hi=8, pool=ns, scaleCooldownSeconds=0, suspend=True)
+    ej["metadata"]["labels"] = {LABEL_QUEUE: "elastic"}
+    ej["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    async with scheduler(kube):
+        elastic = await start_controller(control_plane, ns, nats_url)
+        running = await start_dispatcher(
+            dispatcher_settings(control_plane, ns, nats_enabled=True, nats_url=nats_url)
+        )
+        try:
+            await kube.create(ELASTICJOBS, ej, ns)
+
+            async def elastic_status() -> dict[str, Any]:
+                return (await kube.get(ELASTICJOBS, "ej", ns)).get("status") or {}
+
+            # Admitted at its minimum; the controller then grows it into the idle GPUs, the
+            # workers above the minimum counted as quota borrowed from the cohort.
+            await wait_for(lambda: _elastic_admitted(kube, ns), 20)
+            await wait_for(lambda: _has_replicas(elastic_status, 8), 40)
+
+            async def queue_borrows() -> Any:
+                st = (await kube.get(CLUSTERQUEUES, f"ela-{ns}")).get("status") or {}
+                return st if st.get("usedGPUs") == 8 and st.get("borrowedGPUs") == 6 else None
+
+            await wait_for(queue_borrows, 20)
+            # The lender needs its quota back: the surplus shrinks (a scale request), the
+            # elastic job keeps running at its minimum, the lender's job is admitted.
+            await kube.create(JOBS, gpu_job("lender", ns, "other", 4), ns)
+            await wait_for(lambda: admitted_type(kube, ns, "lender"), 60)
+            st = await elastic_status()
+            assert 2 <= st["currentReplicas"] <= 4 and st["phase"] == "Running"
+            assert (await kube.get(ELASTICJOBS, "ej", ns))["spec"]["suspend"] is False
+            assert await events(kube, ns, "ej", "Shrinking")
+        finally:
+            await running.stop()
+            await elastic.stop()
+
+
+async def _elastic_admitted(kube: KubeClient, ns: str) -> bool:
+    ej = await kube.get(ELASTICJOBS, "ej", ns)
+    return not ej["spec"].get("suspend") and ANN_ADMITTED_TYPE in ej["metadata"].get(
+        "annotations", {}
+    )
+
+
+async def _has_replicas(status: Any, n: int) -> bool:
+    st = await status()
+    return st.get("currentReplicas") == n and st.get("readyReplicas") == n

@@ -3,6 +3,7 @@
 - `GET /v1/jobs/{namespace}/{name}`: status (waiting, admitted, complete, failed, invalid), the
   ClusterQueue, position in it, the reason it waits (quota, reservation, memory, fair share,
   capacity, queue, prediction), predicted start and finish, the prediction used.
+- `GET /v1/elasticjobs/{namespace}/{name}`: the same for an ElasticJob.
 - `GET /v1/queues`: every ClusterQueue, active or why not, with its status.
 - `GET /metrics`, `/healthz`, `/readyz` (ready once every informer has synced).
 Errors are RFC 7807 problem responses.
@@ -32,6 +33,10 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     @app.get("/v1/jobs/{namespace}/{name}")
     async def job(namespace: str, name: str) -> dict[str, Any]:
         return dispatcher.explain(namespace, name)
+
+    @app.get("/v1/elasticjobs/{namespace}/{name}")
+    async def elasticjob(namespace: str, name: str) -> dict[str, Any]:
+        return dispatcher.explain(namespace, name, elastic=True)
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, Any]:

@@ -20,18 +20,19 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, get_args
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.errors import InvalidValueError
-from alnair.common.events import JobEvent, JobPhase
+from alnair.common.events import JobEvent, JobPhase, ScaleEvent, ScalePhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
+    ELASTICJOBS,
     JOBS,
     LOCALQUEUES,
     NODES,
@@ -56,9 +57,13 @@ from alnair.scheduler.dispatcher.objects import (
     LABEL_QUEUE,
     LABEL_TRIAL_FOR,
     Workload,
+    elastic_finished,
+    elastic_key,
+    elastic_queued,
     is_finished,
     node_gpus,
     parse_cluster_queue,
+    parse_elastic_workload,
     parse_workload,
     trial_phase,
     trialjob_manifest,
@@ -86,6 +91,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "alnair-dispatcher"
 CONDITION_ADMITTED = "alnair.io/Admitted"
 WAIT_KINDS = get_args(WaitKind)
+SURPLUS = "#surplus"
 
 
 def build_policy(settings: DispatcherSettings) -> QueuePolicy:
@@ -164,6 +170,8 @@ class Dispatcher:
         self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="queued-jobs")
         self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
         self.trials = Informer(kube, TRIALJOBS, label_selector=LABEL_TRIAL_FOR, name="trialjobs")
+        self.elastic = Informer(kube, ELASTICJOBS, name="elasticjobs")
+        self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
         self.last_decisions = Decisions()
@@ -177,8 +185,9 @@ class Dispatcher:
             self.jobs,
             self.nodes,
             self.trials,
+            self.elastic,
         )
-        for informer in (self.local_queues, self.cohorts, self.jobs, self.trials):
+        for informer in (self.local_queues, self.cohorts, self.jobs, self.trials, self.elastic):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
@@ -336,21 +345,33 @@ class Dispatcher:
         workloads: dict[str, Workload] = {}
         pending_ws: list[Workload] = []
         live_keys: set[str] = set()
-        for obj in self.jobs.values():
+        queued = [(obj, False) for obj in self.jobs.values()] + [
+            (obj, True) for obj in self.elastic.values() if elastic_queued(obj)
+        ]
+        for obj, elastic in queued:
             meta = obj["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
+            key = (
+                elastic_key(meta["namespace"], meta["name"])
+                if elastic
+                else f"{meta['namespace']}/{meta['name']}"
+            )
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            finished = is_finished(obj)
+            finished = elastic_finished(obj) if elastic else is_finished(obj)
             if finished is not None:
-                self.states.pop(key, None)  # bounded: a finished Job needs nothing from us
+                self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 continue
             try:
-                wl = parse_workload(obj, self.settings.default_restart_cost_s)
+                parse = parse_elastic_workload if elastic else parse_workload
+                wl = parse(obj, self.settings.default_restart_cost_s)
             except InvalidValueError as exc:
                 if state.invalid != str(exc):
                     state.invalid = str(exc)
-                    await self._event(obj, "InvalidRequest", f"not queued: {exc}", warning=True)
+                    ref = {**obj, "apiVersion": "alnair.io/v1alpha1", "kind": "ElasticJob"}
+                    await self._event(
+                        ref if elastic else obj, "InvalidRequest", f"not queued: {exc}",
+                        warning=True,
+                    )  # fmt: skip
                 continue
             state.invalid = None
             workloads[key] = wl
@@ -370,6 +391,12 @@ class Dispatcher:
                         borrowing=wl.annotations.get(ANN_BORROWING) == "true",
                     )
                 )
+                if wl.surplus_gpus:
+                    # An elastic job's workers above its minimum hold borrowed quota, and are
+                    # what an owner reclaims first (by a scale request, not a suspension).
+                    surplus = replace(spec, id=f"{key}{SURPLUS}", gpus=wl.surplus_gpus)
+                    running.append(RunningJob(surplus, admitted, start, borrowing=True))
+                    workloads[surplus.id] = wl
                 continue
             state.admitted_type = None
             if not wl.suspended:
@@ -392,6 +419,7 @@ class Dispatcher:
                 await self._publish(wl, JobPhase.SUBMITTED, {"queue": cq})
         for key in [k for k in self.states if k not in live_keys]:
             del self.states[key]
+        self.workloads = workloads
 
         capacity = self._capacity(running)
         models = list(capacity)
@@ -459,9 +487,9 @@ class Dispatcher:
             return False
         annotate = {"metadata": {"annotations": {ANN_TRIAL: name}}}
         with contextlib.suppress(NotFound, Conflict):
-            self._remember(await self.kube.patch(JOBS, wl.name, annotate, wl.namespace))
+            self._remember(wl, await self.kube.patch(wl.resource, wl.name, annotate, wl.namespace))
         await self._event(
-            wl.obj, "TrialStarted",
+            wl.ref(), "TrialStarted",
             f"never measured on {', '.join(models)}: trial run {name} (1 GPU each, "
             f"{self.settings.trial_duration_s} s) before admission",
         )  # fmt: skip
@@ -470,13 +498,36 @@ class Dispatcher:
 
     # --- applying decisions ---------------------------------------------------------------
 
-    def _remember(self, updated: Obj) -> None:
-        """Put a Job we just wrote into the informer's store (unless a newer copy is there)."""
+    def _remember(self, wl: Workload, updated: Obj) -> None:
+        """Put an object we just wrote into its informer's store (unless a newer copy is)."""
         meta = updated["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
-        current = self.jobs.store.get(key)
+        store = (self.elastic if wl.elastic else self.jobs).store
+        current = store.get(key)
         if current is None or _rv(current) <= _rv(updated):
-            self.jobs.store[key] = updated
+            store[key] = updated
+
+    async def _shrink(self, wl: Workload, reason: str, for_job: str) -> None:
+        """Ask the elastic controller to give back the workers above the minimum."""
+        if self.bus is None:
+            log.warning("cannot reclaim elastic surplus without NATS", extra={"job": wl.key})
+            return
+        low = int((wl.obj.get("spec") or {}).get("minReplicas", 1))
+        current = int((wl.obj.get("status") or {}).get("currentReplicas", 0))
+        event = ScaleEvent(
+            phase=ScalePhase.REQUESTED, namespace=wl.namespace, job=wl.name, replicas=low,
+            previous_replicas=current, reason=f"{for_job}: {reason}",
+        )  # fmt: skip
+        try:
+            await self.bus.publish(
+                event, source=COMPONENT, event_id=f"{wl.uid}:shrink:{_rv(wl.obj)}"
+            )
+        except Exception as exc:
+            log.warning("scale request not published", extra={"job": wl.key, "error": repr(exc)})
+            return
+        await self._event(
+            wl.ref(), "Shrinking", f"asked to shrink to {low} workers for {for_job}: {reason}"
+        )
 
     async def _apply(
         self, decisions: Decisions, snapshot: QueueSnapshot, workloads: dict[str, Workload]
@@ -484,7 +535,9 @@ class Dispatcher:
         policy = self.policy.name
         for pre in decisions.preemptions:
             wl = workloads.get(pre.job_id)
-            if wl is not None:
+            if wl is not None and pre.job_id.endswith(SURPLUS):
+                await self._shrink(wl, pre.reason, pre.for_job_id)
+            elif wl is not None:
                 await self._preempt(wl, pre.reason, pre.for_job_id)
                 self.metrics.decisions.labels(policy, "preempted").inc()
         by_id = {j.id: j for j in snapshot.pending}
@@ -552,7 +605,7 @@ class Dispatcher:
             },
         }
         try:
-            updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except Conflict:
             self.metrics.write_conflicts.inc()
             self._wake.set()  # decide again on the newer Job
@@ -560,11 +613,11 @@ class Dispatcher:
         except NotFound:
             return False
         except ApiError as exc:
-            await self._event(wl.obj, "AdmissionFailed", f"could not admit: {exc}", warning=True)
+            await self._event(wl.ref(), "AdmissionFailed", f"could not admit: {exc}", warning=True)
             return False
         # Our own write is the newest state of the Job: the next reconcile must not decide on
         # the informer's older copy while the watch event is still on its way.
-        self._remember(updated)
+        self._remember(wl, updated)
         state = self.states[wl.key]
         state.admitted_type = gpu_type
         state.reason = None
@@ -607,7 +660,7 @@ class Dispatcher:
             "spec": spec,
         }
         try:
-            updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except (Conflict, NotFound):
             self.metrics.write_conflicts.inc()
             self._wake.set()
@@ -631,15 +684,18 @@ class Dispatcher:
         state.reason_evented = state.reason.kind
         warning = state.reason.kind in ("queue", "prediction")
         reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
-        await self._event(wl.obj, reason, f"waiting ({text})", warning=warning)
+        await self._event(wl.ref(), reason, f"waiting ({text})", warning=warning)
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
         with contextlib.suppress(NotFound, Conflict):
-            await self.kube.patch(JOBS, wl.name, note, wl.namespace)
+            await self.kube.patch(wl.resource, wl.name, note, wl.namespace)
         await self._condition(wl, "False", _camel(state.reason.kind), state.reason.message)
 
     async def _condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
         """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
-        False with the wait reason while queued, True once admitted."""
+        False with the wait reason while queued, True once admitted. An ElasticJob's conditions
+        belong to its controller (a merge patch would replace them): Events and annotations."""
+        if wl.elastic:
+            return
         ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cond = {
             "type": CONDITION_ADMITTED, "status": status, "reason": reason,
@@ -680,7 +736,7 @@ class Dispatcher:
             phase=phase,
             cluster=self.settings.cluster,
             namespace=wl.namespace,
-            kind="Job",
+            kind=wl.kind,
             name=wl.name,
             uid=wl.uid,
             detail=detail,
@@ -753,11 +809,10 @@ class Dispatcher:
         lq_pending: Counter[str] = Counter()
         lq_admitted: Counter[str] = Counter()
         for key, job_state in self.states.items():
-            wl_obj = self.jobs.get(key)
-            if wl_obj is None:
+            known = self.workloads.get(key)
+            if known is None:
                 continue
-            meta = wl_obj["metadata"]
-            lq = f"{meta['namespace']}/{(meta.get('labels') or {}).get(LABEL_QUEUE, '')}"
+            lq = f"{known.namespace}/{known.local_queue}"
             if job_state.admitted_type is not None or key in admitted_now:
                 lq_admitted[lq] += 1
             elif job_state.invalid is None:
@@ -781,13 +836,15 @@ class Dispatcher:
 
     # --- explanations -------------------------------------------------------------------
 
-    def explain(self, namespace: str, name: str) -> dict[str, Any]:
-        key = f"{namespace}/{name}"
-        obj = self.jobs.get(key)
+    def explain(self, namespace: str, name: str, *, elastic: bool = False) -> dict[str, Any]:
+        key = elastic_key(namespace, name) if elastic else f"{namespace}/{name}"
+        informer = self.elastic if elastic else self.jobs
+        obj = informer.get(f"{namespace}/{name}")
         if obj is None:
-            raise NotFound(404, "NotFound", f"no queued Job {key} (label {LABEL_QUEUE})", key)
+            kind = "ElasticJob" if elastic else "Job"
+            raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)
-        finished = is_finished(obj)
+        finished = elastic_finished(obj) if elastic else is_finished(obj)
         if finished:
             status = finished.lower()
         elif state.invalid:
@@ -798,7 +855,8 @@ class Dispatcher:
             status = "waiting"
         prediction = state.prediction
         return {
-            "job": key,
+            "job": f"{namespace}/{name}",
+            "kind": "ElasticJob" if elastic else "Job",
             "status": status,
             "queue": (obj["metadata"].get("labels") or {}).get(LABEL_QUEUE),
             "cluster_queue": state.cluster_queue,

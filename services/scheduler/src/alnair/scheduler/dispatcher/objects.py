@@ -17,7 +17,7 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS, object_model
 from alnair.common.errors import InvalidValueError
-from alnair.common.kube import Obj
+from alnair.common.kube import ELASTICJOBS, JOBS, Obj, Resource
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
@@ -179,6 +179,19 @@ class Workload:
     """What the predictor needs (model name, batch size, data size, epochs), when annotated."""
     gpu_model: str | None = None
     restart_cost_s: float = 0.0
+    resource: Resource = JOBS
+    kind: str = "Job"
+    api_version: str = "batch/v1"
+    surplus_gpus: int = 0
+    """ElasticJob: GPUs of the workers it runs above its minimum (counted as borrowed quota)."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.kind == "ElasticJob"
+
+    def ref(self) -> Obj:
+        """The object with its kind, for Events (list results carry no kind)."""
+        return {**self.obj, "apiVersion": self.api_version, "kind": self.kind}
 
     @property
     def namespace(self) -> str:
@@ -229,6 +242,46 @@ def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
         gpu_model=gpu_model_constraint(job),
         restart_cost_s=restart,
     )
+
+
+def elastic_key(namespace: str, name: str) -> str:
+    """ElasticJobs and Jobs share the queue: their keys must not collide."""
+    return f"elasticjob:{namespace}/{name}"
+
+
+def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """An ElasticJob as a queued workload: admitted at its minimum size (the guaranteed part);
+    the workers the controller adds above it count as borrowed quota (issue 14, point 4)."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    low = _int(spec.get("minReplicas", 1), "spec.minReplicas", minimum=1)
+    per_worker = _int(spec.get("gpusPerWorker", 1), "spec.gpusPerWorker", minimum=1)
+    current = _int((obj.get("status") or {}).get("currentReplicas", 0), "status.currentReplicas")
+    job_like = {"metadata": meta, "spec": {"template": spec.get("template") or {}}}
+    return Workload(
+        key=elastic_key(meta["namespace"], meta["name"]),
+        obj=obj,
+        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE) or str(spec.get("queue") or ""),
+        request=GpuRequest(gpus=low * per_worker, pods=low, gpus_per_pod=per_worker),
+        features=object_model(obj).present(),
+        gpu_model=gpu_model_constraint(job_like),
+        restart_cost_s=default_restart_cost_s,
+        resource=ELASTICJOBS,
+        kind="ElasticJob",
+        api_version="alnair.io/v1alpha1",
+        surplus_gpus=max(0, current - low) * per_worker,
+    )
+
+
+def elastic_queued(obj: Obj) -> bool:
+    """An ElasticJob goes through the queue when it names one (label or spec.queue)."""
+    labels = obj["metadata"].get("labels") or {}
+    return bool(labels.get(LABEL_QUEUE) or (obj.get("spec") or {}).get("queue"))
+
+
+def elastic_finished(obj: Obj) -> str | None:
+    phase = (obj.get("status") or {}).get("phase")
+    return str(phase) if phase in ("Succeeded", "Failed") else None
 
 
 @dataclass(frozen=True, slots=True)
