@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-elastic bench-elastic-flap schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -84,6 +84,9 @@ bench-predictor: setup-python ## where the predictor's held-out error comes from
 
 bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON)
 	@$(BIN)/python bench/queue.py
+
+bench-multicluster: setup-python ## one queue over three clusters: alnair vs round-robin, least-loaded, first-fit (JSON)
+	@$(BIN)/python bench/multicluster.py
 
 bench-elastic: setup ## ElasticJob grow/shrink latency, p50/p99 (JSON)
 	@$(BIN)/python bench/elastic.py
