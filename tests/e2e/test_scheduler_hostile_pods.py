@@ -89,8 +89,9 @@ async def test_hostile_pods_get_events_and_do_not_stop_scheduling(
                 if normal["spec"].get("nodeName") and all(warned.values()):
                     break
                 await asyncio.sleep(0.3)
-    except TimeoutError:
-        raise AssertionError(f"normal bound: {normal['spec'].get('nodeName')}; warnings: {warned}")
+    except TimeoutError as exc:
+        bound = normal["spec"].get("nodeName")
+        raise AssertionError(f"normal bound: {bound}; warnings: {warned}") from exc
     for name in bad:
         pod = await kube.get(PODS, name, namespace)
         assert not pod["spec"].get("nodeName"), f"{name} was bound"
