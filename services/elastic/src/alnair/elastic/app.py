@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import ScaleEvent
 from alnair.common.http import bound_port, named_task, start_http, stop_http
+from alnair.common.httpauth import install_token_auth, reviewer_for
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import until_stopped
@@ -79,7 +80,9 @@ async def start(
     bus = None
     publish = None
     if settings.nats_enabled:
-        bus = await Bus.connect(settings.nats_url, name="elastic")
+        bus = await Bus.connect(
+            settings.nats_url, name="elastic", credentials=settings.nats_credentials()
+        )
         connected = bus
 
         async def publish_event(event: ScaleEvent, event_id: str) -> None:
@@ -90,6 +93,8 @@ async def start(
     await controller.start()
     subscriptions = await subscribe(bus, controller, settings.durable) if bus else []
     app = create_app(controller, metrics)
+    # POST .../scale resizes a job: only callers the API server authenticates (TokenReview).
+    install_token_auth(app, reviewer_for(settings, kube), service="elastic")
     server, http_task = await start_http(
         app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death
     )
