@@ -48,8 +48,9 @@ def problem_response(ctx: schemathesis.CheckContext, response: Any, case: Any) -
     assert body.get("status") == response.status_code and body.get("detail"), body
 
 
-def fuzz(base_url: str) -> int:
-    """Run every operation of the service at `base_url`; returns how many requests were sent."""
+def fuzz(base_url: str, headers: dict[str, str] | None = None) -> int:
+    """Run every operation of the service at `base_url` (with `headers`, such as a bearer
+    token, on every request); returns how many requests were sent."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     sent = 0
     for result in schema.get_all_operations():
@@ -65,7 +66,7 @@ def fuzz(base_url: str) -> int:
         @given(case=operation.as_strategy())
         def run(case: Any) -> None:
             nonlocal sent
-            response = case.call(base_url=base_url, timeout=30)
+            response = case.call(base_url=base_url, headers=headers, timeout=30)
             sent += 1
             case.validate_response(response, checks=[not_a_server_error, problem_response])
 
@@ -146,5 +147,24 @@ async def test_aggregator_api(control_plane: ControlPlane, nats_url: str, redis_
     )
     try:
         assert await asyncio.to_thread(fuzz, running.url) > 0
+    finally:
+        await running.stop()
+
+
+async def test_elastic_api(control_plane: ControlPlane, kube: KubeClient, namespace: str) -> None:
+    from alnair.common.kube import SERVICEACCOUNTS
+    from elastic_support import start_controller
+
+    # authenticated, so the scale route's own validation is what the requests meet
+    await kube.create(
+        SERVICEACCOUNTS,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "fuzz"}},
+        namespace,
+    )
+    token = await kube.service_account_token(namespace, "fuzz")
+    running = await start_controller(control_plane, namespace)
+    try:
+        sent = await asyncio.to_thread(fuzz, running.url, {"Authorization": f"Bearer {token}"})
+        assert sent > 0
     finally:
         await running.stop()
