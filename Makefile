@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -93,6 +93,9 @@ bench-elastic: setup ## ElasticJob grow/shrink latency, p50/p99 (JSON)
 
 bench-elastic-flap: setup ## anti-flap: GPUs freed and reclaimed every 20 s for 5 minutes (JSON)
 	@$(BIN)/python bench/elastic.py --flap --duration-s 300 --period-s 20 --cooldown-s 60
+
+chaos: setup ## kill -9 every service 20x, restart nats and the API server, during 1,000 jobs; invariants (JSON)
+	@$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 clean:
 	@$(MAKE) -s -C native/intercept clean || true

@@ -1,0 +1,338 @@
+"""Chaos on the whole local system, shared by `make chaos` (bench/chaos.py) and its reduced
+form in the tests (tests/e2e/test_chaos.py).
+
+The stack is `make up`'s (`alnair.common.devstack`): nats-server, redis-server, the control
+plane with KWOK GPU nodes, and every service as its own process. Jobs (`schedulerName:
+alnair`, 1 or 2 GPUs, a KWOK run time) arrive at a steady rate while the chaos loop kills a
+random service with SIGKILL at random moments, each service `kills_per_service` times, and
+brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
+readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
+and restarted on its port and store; the API server is killed once and started again with
+its own command line. A sampler lists pods while all this runs and counts GPUs given twice.
+
+At the end the invariant checker reads every Job, pod, Redis record and the sampler's
+findings, and the run reports:
+`{"jobs", "lost", "double_bound", "gpu_overcommitted", "records_duplicated",
+"records_missing", "kills", "recovery_p99_s", ...}` where
+- lost: Jobs not complete within `settle_s` after the last arrival;
+- double_bound: Jobs more than one of whose pods ran (a pod bound twice is impossible in the
+  API, so a second run is what a lost bind acknowledgement would cause);
+- gpu_overcommitted: (node, GPU) pairs seen held by more running pods than the GPU holds;
+- records_duplicated / records_missing: execution records per completed Job other than one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from alnair.common import devstack
+from alnair.common import resources as r
+from alnair.common.kube import JOBS, NAMESPACES, PODS, KubeClient
+from alnair.common.localstack import NatsServer
+from alnair.common.localstack.procs import port_open
+
+NAMESPACE = "chaos"
+RECORD_PREFIX = "alnair:record:"
+
+
+@dataclass
+class ChaosConfig:
+    jobs: int = 1000
+    kills_per_service: int = 20
+    arrival_interval_s: float = 0.5
+    run_s: tuple[float, float] = (10.0, 30.0)
+    nats_down_s: float = 30.0
+    restart_apiserver: bool = True
+    settle_s: float = 600.0
+    nodes: str = "16x V100M32, 8x T4:4"
+    services: tuple[str, ...] = ("profiler-agent", "aggregator", "predictor", "scheduler")
+    seed: int = 16
+
+
+@dataclass
+class Findings:
+    kills: int = 0
+    recoveries_s: list[float] = field(default_factory=list)
+    overcommitted: set[tuple[str, int]] = field(default_factory=set)
+    samples: int = 0
+    nats_restarts: int = 0
+    apiserver_restarts: int = 0
+
+
+def job_body(name: str, gpus: int, run_s: float) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "annotations": {r.ANN_MODEL_NAME: "ResNet-50"}},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {r.ANN_DURATION: f"{run_s:.1f}s"}},
+                "spec": {
+                    "schedulerName": r.SCHEDULER_NAME,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "example.com/train:1",
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "1Gi", r.GPU: str(gpus)},
+                                "limits": {r.GPU: str(gpus)},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _keep_log(proc: devstack.Proc, n: int) -> None:
+    """`up` starts a restarted service's log afresh: keep what the killed one wrote."""
+    log = Path(proc.log)
+    with contextlib.suppress(OSError):
+        log.with_name(f"{log.name}.{n}").write_bytes(log.read_bytes())
+
+
+def _command_of(pid: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment a running process was started with."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    env_raw = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0").split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in env_raw if b"=" in item)
+    return [a.decode() for a in argv], env
+
+
+def _relaunch(argv: list[str], env: dict[str, str], log_path: str) -> int:
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    # Not waited for: the stack's `down` stops it by pid, as every other process of the stack.
+    return child.pid
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL the process group of `pid` and wait until the process is gone (its port free)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    devstack._wait_exit(pid, 10.0)
+
+
+class Chaos:
+    def __init__(self, directory: Path, cfg: ChaosConfig) -> None:
+        self.dir = directory
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.opts = devstack.UpOptions(
+            nodes=cfg.nodes, free_ports=True, only=cfg.services, ready_timeout_s=180.0
+        )
+        self.found = Findings()
+        self.names: list[str] = []
+
+    # --- the stack -------------------------------------------------------------------------
+
+    def up(self) -> devstack.State:
+        return devstack.up(self.dir, self.opts)
+
+    def state(self) -> devstack.State:
+        state = devstack.State.load(self.dir)
+        assert state is not None, "the stack is not up"
+        return state
+
+    async def kill_and_recover(self, name: str) -> None:
+        proc = self.state().services[name]
+        _kill(proc.pid)
+        self.found.kills += 1
+        _keep_log(proc, self.found.kills)
+        t0 = time.monotonic()
+        await asyncio.to_thread(self.up)  # what Kubernetes would do: start it again
+        self.found.recoveries_s.append(time.monotonic() - t0)
+
+    async def restart_nats(self) -> None:
+        state = self.state()
+        (proc,) = [p for p in state.infra if p.name == "nats-server"]
+        port = int(state.nats_url.rsplit(":", 1)[1])
+        proc.stop(timeout_s=5.0)
+        await asyncio.sleep(self.cfg.nats_down_s)
+        nats = await asyncio.to_thread(NatsServer(self.dir / "nats", port=port).start)
+        state.infra = [
+            devstack.Proc.of(nats.process) if p.name == "nats-server" else p for p in state.infra
+        ]
+        state.save()
+        self.found.nats_restarts += 1
+
+    async def restart_apiserver(self) -> None:
+        state = self.state()
+        (proc,) = [p for p in state.infra if p.name == "kube-apiserver"]
+        argv, env = _command_of(proc.pid)
+        port = int(state.server.rsplit(":", 1)[1])
+        _kill(proc.pid)
+        await asyncio.sleep(1.0)
+        pid = _relaunch(argv, env, proc.log)
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert time.monotonic() < deadline, "kube-apiserver did not come back"
+            await asyncio.sleep(0.2)
+        restarted = devstack.Proc(proc.name, pid, devstack._start_ticks(pid), proc.log)
+        state.infra = [restarted if p.name == proc.name else p for p in state.infra]
+        state.save()
+        self.found.apiserver_restarts += 1
+
+    # --- load and faults -------------------------------------------------------------------
+
+    async def submit(self, kube: KubeClient) -> None:
+        for i in range(self.cfg.jobs):
+            name = f"job-{i:04d}"
+            gpus = self.rng.choice((1, 1, 2))
+            run_s = self.rng.uniform(*self.cfg.run_s)
+            while True:
+                try:
+                    await kube.create(JOBS, job_body(name, gpus, run_s), NAMESPACE)
+                    break
+                except Exception:  # the API server may be restarting: try again
+                    with contextlib.suppress(Exception):
+                        await kube.get(JOBS, name, NAMESPACE)
+                        break
+                    await asyncio.sleep(0.5)
+            self.names.append(name)
+            await asyncio.sleep(self.cfg.arrival_interval_s)
+
+    async def faults(self, until_s: float) -> None:
+        plan = [s for s in self.cfg.services for _ in range(self.cfg.kills_per_service)]
+        self.rng.shuffle(plan)
+        events: list[tuple[float, str]] = [(self.rng.uniform(0, until_s), s) for s in plan]
+        events.append((self.rng.uniform(0.2, 0.6) * until_s, "nats"))
+        if self.cfg.restart_apiserver:
+            events.append((self.rng.uniform(0.3, 0.8) * until_s, "apiserver"))
+        events.sort()
+        start = time.monotonic()
+        for at, what in events:
+            await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
+            if what == "nats":
+                await self.restart_nats()
+            elif what == "apiserver":
+                await self.restart_apiserver()
+            else:
+                await self.kill_and_recover(what)
+
+    async def sample(self, kube: KubeClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                pods = (await kube.list(PODS, NAMESPACE))["items"]
+                held: dict[tuple[str, int], int] = defaultdict(int)
+                for pod in pods:
+                    node = pod["spec"].get("nodeName")
+                    phase = (pod.get("status") or {}).get("phase")
+                    ann = pod["metadata"].get("annotations") or {}
+                    if not node or phase in {"Succeeded", "Failed"}:
+                        continue
+                    for gpu in r.parse_indices(ann.get(r.ANN_GPU_INDICES, "") or ""):
+                        held[(node, gpu)] += 1
+                self.found.overcommitted |= {k for k, n in held.items() if n > 1}
+                self.found.samples += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    # --- the run and the checker --------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        state = self.state()
+        async with KubeClient.from_config(state.kubeconfig) as kube:
+            with contextlib.suppress(Exception):
+                await kube.create(
+                    NAMESPACES,
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                )
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(self.sample(kube, stop))
+            arrivals_s = self.cfg.jobs * self.cfg.arrival_interval_s
+            t0 = time.monotonic()
+            await asyncio.gather(self.submit(kube), self.faults(arrivals_s))
+            await self.settle(kube)
+            elapsed = time.monotonic() - t0
+            stop.set()
+            await sampler
+            report = await self.check(kube)
+        report["elapsed_s"] = round(elapsed, 1)
+        return report
+
+    async def settle(self, kube: KubeClient) -> None:
+        deadline = time.monotonic() + self.cfg.settle_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                jobs = (await kube.list(JOBS, NAMESPACE))["items"]
+                if len(jobs) == len(self.names) and all(_complete(j) for j in jobs):
+                    await asyncio.sleep(5.0)  # let the aggregator write the last records
+                    return
+            await asyncio.sleep(2.0)
+
+    async def check(self, kube: KubeClient) -> dict[str, Any]:
+        jobs = {j["metadata"]["name"]: j for j in (await kube.list(JOBS, NAMESPACE))["items"]}
+        pods = (await kube.list(PODS, NAMESPACE))["items"]
+        ran: dict[str, int] = defaultdict(int)
+        for pod in pods:
+            job = (pod["metadata"].get("labels") or {}).get("job-name")
+            if job and pod["spec"].get("nodeName"):
+                ran[job] += 1
+        complete = [n for n in self.names if n in jobs and _complete(jobs[n])]
+        client = aioredis.from_url(self.state().redis_url)
+        try:
+            records: dict[str, int] = defaultdict(int)
+            async for key in client.scan_iter(f"{RECORD_PREFIX}{NAMESPACE}/*"):
+                _ns, job, _uid = key.decode()[len(RECORD_PREFIX) :].split("/", 2)
+                records[job] += 1
+        finally:
+            await client.aclose()
+        recoveries = sorted(self.found.recoveries_s)
+        return {
+            "jobs": len(self.names),
+            "lost": len(self.names) - len(complete),
+            "double_bound": sum(1 for n in complete if ran[n] > 1),
+            "gpu_overcommitted": len(self.found.overcommitted),
+            "records_duplicated": sum(1 for n in complete if records[n] > 1),
+            "records_missing": sum(1 for n in complete if records[n] == 0),
+            "kills": self.found.kills,
+            "recovery_p99_s": round(_pct(recoveries, 0.99), 2) if recoveries else None,
+            "recovery_p50_s": round(_pct(recoveries, 0.5), 2) if recoveries else None,
+            "nats_restarts": self.found.nats_restarts,
+            "apiserver_restarts": self.found.apiserver_restarts,
+            "pod_samples": self.found.samples,
+        }
+
+
+def _complete(job: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Complete" and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def run_chaos(directory: Path, cfg: ChaosConfig) -> dict[str, Any]:
+    """Bring the stack up in `directory`, run the chaos, take it down; the report."""
+    chaos = Chaos(directory, cfg)
+    try:
+        chaos.up()
+        return asyncio.run(chaos.run())
+    finally:
+        devstack.down(directory)
