@@ -43,3 +43,19 @@ def test_before_the_wait_bound_nothing_is_held() -> None:
         snapshot(JobSpec("s3", "q", 4, 90.0))
     )
     assert [a.job_id for a in decisions.admissions] == ["s3"]
+
+
+def test_reclaim_takes_a_borrowing_run_before_an_in_quota_one_of_the_same_job() -> None:
+    queues = {
+        "e": ClusterQueueSpec("e", {"V100": FlavorQuota(4, borrowing_limit=4)}, cohort="c"),
+        "o": ClusterQueueSpec("o", {"V100": FlavorQuota(4, borrowing_limit=4)}, cohort="c"),
+    }
+    base = JobSpec("ej", "e", 2, 0.0)
+    running = [
+        RunningJob(base, "V100", 0.0),
+        RunningJob(JobSpec("ej#surplus", "e", 6, 0.0), "V100", 0.0, borrowing=True),
+    ]
+    snap = QueueSnapshot(10.0, [JobSpec("lender", "o", 4, 5.0)], running, queues,
+                         {"V100": GpuPool(8, 0, 32768)})  # fmt: skip
+    decisions = queue_policy("alnair").decide(snap)
+    assert [p.job_id for p in decisions.preemptions] == ["ej#surplus"]

@@ -122,8 +122,21 @@ def free_gpus(nodes: Iterable[Obj], pods: Iterable[Obj], shape: WorkerShape) -> 
     return {n: max(0, allocatable[n] - whole[n] - len(shared[n])) for n in allocatable}
 
 
-def pending_demand_gpus(pods: Iterable[Obj], job: tuple[str, str], priority: int) -> int:
-    """GPUs that pending pods of other jobs with priority >= `priority` wait for."""
+def _selects(pod: Obj, nodes: list[Obj]) -> bool:
+    """The pod's nodeSelector matches one of `nodes` (a pod pinned elsewhere competes for
+    none of this job's GPUs)."""
+    wanted = (pod.get("spec") or {}).get("nodeSelector") or {}
+    return any(
+        all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+        for n in nodes
+    )
+
+
+def pending_demand_gpus(
+    pods: Iterable[Obj], job: tuple[str, str], priority: int, nodes: list[Obj] | None = None
+) -> int:
+    """GPUs that pending pods of other jobs with priority >= `priority` wait for, counting
+    only pods that may run on `nodes` (the job's eligible nodes) when given."""
     total = 0
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -135,6 +148,8 @@ def pending_demand_gpus(pods: Iterable[Obj], job: tuple[str, str], priority: int
         if (meta.get("namespace"), (meta.get("labels") or {}).get(JOB_LABEL)) == job:
             continue
         if int(spec.get("priority") or 0) < priority:
+            continue
+        if nodes is not None and not _selects(pod, nodes):
             continue
         total += whole_gpus(pod)
     return total
@@ -161,9 +176,10 @@ def capacity(
     job: tuple[str, str],
     running: int,
 ) -> Capacity:
-    free = free_gpus(nodes, pods, shape)
+    eligible = [n for n in nodes if node_fits_shape(n, shape)]
+    free = free_gpus(eligible, pods, shape)
     slots = sum(g // shape.gpus for g in free.values()) if shape.gpus else 0
-    demand = pending_demand_gpus(pods, job, shape.priority)
+    demand = pending_demand_gpus(pods, job, shape.priority, eligible)
     return Capacity(running, slots, math.ceil(demand / shape.gpus) if shape.gpus else 0)
 
 

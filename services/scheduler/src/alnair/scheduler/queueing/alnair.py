@@ -318,7 +318,9 @@ class Alnair:
                 and plan.ledger.borrowed(run.job.queue, gpu_type) > 0
                 and run.job.id not in {p.job_id for p in plan.preemptions}
             ),
-            key=lambda r: (r.job.restart_cost_s, -r.start_s, r.job.id),
+            # Runs above their queue's nominal quota first (an elastic job's surplus before
+            # its guaranteed minimum), then the cheapest to restart, the latest started.
+            key=lambda r: (not r.borrowing, r.job.restart_cost_s, -r.start_s, r.job.id),
         )
         chosen: list[RunningJob] = []
         freed = 0
