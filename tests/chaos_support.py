@@ -57,7 +57,14 @@ class ChaosConfig:
     restart_apiserver: bool = True
     settle_s: float = 600.0
     nodes: str = "16x V100M32, 8x T4:4"
-    services: tuple[str, ...] = ("profiler-agent", "aggregator", "predictor", "scheduler")
+    services: tuple[str, ...] = (
+        "profiler-agent",
+        "aggregator",
+        "predictor",
+        "scheduler",
+        "dispatcher",
+        "elastic",
+    )
     seed: int = 16
 
 
@@ -311,6 +318,7 @@ class Chaos:
             "kills": self.found.kills,
             "recovery_p99_s": round(_pct(recoveries, 0.99), 2) if recoveries else None,
             "recovery_p50_s": round(_pct(recoveries, 0.5), 2) if recoveries else None,
+            "services": list(self.cfg.services),
             "nats_restarts": self.found.nats_restarts,
             "apiserver_restarts": self.found.apiserver_restarts,
             "pod_samples": self.found.samples,

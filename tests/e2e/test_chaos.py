@@ -30,7 +30,7 @@ def test_reduced_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540, check=False)
     assert done.stdout.strip(), done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["kills"] == 4  # each of the four services once
+    assert report["kills"] == len(report["services"]) >= 6  # each service once
     assert report["nats_restarts"] == 1 and report["apiserver_restarts"] == 1
     assert report["pod_samples"] > 0
     for key in ("lost", "double_bound", "gpu_overcommitted", "records_duplicated"):
