@@ -77,6 +77,9 @@ class Alnair:
     """Wait for a busy faster type when its predicted completion is below this fraction of
     the best free type's (1.0 waits whenever busy is predicted better; 0 never waits)."""
     reclaim: bool = True
+    response_ratio: bool = False
+    """Order by predicted runtime over (1 + w * waited / runtime) instead of runtime alone."""
+    response_weight: float = 1.0
     """Preempt borrowers when an owner within its nominal quota needs its GPUs back."""
 
     def decide(self, snapshot: QueueSnapshot) -> Decisions:
@@ -106,9 +109,20 @@ class Alnair:
             key=lambda j: (j.arrival_s, j.id),
         )
         aged_ids = {j.id for j in aged}
+
+        def urgency(job: JobSpec) -> float:
+            # Shortest predicted runtime first; with `response_ratio`, the runtime is divided by
+            # how long the job has waited relative to it (highest response ratio next), so a
+            # long job's turn comes without a hard wait bound.
+            runtime = best_runtime_s(job, safe_types(job))
+            if not self.response_ratio or runtime == INF:
+                return runtime
+            waited = max(0.0, now - job.arrival_s)
+            return runtime / (1.0 + self.response_weight * waited / runtime)
+
         rest = sorted(
             (j for j in snapshot.pending if j.id not in aged_ids),
-            key=lambda j: (not within_nominal(j), best_runtime_s(j, safe_types(j)), j.arrival_s),
+            key=lambda j: (not within_nominal(j), urgency(j), j.arrival_s),
         )
 
         # An aged job its own queue's quota holds back keeps that quota: later jobs of the same
