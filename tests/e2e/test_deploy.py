@@ -396,6 +396,11 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert "items" in await limited.list(JOBS)
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
         await forbidden(limited.list(PODS))
+        # The hub's worker kubeconfigs: Secrets of its own namespace only.
+        secrets = Resource("", "v1", "secrets")
+        assert "items" in await limited.list(secrets, NS)
+        await forbidden(limited.list(secrets, "default"))
+        await forbidden(limited.list(secrets))
     elif account == "alnair-predictor":
         await forbidden(limited.list(PODS))
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))

@@ -20,6 +20,8 @@ from alnair.common.logs import setup_logging
 from alnair.common.tasks import on_stop_signals, spawn
 from alnair.scheduler.dispatcher.api import build_api
 from alnair.scheduler.dispatcher.controller import Dispatcher
+from alnair.scheduler.dispatcher.hub import Hub
+from alnair.scheduler.dispatcher.hub_api import build_hub_api
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
@@ -27,7 +29,7 @@ from alnair.scheduler.dispatcher.settings import DispatcherSettings
 log = logging.getLogger(__name__)
 
 
-async def subscribe_retrains(bus: Bus, dispatcher: Dispatcher, durable: str) -> Any:
+async def subscribe_retrains(bus: Bus, dispatcher: Dispatcher | Hub, durable: str) -> Any:
     """A finished job retrains the predictor: forget cached answers and decide again."""
 
     async def on_job(event: JobEvent, _envelope: Envelope[JobEvent]) -> None:
@@ -43,7 +45,7 @@ class Running:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Dispatcher | Hub,
         kube: KubeClient,
         bus: Bus | None,
         loop: asyncio.Task[Any],
@@ -83,12 +85,19 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
             settings.nats_url, name="dispatcher", credentials=settings.nats_credentials()
         )
         predictor = PredictorClient(bus, settings.predict_subject, settings.predict_timeout_s)
-    dispatcher = Dispatcher(kube, settings, metrics, bus=bus, predictor=predictor)
+    dispatcher: Dispatcher | Hub
+    if settings.mode == "hub":
+        # One queue over the worker clusters (issue 15); the hub admits nothing locally.
+        dispatcher = Hub(kube, settings, metrics, bus=bus, predictor=predictor)
+        api = build_hub_api(dispatcher)
+    else:
+        dispatcher = Dispatcher(kube, settings, metrics, bus=bus, predictor=predictor)
+        api = build_api(dispatcher)
     await dispatcher.start_watching()
     if bus is not None:
         await subscribe_retrains(bus, dispatcher, durable="dispatcher")
     server, http = await start_http(
-        build_api(dispatcher), settings.http_host, settings.http_port, name="dispatcher.http"
+        api, settings.http_host, settings.http_port, name="dispatcher.http"
     )
     loop = spawn(dispatcher.run(), name="dispatcher.loop")
     return Running(dispatcher, kube, bus, loop, http, server)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -52,4 +54,20 @@ class DispatcherSettings(ServiceSettings):
         ge=0,
         description="work a preempted job is assumed to lose (checkpoint reload, warm-up) "
         "unless it says otherwise in alnair.io/restart-cost-s",
+    )
+    mode: Literal["cluster", "hub"] = Field(
+        default="cluster",
+        description="cluster: admit queued Jobs on this cluster; hub: dispatch Jobs managed by "
+        "alnair.io/multicluster to the worker clusters registered as Secrets",
+    )
+    hub_namespace: str = Field(
+        default="alnair-system",
+        description="hub: the namespace whose Secrets labelled alnair.io/worker-cluster=true "
+        "register worker clusters",
+    )
+    worker_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="hub: a worker whose watches fail this long is lost (its not-started jobs "
+        "go elsewhere, its running ones are reported lost-contact)",
     )

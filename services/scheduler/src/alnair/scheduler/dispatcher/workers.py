@@ -1,0 +1,226 @@
+"""Worker clusters of the multi-cluster hub: registered as Secrets, watched, judged reachable.
+
+A worker cluster is a Secret in the hub's namespace labelled `alnair.io/worker-cluster: "true"`
+whose data key `kubeconfig` holds a kubeconfig for it, with annotations for its name
+(`alnair.io/cluster-name`, default: the Secret's name), region (`alnair.io/region`) and the link
+bandwidth from where the jobs' data lives (`alnair.io/link-bandwidth-mbps`). A bad Secret is
+reported (the hub's status API and metrics name the field), never fatal.
+
+For each worker the hub runs two informers against its API server: GPU nodes, and the Jobs it
+mirrored there (label `alnair.io/origin-uid`). They are its live view (GPU models, free GPUs,
+backlog, which images and datasets it already holds) and nothing polls. A worker whose list or
+watch keeps failing (unreachable, 401/403) for longer than the grace period is *lost*: the
+informers' own retries (exponential back-off, at most `retry_max_s`) are the events that tell
+the hub, so a loss is seen within one back-off of the grace period ending.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alnair.common.errors import ConfigError, InvalidValueError
+from alnair.common.informer import Informer
+from alnair.common.kube import JOBS, NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
+from alnair.common.tasks import spawn
+
+SECRETS = Resource("", "v1", "secrets")
+LABEL_WORKER = "alnair.io/worker-cluster"
+ANN_CLUSTER_NAME = "alnair.io/cluster-name"
+ANN_REGION = "alnair.io/region"
+ANN_BANDWIDTH = "alnair.io/link-bandwidth-mbps"
+SECRET_KEY = "kubeconfig"  # noqa: S105 (a data key, not a secret)
+LABEL_ORIGIN = "alnair.io/origin-uid"
+"""On a mirrored Job: the uid of the hub Job it mirrors."""
+ANN_ORIGIN = "alnair.io/origin"
+"""On a mirrored Job: `<hub cluster>/<namespace>/<name>` of the hub Job."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """A worker cluster as its Secret declares it."""
+
+    name: str
+    secret: str
+    region: str
+    bandwidth_mbps: float
+    kubeconfig: str
+    resource_version: str
+
+
+def parse_worker_secret(obj: Obj) -> WorkerConfig:
+    """A worker Secret, or an `InvalidValueError` naming the bad field."""
+    meta = obj["metadata"]
+    annotations = meta.get("annotations") or {}
+    name = annotations.get(ANN_CLUSTER_NAME) or meta["name"]
+    if "/" in name or not name.strip():
+        raise InvalidValueError(f"annotations.{ANN_CLUSTER_NAME}", name, "a name without '/'")
+    raw_bw = annotations.get(ANN_BANDWIDTH)
+    if raw_bw is None:
+        raise InvalidValueError(f"annotations.{ANN_BANDWIDTH}", None, "required (Mbit/s)")
+    try:
+        bandwidth = float(raw_bw)
+    except ValueError:
+        raise InvalidValueError(f"annotations.{ANN_BANDWIDTH}", raw_bw, "not a number") from None
+    if not (bandwidth > 0 and math.isfinite(bandwidth)):
+        raise InvalidValueError(f"annotations.{ANN_BANDWIDTH}", raw_bw, "must be > 0")
+    data = (obj.get("data") or {}).get(SECRET_KEY)
+    if not data:
+        raise InvalidValueError(f"data.{SECRET_KEY}", None, "the worker's kubeconfig is missing")
+    try:
+        text = base64.b64decode(data, validate=True).decode()
+        doc = yaml.safe_load(text)
+    except (ValueError, UnicodeDecodeError, yaml.YAMLError):
+        raise InvalidValueError(f"data.{SECRET_KEY}", "<bytes>", "not a kubeconfig") from None
+    if not isinstance(doc, dict) or not doc.get("clusters"):
+        raise InvalidValueError(f"data.{SECRET_KEY}", "<yaml>", "a kubeconfig has clusters")
+    return WorkerConfig(
+        name=name,
+        secret=meta["name"],
+        region=annotations.get(ANN_REGION, ""),
+        bandwidth_mbps=bandwidth,
+        kubeconfig=text,
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+def client_for(config: WorkerConfig, timeout_s: float) -> KubeClient:
+    """A client from the Secret's kubeconfig (written to a private file only while it is read;
+    embedded certificates end up in private temporary files, as for any kubeconfig)."""
+    folder = tempfile.mkdtemp(prefix="alnair-worker-")
+    path = Path(folder) / "kubeconfig"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(config.kubeconfig)
+        try:
+            loaded = KubeConfig.load(str(path))
+        except ConfigError as exc:
+            raise InvalidValueError(f"data.{SECRET_KEY}", "<yaml>", str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            os.rmdir(folder)
+    return KubeClient(loaded, timeout_s=timeout_s)
+
+
+class _WorkerInformer(Informer):
+    """An informer that tells its worker when its watch fails or recovers."""
+
+    def __init__(self, *args: Any, on_health: Callable[[], None], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.on_health = on_health
+        self.last_exception: Exception | None = None
+        self.failing_since: float | None = None
+
+    def _failed(self, exc: Exception, backoff_s: float) -> None:
+        super()._failed(exc, backoff_s)
+        self.last_exception = exc
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        self.on_health()
+
+    def _recovered(self) -> None:
+        was_failing = self.failing_since is not None
+        super()._recovered()
+        self.failing_since = None
+        if was_failing:
+            self.on_health()
+
+
+class Worker:
+    """One worker cluster: its client, its informers, whether it answers."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        on_change: Callable[[], None],
+        *,
+        grace_s: float,
+        retry_max_s: float,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.grace_s = grace_s
+        self.kube = client_for(config, timeout_s)
+        self.nodes = _WorkerInformer(
+            self.kube,
+            NODES,
+            name=f"{config.name}.nodes",
+            on_health=on_change,
+            max_backoff_s=retry_max_s,
+            stale_after_s=grace_s,
+        )
+        self.jobs = _WorkerInformer(
+            self.kube,
+            JOBS,
+            label_selector=LABEL_ORIGIN,
+            name=f"{config.name}.jobs",
+            on_health=on_change,
+            max_backoff_s=retry_max_s,
+            stale_after_s=grace_s,
+        )
+        self.created = time.monotonic()
+        self._tasks: list[Any] = []
+        for informer in (self.nodes, self.jobs):
+            informer.add_handler(lambda *_: on_change())
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def start(self) -> None:
+        for informer in (self.nodes, self.jobs):
+            self._tasks.append(spawn(informer.run(), name=f"hub.worker.{informer.name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        await self.kube.close()
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes.synced.is_set() and self.jobs.synced.is_set()
+
+    def failing_for_s(self, now: float | None = None) -> float:
+        """How long the worker has not answered (0 when both watches work)."""
+        now = time.monotonic() if now is None else now
+        starts = [i.failing_since for i in (self.nodes, self.jobs) if i.failing_since is not None]
+        if not starts:
+            return 0.0
+        return now - min(starts)
+
+    @property
+    def lost(self) -> bool:
+        """Not answering for longer than the grace period (or never, since registered)."""
+        return self.failing_for_s() > self.grace_s
+
+    @property
+    def reachable(self) -> bool:
+        """Synced and answering: new jobs may go here, and what it says is current."""
+        return self.synced and self.failing_for_s() == 0.0
+
+    @property
+    def problem(self) -> str | None:
+        """`unauthorized: ...` or `unreachable: ...` while failing; None otherwise."""
+        for informer in (self.nodes, self.jobs):
+            exc = informer.last_exception
+            if informer.failing_since is None or exc is None:
+                continue
+            if isinstance(exc, ApiError) and exc.status in (401, 403):
+                return f"unauthorized: {exc}"
+            return f"unreachable: {exc}"
+        return None
