@@ -364,5 +364,9 @@ async def test_anti_flap_churn_resizes_at_most_once_per_cooldown(
     # scheduler taking surplus for a higher-priority pod and follow a grow, never stack.
     assert all(g >= cooldown - 0.05 for g in gaps), gaps
     assert len(grows) <= 10.0 / cooldown + 1
-    assert len(shrinks) <= len(grows) + 1
+    # One preemption may reach the controller as several shrinks when its victims are deleted
+    # slowly (a loaded machine): shrinks within a second of each other are one episode.
+    times = sorted(r.time.timestamp() for r in shrinks)
+    episodes = sum(1 for j, t in enumerate(times) if j == 0 or t - times[j - 1] > 1.0)
+    assert episodes <= len(grows) + 1, times
     assert len(resizes) <= 2 * (10.0 / cooldown + 1)  # one grow and its forced shrink per window
