@@ -125,8 +125,11 @@ EXPECTATIONS = [
             Access("create", "trialjobs", "alnair.io", namespace="team-a"),
             Access("watch", "trialjobs", "alnair.io"),
             Access("create", "events", namespace="team-a"),
+            Access("list", "secrets", namespace=NS),
+            Access("watch", "secrets", namespace=NS),
         ],
         denied=[
+            Access("list", "secrets", namespace="team-a"),
             Access("create", "jobs", "batch", namespace="team-a"),
             Access("delete", "jobs", "batch", namespace="team-a"),
             Access("patch", "clusterqueues", "alnair.io"),
@@ -364,7 +367,8 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 assert not refused, f"{expect.account} needs but lacks: {refused}"
                 assert not granted, f"{expect.account} must not have: {granted}"
                 # Real requests: refused with 403 where it must not reach.
-                await forbidden(limited.list(SECRETS, NS))
+                if expect.account != "alnair-dispatcher":  # the hub's worker kubeconfigs
+                    await forbidden(limited.list(SECRETS, NS))
                 await forbidden(limited.delete(NODES, gpu_node))
                 await real_requests(limited, expect.account, gpu_node)
     finally:
@@ -397,10 +401,9 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
         await forbidden(limited.list(PODS))
         # The hub's worker kubeconfigs: Secrets of its own namespace only.
-        secrets = Resource("", "v1", "secrets")
-        assert "items" in await limited.list(secrets, NS)
-        await forbidden(limited.list(secrets, "default"))
-        await forbidden(limited.list(secrets))
+        assert "items" in await limited.list(SECRETS, NS)
+        await forbidden(limited.list(SECRETS, "default"))
+        await forbidden(limited.list(SECRETS))
     elif account == "alnair-predictor":
         await forbidden(limited.list(PODS))
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))

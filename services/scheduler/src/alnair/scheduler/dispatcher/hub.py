@@ -42,7 +42,7 @@ from typing import Any
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
-from alnair.common.errors import InvalidValueError
+from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.events import JobEvent, JobPhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
@@ -325,7 +325,9 @@ class Hub:
                     grace_s=self.settings.worker_grace_s,
                     retry_max_s=min(5.0, max(0.5, self.settings.worker_grace_s)),
                 )
-            except InvalidValueError as exc:
+            except (InvalidValueError, ConfigError, OSError, ValueError) as exc:
+                # A CA file that does not exist, a certificate that does not parse: reported,
+                # never fatal, as any other bad Secret.
                 log.warning("worker Secret refused", extra={"secret": secret, "error": str(exc)})
                 self.invalid_workers[secret] = str(exc)
             else:

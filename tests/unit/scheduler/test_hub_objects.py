@@ -1,0 +1,135 @@
+"""The hub's reading of worker Secrets and hub Jobs, and the mirror it creates on a worker."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import yaml
+
+from alnair.common import resources as r
+from alnair.common.errors import InvalidValueError
+from alnair.scheduler.dispatcher.hub import (
+    ANN_DATA_SIZE_MB,
+    ANN_DATASET,
+    ANN_IMAGE_SIZE,
+    ANN_PLACED_CLUSTER,
+    MANAGED_BY,
+    job_artifacts,
+    mirror_of,
+)
+from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
+from alnair.scheduler.dispatcher.workers import (
+    ANN_BANDWIDTH,
+    ANN_CLUSTER_NAME,
+    ANN_ORIGIN,
+    LABEL_ORIGIN,
+    parse_worker_secret,
+)
+
+KUBECONFIG = yaml.safe_dump(
+    {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "w", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "w", "user": "u"}}],
+        "current-context": "c",
+    }
+)
+
+
+def worker_secret(annotations: dict[str, str], data: str | None = KUBECONFIG) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "metadata": {"name": "worker-east", "annotations": annotations, "resourceVersion": "7"},
+        "data": {},
+    }
+    if data is not None:
+        doc["data"]["kubeconfig"] = base64.b64encode(data.encode()).decode()
+    return doc
+
+
+def test_worker_secret_fields() -> None:
+    config = parse_worker_secret(worker_secret({ANN_BANDWIDTH: "2500", ANN_CLUSTER_NAME: "east"}))
+    assert (config.name, config.secret, config.bandwidth_mbps) == ("east", "worker-east", 2500.0)
+    assert "127.0.0.1:6443" in config.kubeconfig
+    # The Secret's name when no cluster name is annotated.
+    assert parse_worker_secret(worker_secret({ANN_BANDWIDTH: "1"})).name == "worker-east"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "data", "field"),
+    [
+        ({}, KUBECONFIG, ANN_BANDWIDTH),
+        ({ANN_BANDWIDTH: "fast"}, KUBECONFIG, ANN_BANDWIDTH),
+        ({ANN_BANDWIDTH: "-5"}, KUBECONFIG, ANN_BANDWIDTH),
+        ({ANN_BANDWIDTH: "inf"}, KUBECONFIG, ANN_BANDWIDTH),
+        ({ANN_BANDWIDTH: "10"}, None, "data.kubeconfig"),
+        ({ANN_BANDWIDTH: "10"}, "just: text", "data.kubeconfig"),
+        ({ANN_BANDWIDTH: "10", ANN_CLUSTER_NAME: "a/b"}, KUBECONFIG, ANN_CLUSTER_NAME),
+    ],
+)
+def test_a_bad_worker_secret_names_the_field(
+    annotations: dict[str, str], data: str | None, field: str
+) -> None:
+    with pytest.raises(InvalidValueError) as caught:
+        parse_worker_secret(worker_secret(annotations, data))
+    assert field in str(caught.value)
+
+
+def hub_job(annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "uid": "u-1",
+            "labels": {LABEL_QUEUE: "q", "team": "a"},
+            "annotations": annotations,
+        },
+        "spec": {
+            "managedBy": MANAGED_BY,
+            "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u-1"}},
+            "template": {
+                "metadata": {
+                    "labels": {"batch.kubernetes.io/controller-uid": "u-1", "app": "x"},
+                },
+                "spec": {
+                    "containers": [
+                        {"name": "a", "image": "repo/train:1"},
+                        {"name": "b", "image": "repo/side:1"},
+                    ]
+                },
+            },
+        },
+    }
+
+
+def test_artifacts_from_annotations() -> None:
+    job = hub_job({ANN_IMAGE_SIZE: "6000", ANN_DATASET: "imagenet", ANN_DATA_SIZE_MB: "146000"})
+    names = {a.name: a.size_mb for a in job_artifacts(job)}
+    assert names == {
+        "image:repo/side:1": 3000.0,
+        "image:repo/train:1": 3000.0,
+        "data:imagenet": 146000.0,
+    }
+    # A size without a name: a dataset only this job uses (never found cached elsewhere).
+    anonymous = job_artifacts(hub_job({ANN_DATA_SIZE_MB: "10"}))
+    assert "data:u-1" in {a.name for a in anonymous}
+    with pytest.raises(InvalidValueError, match=ANN_DATA_SIZE_MB):
+        job_artifacts(hub_job({ANN_DATA_SIZE_MB: "lots"}))
+    with pytest.raises(InvalidValueError, match=ANN_IMAGE_SIZE):
+        job_artifacts(hub_job({ANN_IMAGE_SIZE: "-1"}))
+
+
+def test_the_mirror_runs_on_the_chosen_model_and_names_its_origin() -> None:
+    job = hub_job({"model_name": "resnet50", ANN_PLACED_CLUSTER: "east", "x.io/other": "y"})
+    mirror = mirror_of(job, "V100M32", "hub")
+    meta, spec = mirror["metadata"], mirror["spec"]
+    assert meta["labels"] == {"team": "a", LABEL_ORIGIN: "u-1"}
+    assert meta["annotations"] == {"model_name": "resnet50", ANN_ORIGIN: "hub/ml/train"}
+    assert "managedBy" not in spec and "selector" not in spec
+    assert spec["suspend"] is False
+    assert spec["template"]["metadata"]["labels"] == {"app": "x"}
+    assert spec["template"]["spec"]["nodeSelector"] == {r.LABEL_GPU_MODEL: "V100M32"}
+    assert job["spec"]["managedBy"] == MANAGED_BY  # the hub Job is not changed
