@@ -24,7 +24,15 @@ from prometheus_client import CollectorRegistry
 from alnair.common import resources as r
 from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, JobPhase
-from alnair.common.kube import CLUSTERQUEUES, EVENTS, JOBS, LOCALQUEUES, KubeClient, NotFound
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    EVENTS,
+    JOBS,
+    LOCALQUEUES,
+    PODS,
+    KubeClient,
+    NotFound,
+)
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import (
@@ -314,9 +322,39 @@ async def test_one_queue_over_three_clusters(
         assert 'alnair_dispatcher_worker_up{cluster="central"} 0.0' in metrics
         assert 'alnair_dispatcher_worker_problems{kind="unauthorized"} 1.0' in metrics
         assert 'alnair_dispatcher_redispatched_total{cluster="central"} 1.0' in metrics
-        print(
-            f"queued job moved {moved_after:.1f} s after the kill; test {time.monotonic() - t0:.0f} s"
-        )
+
+        # 3. Central comes back (new certificates, so its Secret is rotated too): the mirror the
+        #    hub took back is deleted there, the running one reports to the hub again.
+        await asyncio.to_thread(planes["central"].start)
+        clients["central"] = planes["central"].client()
+        rotated = secret("central", ns, planes["central"].kubeconfig.read_text(), 10_000.0)
+        rotated["metadata"]["annotations"]["example.com/rotated"] = "1"
+        await kube.replace(SECRETS, rotated)
+
+        async def central_back() -> bool:
+            doc = await clusters()
+            return any(c["name"] == "central" and c["reachable"] for c in doc["clusters"])
+
+        await wait_for(central_back, 30)
+        await wait_for(lambda: _gone(clients["central"], ns, "queued"), 20)
+
+        async def contact_restored() -> bool:
+            conds = (await kube.get(JOBS, "running", ns)).get("status", {}).get("conditions")
+            return any(c["type"] == "alnair.io/LostContact" and c["status"] == "False"
+                       for c in conds or [])  # fmt: skip
+
+        await wait_for(contact_restored, 20)
+        assert await _mirror_exists(clients["central"], ns, "running")
+        everywhere = [
+            m["metadata"]["name"]
+            for name in WORKERS
+            for m in (await clients[name].list(JOBS, ns, label_selector=LABEL_ORIGIN))["items"]
+        ]
+        assert everywhere.count("running") == 1 and everywhere.count("queued") == 1
+        # managedBy: the hub's own Job controller made no pods for any of these Jobs.
+        assert (await kube.list(PODS, ns))["items"] == []
+        took = time.monotonic() - t0
+        print(f"queued job moved {moved_after:.1f} s after the kill; test body {took:.0f} s")
         await api.aclose()
     finally:
         if hub is not None:
@@ -333,6 +371,10 @@ async def test_one_queue_over_three_clusters(
 
 async def _has(seen: list[JobEvent], name: str, phase: JobPhase) -> bool:
     return any(e.name == name and e.phase == phase for e in seen)
+
+
+async def _gone(kube: KubeClient, ns: str, name: str) -> bool:
+    return not await _mirror_exists(kube, ns, name)
 
 
 async def _mirror_exists(kube: KubeClient, ns: str, name: str) -> bool:
