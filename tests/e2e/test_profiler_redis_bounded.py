@@ -5,6 +5,7 @@ only the execution records themselves (the product) stay.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -136,4 +137,80 @@ async def test_no_working_key_outlives_its_job(
         late = await ttls(redis)
         assert all(t <= FINISHED_TTL_S for k, t in late.items() if k in working), late
     finally:
+        await bus.close()
+
+
+async def test_a_job_that_ends_before_its_samples_arrive_is_still_recorded(
+    kube: KubeClient, namespace: str, nats_url: str, redis: aioredis.Redis
+) -> None:
+    # As when NATS restarts: the agent buffers its samples, the Job completes meanwhile.
+    job = await kube.create(
+        JOBS,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "late", "annotations": {"alnair.io/model-name": "VGG-16"}},
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "example.com/train:1"}],
+                    }
+                },
+            },
+        },
+        namespace,
+    )
+    uid = job["metadata"]["uid"]
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    done = {
+        **job,
+        "status": {
+            "startTime": stamp,
+            "completionTime": stamp,
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": stamp}],
+        },
+    }
+    bus = await Bus.connect(nats_url, name="aggregator")
+    aggregator = Aggregator(
+        bus, kube, redis, ProfilerMetrics(CollectorRegistry()), live_annotation_interval_s=0
+    )
+    try:
+        await aggregator.on_owner_event("MODIFIED", done, JOBS)
+        key = record_key(namespace, "late", uid)
+        assert not await redis.exists(key)  # nothing folded yet: no record, but not given up
+        await redis.hset(
+            f"{P}pod:pod-late:meta",
+            mapping={
+                "namespace": namespace,
+                "name": "late-0",
+                "node": "n1",
+                "owner_api_version": "batch/v1",
+                "owner_kind": "Job",
+                "owner_name": "late",
+                "owner_uid": uid,
+            },
+        )
+        await redis.sadd(f"{P}owner:{uid}:pods", "pod-late")
+        await aggregator.on_pod_metric(
+            PodMetric(
+                node="n1",
+                namespace=namespace,
+                pod="late-0",
+                pod_uid="pod-late",
+                gpu_uuid="GPU-0",
+                gpu_index=0,
+                gpu_util_pct=70.0,
+                gpu_mem_used_mib=4000.0,
+                ts=now,
+            )
+        )
+        async with asyncio.timeout(20):
+            while not await redis.exists(key):
+                await asyncio.sleep(0.2)
+        assert float(await redis.hget(key, "peak_gpu_mem_mib") or 0) == 4000.0
+    finally:
+        await aggregator.close()
         await bus.close()

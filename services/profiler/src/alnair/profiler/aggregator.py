@@ -263,6 +263,7 @@ class Aggregator:
         live_annotation_interval_s: float = 30.0,
         idle_ttl_s: int = 7 * 24 * 3600,
         finished_ttl_s: int = 3600,
+        late_samples_s: float = 90.0,
     ) -> None:
         self.bus = bus
         self.kube = kube
@@ -277,6 +278,7 @@ class Aggregator:
         self.live_annotation_interval_s = live_annotation_interval_s
         self.idle_ttl_s = idle_ttl_s
         self.finished_ttl_s = finished_ttl_s
+        self.late_samples_s = late_samples_s
         self._annotated_at: dict[str, float] = {}
         self._not_annotatable: set[str] = set()
         self.latest: OrderedDict[tuple[str, str], dict[str, PodMetric]] = OrderedDict()
@@ -490,7 +492,15 @@ class Aggregator:
         lock = self._locks.setdefault(uid, asyncio.Lock())
         try:
             async with lock:
-                await self.finalize(obj, resource, outcome, end_ts)
+                record = await self.finalize(obj, resource, outcome, end_ts)
+                if record is None and await self._samples_may_be_in_flight(uid, end_ts):
+                    # Finished before any of its samples was folded: they may still be on
+                    # their way (buffered by an agent while NATS restarted, or waiting for a
+                    # restarting aggregator). Look again a few times before concluding that
+                    # the job was never profiled.
+                    delay = 5.0 * 2.0**attempt
+                    log.info("finished before its samples arrived", extra={"uid": uid})
+                    self._retry(obj, resource, outcome, end_ts, attempt + 1, delay)
         except (TemporaryError, RedisError) as exc:
             # The API server, Redis or NATS is away. No further watch event may come for a
             # finished job, so retry on our own, backing off; every step is idempotent.
@@ -499,14 +509,34 @@ class Aggregator:
                 "finalize failed, will retry",
                 extra={"uid": uid, "error": str(exc), "delay_s": delay},
             )
-            task = spawn(
-                self._retry_later(obj, resource, outcome, end_ts, attempt + 1, delay),
-                name=f"profiler.aggregator.retry-{uid}",
-            )
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            self._retry(obj, resource, outcome, end_ts, attempt + 1, delay)
         finally:
             self._locks.pop(uid, None)
+
+    def _retry(
+        self,
+        obj: Mapping[str, Any],
+        resource: Resource,
+        outcome: Outcome,
+        end_ts: float | None,
+        attempt: int,
+        delay_s: float,
+    ) -> None:
+        uid = str(obj.get("metadata", {}).get("uid", ""))
+        task = spawn(
+            self._retry_later(obj, resource, outcome, end_ts, attempt, delay_s),
+            name=f"profiler.aggregator.retry-{uid}",
+        )
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _samples_may_be_in_flight(self, uid: str, end_ts: float | None) -> bool:
+        """A finished owner without samples that ended less than `late_samples_s` ago."""
+        if end_ts is None or time.time() - end_ts > self.late_samples_s:
+            return False
+        if await self.redis.exists(f"{P}done:{uid}"):
+            return False
+        return not await self.redis.scard(f"{P}owner:{uid}:pods")
 
     async def close(self) -> None:
         """Stop pending retries (they resume from the next watch event after a restart)."""
