@@ -265,7 +265,13 @@ class Hub:
         self.bus = bus
         self.predictor = predictor
         if policy is None:
-            options = {"max_wait_s": settings.max_wait_s} if settings.policy == "alnair" else {}
+            # The hub places and never preempts across clusters (a remote restart would pay the
+            # transfer again), so `alnair` is asked not to reclaim: no decision goes unapplied.
+            options: dict[str, Any] = (
+                {"max_wait_s": settings.max_wait_s, "reclaim": False}
+                if settings.policy == "alnair"
+                else {}
+            )
             policy = queue_policy(settings.policy, **options)
         self.policy = policy
         ns = settings.hub_namespace
