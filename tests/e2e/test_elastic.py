@@ -34,7 +34,7 @@ from elastic_support import (
     wait_for,
     workers,
 )
-from kube_builders import make_pod
+from kube_builders import make_pod, pod_group
 
 pytestmark = pytest.mark.e2e
 
@@ -207,6 +207,36 @@ async def test_preemption_takes_only_surplus_then_a_whole_eviction_requeues_with
     await kube.delete(PODS, "whale", namespace)
     await kube.delete(PODS, "vip", namespace)
     await wait_for(lambda: settled(kube, namespace, "tr", 8), 30)
+
+
+async def test_a_higher_priority_gang_takes_only_the_surplus(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    scheduler: InProcessScheduler,
+    controller: Controller,
+) -> None:
+    await pool(control_plane, kube, "1x V100M32:8", namespace)
+    low, high = await priority_classes(kube, namespace)
+    job = elastic_job("tr", namespace, lo=2, hi=8, pool=namespace, priority_class=low,
+                      scaleCooldownSeconds=0)  # fmt: skip
+    await kube.create(ELASTICJOBS, job, namespace)
+    await wait_for(lambda: settled(kube, namespace, "tr", 8), 30)
+    # A gang of three 1-GPU pods, all or nothing, outranks the elastic job.
+    await kube.create(PODGROUPS, pod_group("vips", namespace, 3), namespace)
+    for i in range(3):
+        vip = make_pod(f"vip-{i}", namespace).pool(namespace).gpus(1).gang("vips")
+        await kube.create(PODS, vip.priority_class(high).obj(), namespace)
+    for i in range(3):
+        await wait_for(lambda i=i: _bound(kube, namespace, f"vip-{i}"), 30)
+    await wait_for(lambda: settled(kube, namespace, "tr", 5), 30)
+    preempted = await kube.list(EVENTS, namespace, field_selector="reason=Preempted")
+    # Only the three highest ordinals (surplus) were victims; a
+    # surplus worker the StatefulSet recreated before the controller shrank may go twice.
+    victims = {e["involvedObject"]["name"] for e in preempted["items"]}
+    assert victims == {f"tr-workers-{i}" for i in (5, 6, 7)}, victims
+    st = await status(kube, namespace, "tr")
+    assert condition(st, "Running") == "True" and st["currentReplicas"] == 5
 
 
 async def test_controller_killed_mid_resize_converges_and_consumes_each_request_once(

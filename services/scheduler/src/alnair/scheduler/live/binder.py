@@ -53,7 +53,7 @@ from alnair.scheduler.framework import (
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import TOO_MANY_PODS, LiveSnapshot, SchedulerCache
-from alnair.scheduler.live.gang import GangManager
+from alnair.scheduler.live.gang import GangManager, clone_member
 from alnair.scheduler.live.plugins import (
     GpuHealth,
     GpuUtilization,
@@ -82,7 +82,7 @@ from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.plugins.fit import GpuFit
 from alnair.scheduler.plugins.registry import policy as find_policy
 from alnair.scheduler.settings import SchedulerSettings
-from alnair.scheduler.snapshot import Placement
+from alnair.scheduler.snapshot import ClusterSnapshot, Placement
 
 log = logging.getLogger(__name__)
 EventType = Literal["Normal", "Warning"]
@@ -375,6 +375,12 @@ class Scheduler:
             status = self.gangs.check(req, siblings, snapshot, framework, self.rng)
             if not status.ok:
                 self.metrics.attempts.labels(result="unschedulable").inc()
+                # PostFilter for a gang: each member that finds no room alone preempts for
+                # itself (surplus elastic workers first); the gang binds once all have room.
+                if self._gang_could_fit(req, snapshot) and await self._try_preempt_gang(
+                    entry, req, siblings, snapshot, framework
+                ):
+                    return
                 self._unschedulable(entry, status.reason)
                 self._maybe_reserve(entry, req, snapshot, framework)
                 return
@@ -535,6 +541,78 @@ class Scheduler:
             self._emit(entry.obj, "Warning", "FailedScheduling", message)
             self._condition(entry.obj, "Unschedulable", message)
         self.queue.unschedulable_now(entry)
+
+    def _gang_could_fit(self, req: LivePod, snapshot: ClusterSnapshot) -> bool:
+        """Whether the gang's missing members need no more GPUs than the cluster has at all:
+        a gang that can never fit must not evict anyone on its way to failing."""
+        if req.gang is None or req.priority <= 0 or req.gang not in self.gangs.groups:
+            return False
+        st = self.gangs.st(req.gang)
+        needed = self.gangs.groups[req.gang].min_member - len(st.bound) - len(st.waiting)
+        return needed * req.num_gpu <= int(snapshot.gpu_count.sum())
+
+    async def _try_preempt_gang(
+        self,
+        entry: QueuedPod,
+        req: LivePod,
+        siblings: list[LivePod],
+        snapshot: ClusterSnapshot,
+        framework: Framework,
+    ) -> bool:
+        """PostFilter for a gang: victims for every missing member at once, chosen on one
+        what-if snapshot (each member's victims gone and the member placed before the next is
+        considered), so members never pick the same victim and the gang fits when they are gone.
+        Nothing is evicted unless the whole gang then fits."""
+        assert req.gang is not None
+        st = self.gangs.st(req.gang)
+        needed = self.gangs.groups[req.gang].min_member - len(st.bound) - len(st.waiting)
+        trial = [req, *[s for s in siblings if s.key != req.key][: needed - 1]]
+        trial += [clone_member(req, i) for i in range(len(trial), needed)]
+        what_if = snapshot.copy()
+        victims: dict[str, bool] = {}
+        for member in trial:
+            placed = framework.schedule(member, what_if, self.rng)
+            if placed.placement is None:
+                explained = framework.schedule(member, what_if, self.rng, explain=True)
+                candidates = [
+                    n for n, why in explained.node_reasons.items() if for_lack_of_room(why)
+                ]
+                nomination = select_victims(
+                    member, what_if, candidates, self.gangs.min_members(), self.budgets
+                )
+                if nomination is None:
+                    return False
+                for uid in nomination.victims:
+                    what_if.forget(uid)
+                    victims[uid] = uid in nomination.graceful
+                placed = framework.schedule(member, what_if, self.rng)
+                if placed.placement is None:
+                    return False
+            what_if.assume(member, placed.placement)
+        if not victims:
+            return False
+        message = (
+            f"gang {req.gang} preempts {len(victims)} lower-priority pod(s) so that its "
+            f"{needed} missing member(s) fit together."
+        )
+        entry.last_message = message
+        self._emit(entry.obj, "Normal", "Preempting", message)
+        for uid, graceful in victims.items():
+            victim = self._pod_by_uid(uid)
+            if victim is None:
+                continue
+            vm = victim["metadata"]
+            self._emit(
+                victim, "Normal", "Preempted",
+                f"Preempted by gang {req.gang} (priority {req.priority})",
+            )  # fmt: skip
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(
+                    PODS, vm["name"], vm["namespace"], grace_period_s=None if graceful else 0
+                )
+        self.metrics.preemptions.inc(len(victims))
+        self.queue.unschedulable_now(entry)
+        return True
 
     async def _try_preempt(self, entry: QueuedPod, req: LivePod, result: ScheduleResult) -> bool:
         if req.priority <= 0 or result.status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE:

@@ -113,7 +113,7 @@ class GangManager:
                     f"only {i} fit now ({result.message()})",
                     "Coscheduling",
                 )
-            probe = member if i < len(trial) - clones else _clone(member, i)
+            probe = member if i < len(trial) - clones else clone_member(member, i)
             copy.assume(probe, result.placement)
         return Status()
 
@@ -174,7 +174,8 @@ class GangManager:
         return status
 
 
-def _clone(pod: LivePod, i: int) -> LivePod:
+def clone_member(pod: LivePod, i: int) -> LivePod:
+    """A stand-in for a gang member not created yet (what-if placement)."""
     return LivePod(
         name=f"{pod.name}~virtual-{i}",
         namespace=pod.namespace,
