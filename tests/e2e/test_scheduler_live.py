@@ -100,9 +100,10 @@ async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.
             await asyncio.sleep(interval_s)
 
 
-async def events_for(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+async def events_for(kube: KubeClient, ns: str, name: str, *reasons: str) -> list[dict[str, Any]]:
+    """The Events about object `name`; only those with one of `reasons` when any are given."""
     items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
-    return list(items)
+    return [e for e in items if not reasons or e["reason"] in reasons]
 
 
 def assert_no_overcommit(pods: list[dict[str, Any]], gpus_per_node: int) -> None:
@@ -164,10 +165,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     bad = make_pod("both", namespace).pool(namespace).gpus(1).fraction(20).obj()
     await kube.create(PODS, bad, namespace)
 
-    async def failed(name: str, reason: str) -> list[dict[str, Any]]:
-        return [e for e in await events_for(kube, namespace, name) if e["reason"] == reason]
-
-    ev = (await wait_for(lambda: failed("huge", "FailedScheduling"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "huge", "FailedScheduling"), 20))[0]
     assert ev["type"] == "Warning"
     assert "nodes are available" in ev["message"]
     assert "Insufficient whole GPUs" in ev["message"]
@@ -176,7 +174,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
     assert cond["status"] == "False" and cond["reason"] == "Unschedulable"
 
-    ev = (await wait_for(lambda: failed("both", "InvalidRequest"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "both", "InvalidRequest"), 20))[0]
     assert r.GPU in ev["message"] and "not both" in ev["message"]
 
     # A GPU going unhealthy is named as such.
@@ -186,7 +184,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     bound = await wait_for(lambda: _bound_node(kube, namespace, "one"), 20)
     assert bound == nodes[1]
     await kube.create(PODS, make_pod("two", namespace).pool(namespace).gpus(8).obj(), namespace)
-    ev = (await wait_for(lambda: failed("two", "FailedScheduling"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "two", "FailedScheduling"), 20))[0]
     assert "1 GPU unhealthy" in ev["message"], ev["message"]
     explained = scheduler.explain(namespace, "two")
     assert explained["filtered"][nodes[0]] == "GPU unhealthy"
@@ -208,7 +206,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
         await kube.create(PODS, pod, namespace)
     for name in ("pin-a", "pin-b"):
         assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == nodes[1]
-    ev = (await wait_for(lambda: failed("pin-c", "FailedScheduling"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "pin-c", "FailedScheduling"), 20))[0]
     assert "node affinity mismatch" in ev["message"], ev["message"]
     assert await _bound_node(kube, namespace, "pin-c") is None
 
@@ -296,13 +294,7 @@ async def test_timed_out_gang_releases_every_reservation(
     assert len(scheduler.cache.assumed) == 2
     pods = await pods_in(kube, namespace)
     assert not any(p["spec"].get("nodeName") for p in pods)
-
-    async def timed_out() -> list[dict[str, Any]]:
-        return [
-            e for e in await events_for(kube, namespace, "short-0") if e["reason"] == "GangTimeout"
-        ]
-
-    ev = (await wait_for(timed_out, 10))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "short-0", "GangTimeout"), 10))[0]
     assert "timed out" in ev["message"] and "released" in ev["message"]
     assert not scheduler.cache.assumed
     # Every GPU of the pool is free again: three 8-GPU pods bind.
@@ -601,9 +593,7 @@ async def test_a_starving_pod_reserves_a_node_and_lands(
         guarded = Running(kube, starvation_after_s=2)
         sched = await guarded.start()
         assert await wait_for(lambda: _bound_node(kube, namespace, "big"), 20)
-        reserved = [
-            e for e in await events_for(kube, namespace, "big") if e["reason"] == "NodeReserved"
-        ]
+        reserved = await events_for(kube, namespace, "big", "NodeReserved")
         assert reserved and "reserved for this pod" in reserved[0]["message"]
         # Placed, it holds no reservation any more (small pods starving meanwhile may).
         big_key = f"{namespace}/big"
@@ -702,15 +692,7 @@ async def test_pod_anti_affinity_spreads_replicas_one_per_node(
         for p in await pods_in(kube, namespace)
         if not p["spec"].get("nodeName")
     )
-
-    async def failed() -> list[dict[str, Any]]:
-        return [
-            e
-            for e in await events_for(kube, namespace, pending)
-            if e["reason"] == "FailedScheduling"
-        ]
-
-    ev = (await wait_for(failed, 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, pending, "FailedScheduling"), 20))[0]
     assert "3 pod anti-affinity" in ev["message"], ev["message"]
 
 
@@ -754,15 +736,7 @@ async def test_topology_spread_constraints_balance_zones_and_explain_refusals(
     assert zones == ["a", "a", "b", "b"]
 
     await kube.create(PODS, spread_pod("nowhere", "example.com/rack"), namespace)
-
-    async def failed() -> list[dict[str, Any]]:
-        return [
-            e
-            for e in await events_for(kube, namespace, "nowhere")
-            if e["reason"] == "FailedScheduling"
-        ]
-
-    ev = (await wait_for(failed, 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "nowhere", "FailedScheduling"), 20))[0]
     assert "3 missing topology spread label" in ev["message"], ev["message"]
 
 
@@ -784,13 +758,7 @@ async def test_a_pod_waiting_for_its_affinity_target_binds_when_the_target_lands
         }
     }
     await kube.create(PODS, api, namespace)
-
-    async def refused() -> list[dict[str, Any]]:
-        return [
-            e for e in await events_for(kube, namespace, "api") if e["reason"] == "FailedScheduling"
-        ]
-
-    ev = (await wait_for(refused, 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "api", "FailedScheduling"), 20))[0]
     assert "3 pod affinity not satisfied" in ev["message"], ev["message"]
     await wait_for(lambda: _true(bool(_parked(scheduler))), 10, 0.05)
 
@@ -826,12 +794,7 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
         ("gated", "waiting for gates: example.com/quota")
     ]
     assert scheduler.queue.depth()["gated"] >= 1
-    failures = [
-        e
-        for e in await events_for(kube, namespace, "gated")
-        if e["reason"] in {"FailedScheduling", "InvalidRequest"}
-    ]
-    assert failures == []
+    assert await events_for(kube, namespace, "gated", "FailedScheduling", "InvalidRequest") == []
     # Never tried: the API server refuses to bind a gated pod, which would show here.
     assert refused._value.get() == refused_before
 
@@ -849,13 +812,7 @@ async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
     rdma = make_pod("rdma", namespace).pool(namespace).gpus(1).obj()
     rdma["spec"]["containers"][0]["resources"]["limits"]["example.com/rdma"] = "1"
     await kube.create(PODS, rdma, namespace)
-
-    async def refused(name: str) -> list[dict[str, Any]]:
-        return [
-            e for e in await events_for(kube, namespace, name) if e["reason"] == "FailedScheduling"
-        ]
-
-    ev = (await wait_for(lambda: refused("rdma"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "rdma", "FailedScheduling"), 20))[0]
     assert "1 Insufficient example.com/rdma" in ev["message"], ev["message"]
 
     # The node admits two pods in all; the third CPU-only pod is refused for the count.
@@ -882,7 +839,7 @@ async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
         await kube.create(PODS, make_pod(name, namespace).pool(namespace).obj(), namespace)
     for name in ("a", "b"):
         assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == node_name
-    ev = (await wait_for(lambda: refused("c"), 20))[0]
+    ev = (await wait_for(lambda: events_for(kube, namespace, "c", "FailedScheduling"), 20))[0]
     assert "1 Too many pods" in ev["message"], ev["message"]
 
 
