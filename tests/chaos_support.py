@@ -71,7 +71,7 @@ class ChaosConfig:
 @dataclass
 class Findings:
     kills: int = 0
-    recoveries_s: list[float] = field(default_factory=list)
+    recoveries_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     overcommitted: set[tuple[str, int]] = field(default_factory=set)
     samples: int = 0
     nats_restarts: int = 0
@@ -170,7 +170,7 @@ class Chaos:
         _keep_log(proc, self.found.kills)
         t0 = time.monotonic()
         await asyncio.to_thread(self.up)  # what Kubernetes would do: start it again
-        self.found.recoveries_s.append(time.monotonic() - t0)
+        self.found.recoveries_s[name].append(time.monotonic() - t0)
 
     async def restart_nats(self) -> None:
         state = self.state()
@@ -307,7 +307,7 @@ class Chaos:
                 records[job] += 1
         finally:
             await client.aclose()
-        recoveries = sorted(self.found.recoveries_s)
+        recoveries = sorted(t for ts in self.found.recoveries_s.values() for t in ts)
         return {
             "jobs": len(self.names),
             "lost": len(self.names) - len(complete),
@@ -318,6 +318,9 @@ class Chaos:
             "kills": self.found.kills,
             "recovery_p99_s": round(_pct(recoveries, 0.99), 2) if recoveries else None,
             "recovery_p50_s": round(_pct(recoveries, 0.5), 2) if recoveries else None,
+            "recovery_max_s_by_service": {
+                name: round(max(ts), 2) for name, ts in sorted(self.found.recoveries_s.items())
+            },
             "services": list(self.cfg.services),
             "nats_restarts": self.found.nats_restarts,
             "apiserver_restarts": self.found.apiserver_restarts,
