@@ -269,8 +269,10 @@ async def test_one_queue_over_three_clusters(
 
         # 2. A worker dies. Fill east and west for a while; a long job runs on central; central's
         #    binder stops, so the next job's mirror there stays Pending; then central goes.
+        #    The fillers are predicted to run 200 epochs (they end after 12 s), so waiting for
+        #    them is predicted to be worse than the K80s now.
         for name in ("fill-east", "fill-west"):
-            await kube.create(JOBS, hub_job(name, ns, 4, 12), ns)
+            await kube.create(JOBS, hub_job(name, ns, 4, 12, annotations={"epoch": "200"}), ns)
         await wait_for(lambda: placed("fill-east"), 20)
         await wait_for(lambda: placed("fill-west"), 20)
         assert {await placed("fill-east"), await placed("fill-west")} == {"east", "west"}

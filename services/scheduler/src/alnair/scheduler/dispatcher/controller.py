@@ -56,6 +56,7 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_TRIAL,
     LABEL_QUEUE,
     LABEL_TRIAL_FOR,
+    MANAGED_BY_HUB,
     Workload,
     elastic_finished,
     elastic_key,
@@ -349,6 +350,8 @@ class Dispatcher:
             (obj, True) for obj in self.elastic.values() if elastic_queued(obj)
         ]
         for obj, elastic in queued:
+            if not elastic and (obj.get("spec") or {}).get("managedBy") == MANAGED_BY_HUB:
+                continue  # the multi-cluster hub's: it runs on a worker, never admitted here
             meta = obj["metadata"]
             key = (
                 elastic_key(meta["namespace"], meta["name"])

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +63,7 @@ from alnair.common.tasks import spawn
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     LABEL_QUEUE,
+    MANAGED_BY_HUB,
     Workload,
     is_finished,
     node_gpus,
@@ -102,7 +103,7 @@ from alnair.scheduler.queueing import (
 
 log = logging.getLogger(__name__)
 COMPONENT = "alnair-hub"
-MANAGED_BY = "alnair.io/multicluster"
+MANAGED_BY = MANAGED_BY_HUB
 ANN_PLACED_CLUSTER = "alnair.io/placed-cluster"
 ANN_PLACED_TYPE = "alnair.io/placed-gpu-model"
 ANN_PLACED_AT = "alnair.io/placed-at"
@@ -414,7 +415,8 @@ class Hub:
             artifacts: set[str] = set()
             for mirror in worker.jobs.values():
                 if _started(mirror):
-                    artifacts.update(a.name for a in job_artifacts(mirror))
+                    with contextlib.suppress(InvalidValueError):  # edited there by hand
+                        artifacts.update(a.name for a in job_artifacts(mirror))
             out.append(
                 WorkerView(
                     name=name,
@@ -473,7 +475,8 @@ class Hub:
         queues = self._queues()
         now = time.time()
         placed: dict[str, tuple[str, int]] = {}
-        running: list[RunningJob] = []
+        running: list[tuple[Workload, str, str, float]] = []
+        """Placed jobs: (workload, queue, pool key, placed at)."""
         pending: list[tuple[Workload, str]] = []
         live: set[str] = set()
         lost_running = 0
@@ -508,11 +511,7 @@ class Hub:
                 key_on = pool_key(cluster, gpu_type)
                 placed[key] = (key_on, wl.request.gpus)
                 start = float(annotations.get(ANN_PLACED_AT) or now)
-                running.append(
-                    RunningJob(
-                        self._spec(wl, self._cluster_queue_of(wl) or "", state), key_on, start
-                    )
-                )
+                running.append((wl, self._cluster_queue_of(wl) or "", key_on, start))
                 continue
             if is_finished(obj) is not None:
                 continue
@@ -534,7 +533,17 @@ class Hub:
 
         views = self.views(placed)
         models = sorted({m for v in views for m in v.pools})
-        await asyncio.gather(*(self._predict(wl, models, self.states[wl.key]) for wl, _ in pending))
+        asked = [wl for wl, _ in pending] + [wl for wl, _, _, _ in running]
+        await asyncio.gather(*(self._predict(wl, models, self.states[wl.key]) for wl in asked))
+        # A placed job's predicted end tells the policy when its GPUs free up (its runtime on
+        # the key it holds; the transfer is behind it or counted in the start).
+        holding = []
+        for wl, queue, key_on, start in running:
+            spec = self._spec(wl, queue, self.states[wl.key])
+            _, gpu_type = split_key(key_on)
+            estimate = spec.runtime.get(gpu_type)
+            spec = replace(spec, runtime={key_on: estimate} if estimate else {})
+            holding.append(RunningJob(spec, key_on, start))
         candidates: list[tuple[JobSpec, list[Artifact]]] = []
         by_id: dict[str, Workload] = {}
         for wl, cq in pending:
@@ -555,7 +564,7 @@ class Hub:
                 continue
             candidates.append((spec, artifacts))
             by_id[wl.key] = wl
-        decisions = self.policy.decide(hub_snapshot(now, candidates, running, queues, views))
+        decisions = self.policy.decide(hub_snapshot(now, candidates, holding, queues, views))
         for admission in decisions.admissions:
             wl = by_id[admission.job_id]
             cluster, gpu_type = split_key(admission.gpu_type)
@@ -786,6 +795,9 @@ class Hub:
             if not worker.reachable:
                 continue
             for mirror in worker.jobs.values():
+                origin = (mirror["metadata"].get("annotations") or {}).get(ANN_ORIGIN, "")
+                if not origin.startswith(f"{self.settings.cluster}/"):
+                    continue  # another hub's mirror on a shared worker
                 uid = (mirror["metadata"].get("labels") or {}).get(LABEL_ORIGIN)
                 stale = uid in abandoned.get(name, set()) and (uid, name) not in live_uids
                 if stale or uid not in uids:

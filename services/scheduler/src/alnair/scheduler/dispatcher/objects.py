@@ -22,6 +22,9 @@ from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
 """The label a Job names its LocalQueue with (Kueue: `kueue.x-k8s.io/queue-name`)."""
+MANAGED_BY_HUB = "alnair.io/multicluster"
+"""`spec.managedBy` of a Job the multi-cluster hub runs on a worker (`dispatcher/hub.py`); the
+single-cluster dispatcher leaves such Jobs alone."""
 ANN_ADMITTED_TYPE = "alnair.io/admitted-gpu-model"
 ANN_ADMITTED_AT = "alnair.io/admitted-at"
 ANN_SELECTED_TYPE = "alnair.io/selected-gpu-model"
