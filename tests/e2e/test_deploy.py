@@ -140,6 +140,28 @@ EXPECTATIONS = [
         ],
     ),
     Expectation(
+        "alnair-elastic",
+        allowed=[
+            Access("watch", "elasticjobs", "alnair.io"),
+            Access("patch", "elasticjobs", "alnair.io", sub="status", namespace="team-a"),
+            Access("create", "statefulsets", "apps", namespace="team-a"),
+            Access("patch", "statefulsets", "apps", namespace="team-a"),
+            Access("list", "pods"),
+            Access("list", "nodes"),
+            Access("create", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
+            Access("patch", "configmaps", namespace="team-a"),
+            Access("create", "events", namespace="team-a"),
+        ],
+        denied=[
+            Access("delete", "pods", namespace="team-a"),
+            Access("delete", "statefulsets", "apps", namespace="team-a"),
+            Access("patch", "deployments", "apps", namespace="team-a"),
+            Access("get", "configmaps", namespace="team-a"),
+            Access("patch", "nodes"),
+            Access("create", "jobs", "batch", namespace="team-a"),
+        ],
+    ),
+    Expectation(
         "alnair-predictor",
         allowed=[],
         denied=[
@@ -335,6 +357,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 "alnair-scheduler": 2,
                 "alnair-predictor": 1,
                 "alnair-dispatcher": 1,
+                "alnair-elastic": 1,
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
                 "alnair-deviceplugin": 1,
@@ -404,6 +427,9 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert "items" in await limited.list(SECRETS, NS)
         await forbidden(limited.list(SECRETS, "default"))
         await forbidden(limited.list(SECRETS))
+    elif account == "alnair-elastic":
+        assert "items" in await limited.list(NODES)
+        await forbidden(limited.delete(PODS, "x", NS))
     elif account == "alnair-predictor":
         await forbidden(limited.list(PODS))
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
