@@ -35,6 +35,7 @@ WORKLOADS: dict[tuple[str, str], tuple[str, int]] = {
     ("Deployment", "alnair-profiler-aggregator"): ("profiler", 8084),
     ("DaemonSet", "alnair-deviceplugin"): ("deviceplugin", 8085),
     ("Deployment", "alnair-dispatcher"): ("scheduler", 8086),
+    ("Deployment", "alnair-elastic"): ("elastic", 8087),
 }
 # Workloads whose settings prefix is not their distribution's name (one image, two programs).
 SETTINGS_PREFIX = {"alnair-dispatcher": "DISPATCHER"}
