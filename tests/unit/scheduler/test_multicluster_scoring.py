@@ -149,3 +149,32 @@ def test_a_constraint_names_the_gpu_type_on_any_cluster() -> None:
         "b/v100",
         "v100",
     ]
+
+
+def test_the_hub_waits_for_a_busy_cluster_when_that_is_predicted_to_end_first() -> None:
+    """V100s on `busy` free in 100 s (a running job's predicted end); K80s on `idle` are free
+    now. 100 + 1000 s beats 5000 s, so `alnair` holds the job and `score` ranks `busy` first;
+    once the running job is predicted to hold the V100s for 9000 s, the K80s win."""
+    views = [
+        view("busy", 10000.0, {"v100": (4, 0)}),
+        view("idle", 10000.0, {"k80": (4, 4)}),
+    ]
+    queues = {"q": ClusterQueueSpec("q", {"v100": FlavorQuota(8), "k80": FlavorQuota(8)})}
+    pending = [(job(4, v100=1000.0, k80=5000.0), [])]
+
+    def holder(end_s: float) -> RunningJob:
+        spec = JobSpec("ns/r", "q", 4, 0.0, runtime={"busy/v100": RuntimeEstimate.exact(end_s)})
+        return RunningJob(spec, "busy/v100", 0.0)
+
+    decisions = queue_policy("alnair").decide(
+        hub_snapshot(0.0, pending, [holder(100.0)], queues, views)
+    )
+    assert not decisions.admissions
+    assert decisions.waiting["ns/j"].kind == "capacity"
+    released = [replace(views[0], releases={"v100": [(100.0, 4)]}), views[1]]
+    assert score(pending[0][0], [], released, 0.0)[0].cluster == "busy"
+
+    decisions = queue_policy("alnair").decide(
+        hub_snapshot(0.0, pending, [holder(9000.0)], queues, views)
+    )
+    assert [a.gpu_type for a in decisions.admissions] == ["idle/k80"]
