@@ -45,6 +45,10 @@ def main() -> int:
         "clusters for weeks, so the 4 h default would turn every job into a reservation)",
     )
     parser.add_argument("--site", action="append", type=Site.parse, default=None)
+    parser.add_argument(
+        "--noise-seeds", type=int, default=3,
+        help="alnair with predicted runtimes: this many draws of the prediction error",
+    )  # fmt: skip
     args = parser.parse_args()
     sites = tuple(args.site) if args.site else DEFAULT_SITES
     cluster = total_cluster(sites)
@@ -84,6 +88,18 @@ def main() -> int:
                 )
                 metrics = result.metrics()
                 out["same_local_policy"][dispatch] = {k: metrics[k] for k in KEYS}
+    # The prediction error is a random draw: the spread over draws, beside the seed-0 row.
+    spread = []
+    for seed in range(1, args.noise_seeds):
+        jobs = load_jobs(cluster, predictions="predicted", limit=args.limit, seed=seed)
+        result = simulate_multicluster(
+            jobs, sites, dispatch="alnair", policy="alnair", policy_options=options
+        )
+        spread.append(result.metrics()["avg_jct_s"])
+    draws = sorted([out["dispatchers"]["alnair-predicted"]["avg_jct_s"], *spread])
+    out["alnair_predicted_avg_jct_over_seeds"] = {
+        "seeds": len(draws), "median": draws[len(draws) // 2], "min": draws[0], "max": draws[-1],
+    }  # fmt: skip
     avg = {k: v["avg_jct_s"] for k, v in out["dispatchers"].items()}
     baselines = [avg[d] for d in DISPATCHERS[1:]]
     out["alnair_lowest_avg_jct"] = avg["alnair"] < min(baselines)
