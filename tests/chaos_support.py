@@ -42,6 +42,7 @@ from alnair.common import resources as r
 from alnair.common.kube import JOBS, NAMESPACES, PODS, KubeClient
 from alnair.common.localstack import NatsServer
 from alnair.common.localstack.procs import port_open
+from alnair.common.redisauth import ADMIN_USER as ADMIN
 
 NAMESPACE = "chaos"
 RECORD_PREFIX = "alnair:record:"
@@ -178,7 +179,8 @@ class Chaos:
         port = int(state.nats_url.rsplit(":", 1)[1])
         proc.stop(timeout_s=5.0)
         await asyncio.sleep(self.cfg.nats_down_s)
-        nats = await asyncio.to_thread(NatsServer(self.dir / "nats", port=port).start)
+        users = state.credentials.get("nats") or None
+        nats = await asyncio.to_thread(NatsServer(self.dir / "nats", port=port, users=users).start)
         state.infra = [
             devstack.Proc.of(nats.process) if p.name == "nats-server" else p for p in state.infra
         ]
@@ -299,7 +301,10 @@ class Chaos:
             if job and pod["spec"].get("nodeName"):
                 ran[job] += 1
         complete = [n for n in self.names if n in jobs and _complete(jobs[n])]
-        client = aioredis.from_url(self.state().redis_url)
+        state = self.state()
+        admin = state.credentials.get("redis") or {}
+        creds = {"username": ADMIN, "password": admin[ADMIN]} if ADMIN in admin else {}
+        client = aioredis.from_url(state.redis_url, **creds)
         try:
             records: dict[str, int] = defaultdict(int)
             async for key in client.scan_iter(f"{RECORD_PREFIX}{NAMESPACE}/*"):

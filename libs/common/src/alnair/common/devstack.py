@@ -14,6 +14,12 @@ developer's.
 `up` is idempotent: on a running stack it restarts only the services that died and prints the
 same summary. A service that exits during start-up fails `up` with the tail of its log.
 
+The stack is secured as a deployment is (issue 16): nats-server admits only one user per
+service, each limited to its subjects (`alnair.common.natsauth`), redis-server only its ACL
+users (`alnair.common.redisauth`), with passwords generated for this stack and kept in its
+state file; each service gets its own credentials and the predictor a model-signing key.
+`<dir>/env` exports the operator's (admin) credentials for tools run by hand.
+
 Which services run is the table `SERVICES`: one `ServiceSpec` per process. A service whose
 module is not installed yet (the dispatcher, the elastic controller) is skipped with a note and
 starts once its `python -m` module exists; `optional` ones (the device plugin, which needs a
@@ -28,6 +34,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import secrets
 import select
 import signal
 import sys
@@ -42,6 +49,10 @@ import httpx
 from alnair.common.errors import AlnairError, ConfigError
 from alnair.common.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
 from alnair.common.localstack.procs import free_port, port_open
+from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
+from alnair.common.natsauth import SERVICE_PERMISSIONS
+from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
+from alnair.common.redisauth import SERVICE_USERS
 from alnair.common.settings import DEFAULT_HTTP_PORTS
 
 DIR_ENV = "ALNAIR_DEV_DIR"
@@ -261,6 +272,8 @@ class State:
     nodes: list[str]
     infra: list[Proc] = field(default_factory=list)
     services: dict[str, Proc] = field(default_factory=dict)
+    credentials: dict[str, Any] = field(default_factory=dict)
+    """`nats` and `redis` (user -> password) and the predictor's `model_key`; empty: open."""
 
     @property
     def path(self) -> Path:
@@ -275,8 +288,10 @@ class State:
             "nodes": self.nodes,
             "infra": [p.to_json() for p in self.infra],
             "services": {name: p.to_json() for name, p in self.services.items()},
+            "credentials": self.credentials,
         }
         self.path.write_text(json.dumps(doc, indent=2))
+        self.path.chmod(0o600)  # it holds the stack's passwords
         self.dir.joinpath("env").write_text(self.env_script())
 
     @classmethod
@@ -300,6 +315,7 @@ class State:
             list(doc["nodes"]),
             [Proc(**p) for p in doc["infra"]],
             {name: Proc(**p) for name, p in doc["services"].items()},
+            dict(doc.get("credentials") or {}),
         )
 
     def connection_env(self) -> dict[str, str]:
@@ -309,11 +325,34 @@ class State:
             "ALNAIR_KUBECONFIG": self.kubeconfig,
         }
 
+    def admin_env(self) -> dict[str, str]:
+        """The operator's NATS and Redis credentials (tools, scripts, tests)."""
+        nats, redis = self.credentials.get("nats") or {}, self.credentials.get("redis") or {}
+        env: dict[str, str] = {}
+        if NATS_ADMIN in nats:
+            env |= {"ALNAIR_NATS_USER": NATS_ADMIN, "ALNAIR_NATS_PASSWORD": nats[NATS_ADMIN]}
+        if REDIS_ADMIN in redis:
+            env |= {"ALNAIR_REDIS_USER": REDIS_ADMIN, "ALNAIR_REDIS_PASSWORD": redis[REDIS_ADMIN]}
+        return env
+
+    def service_env(self, name: str) -> dict[str, str]:
+        """Service `name`'s own credentials: its NATS user, its Redis user if it has one."""
+        nats, redis = self.credentials.get("nats") or {}, self.credentials.get("redis") or {}
+        env: dict[str, str] = {}
+        if name in nats:
+            env |= {"ALNAIR_NATS_USER": name, "ALNAIR_NATS_PASSWORD": nats[name]}
+        if name in redis:
+            env |= {"ALNAIR_REDIS_USER": name, "ALNAIR_REDIS_PASSWORD": redis[name]}
+        if name == "predictor" and self.credentials.get("model_key"):
+            env["ALNAIR_PREDICTOR_MODEL_KEY"] = str(self.credentials["model_key"])
+        return env
+
     def env_script(self) -> str:
         lines = [
             f"# the local stack in {self.dir.resolve()}: `source` this file",
             f"export KUBECONFIG={self.kubeconfig}",
             *(f"export {k}={v}" for k, v in self.connection_env().items()),
+            *(f"export {k}={v}" for k, v in self.admin_env().items()),
             *(f"export {url_variable(n)}={p.url}" for n, p in self.services.items()),
         ]
         return "\n".join(lines) + "\n"
@@ -424,6 +463,7 @@ def _start_services(
     for spec in specs:
         env = {
             **state.connection_env(),
+            **state.service_env(spec.name),
             "ALNAIR_LOG_JSON": "false",
             spec.port_env: str(ports[spec.name]),
             **(spec.env(stack) if spec.env else {}),
@@ -437,6 +477,15 @@ def _start_services(
         started.append((managed, proc))
     state.save()
     _wait_ready(started, opts.ready_timeout_s)
+
+
+def stack_credentials() -> dict[str, Any]:
+    """Fresh passwords for every NATS and Redis user of the stack, and a model key."""
+    return {
+        "nats": {u: secrets.token_urlsafe(18) for u in [*SERVICE_PERMISSIONS, NATS_ADMIN]},
+        "redis": {u: secrets.token_urlsafe(18) for u in [*SERVICE_USERS, REDIS_ADMIN]},
+        "model_key": secrets.token_hex(32),
+    }
 
 
 def up(directory: Path, opts: UpOptions) -> State:
@@ -465,8 +514,9 @@ def up(directory: Path, opts: UpOptions) -> State:
         (directory / sub).mkdir(exist_ok=True)
     nats_port = None if opts.free_ports or port_open(4222) else 4222
     redis_port = None if opts.free_ports or port_open(6379) else 6379
-    nats = NatsServer(directory / "nats", port=nats_port).start()
-    redis = RedisServer(directory / "redis", port=redis_port).start()
+    credentials = stack_credentials()
+    nats = NatsServer(directory / "nats", port=nats_port, users=credentials["nats"]).start()
+    redis = RedisServer(directory / "redis", port=redis_port, users=credentials["redis"]).start()
     cp = ControlPlane(directory.resolve() / "k8s")
     try:
         cp.start()
@@ -483,6 +533,7 @@ def up(directory: Path, opts: UpOptions) -> State:
         cp.server,
         [],
         [Proc.of(p) for p in (nats.process, redis.process, *cp.procs.values())],
+        credentials=credentials,
     )
     state.save()  # from here on `make down` can clean up whatever fails next
     if opts.nodes:
