@@ -34,6 +34,7 @@ from alnair.common.kube import (
     NotFound,
 )
 from alnair.common.localstack import ControlPlane
+from alnair.common.localstack.procs import free_port
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import (
     ANN_ABANDONED,
@@ -327,7 +328,15 @@ async def test_one_queue_over_three_clusters(
 
         # 3. Central comes back (new certificates, so its Secret is rotated too): the mirror the
         #    hub took back is deleted there, the running one reports to the hub again.
-        await asyncio.to_thread(planes["central"].start)
+        plane = planes["central"]
+        # Fresh ports: another process may have taken the old ones meanwhile (etcd keeps its
+        # data, the new API server address reaches the hub in the rotated Secret).
+        plane.etcd_port, plane.etcd_peer_port, plane.api_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+        await asyncio.to_thread(plane.start)
         clients["central"] = planes["central"].client()
         rotated = secret("central", ns, planes["central"].kubeconfig.read_text(), 10_000.0)
         rotated["metadata"]["annotations"]["example.com/rotated"] = "1"

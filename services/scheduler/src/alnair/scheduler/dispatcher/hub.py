@@ -317,6 +317,7 @@ class Hub:
                 ):
                     return
                 del self.workers[name]
+                self._tasks = [task for task in self._tasks if not task.done()]
                 self._tasks.append(spawn(worker.stop(), name=f"hub.worker.{name}.stop"))
         self.invalid_workers.pop(secret, None)
         if event is not WatchEvent.DELETED:

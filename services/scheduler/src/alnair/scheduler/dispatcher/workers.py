@@ -30,9 +30,10 @@ from typing import Any
 import yaml
 
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.common.informer import Informer
+from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import JOBS, NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
 from alnair.common.tasks import spawn
+from alnair.scheduler.dispatcher.objects import node_gpus
 
 SECRETS = Resource("", "v1", "secrets")
 LABEL_WORKER = "alnair.io/worker-cluster"
@@ -172,8 +173,14 @@ class Worker:
         )
         self.created = time.monotonic()
         self._tasks: list[Any] = []
-        for informer in (self.nodes, self.jobs):
-            informer.add_handler(lambda *_: on_change())
+        self.jobs.add_handler(lambda *_: on_change())
+
+        def on_node(event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+            # Heartbeats and unrelated changes leave the GPU pool as it was: no reconcile.
+            if old is None or event is not WatchEvent.MODIFIED or node_gpus(obj) != node_gpus(old):
+                on_change()
+
+        self.nodes.add_handler(on_node)
 
     @property
     def name(self) -> str:
