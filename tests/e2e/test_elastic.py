@@ -239,6 +239,30 @@ async def test_a_higher_priority_gang_takes_only_the_surplus(
     assert condition(st, "Running") == "True" and st["currentReplicas"] == 5
 
 
+async def test_a_job_the_trainer_reports_done_gives_its_gpus_back(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    scheduler: InProcessScheduler,
+    controller: Controller,
+) -> None:
+    await pool(control_plane, kube, "1x V100M32:4", namespace)
+    job = elastic_job("done", namespace, lo=1, hi=4, pool=namespace, scaleCooldownSeconds=0)
+    await kube.create(ELASTICJOBS, job, namespace)
+    await wait_for(lambda: settled(kube, namespace, "done", 4), 30)
+    # The trainer (or its launcher) marks completion: StatefulSet pods never end by themselves.
+    await kube.patch(
+        ELASTICJOBS, "done", {"status": {"phase": "Succeeded"}}, namespace, sub="status"
+    )
+
+    async def released() -> bool:
+        sts = await kube.get(STATEFULSETS, "done-workers", namespace)
+        return sts["spec"]["replicas"] == 0 and not bound(await workers(kube, namespace, "done"))
+
+    await wait_for(released, 30)
+    assert (await status(kube, namespace, "done"))["phase"] == "Succeeded"
+
+
 async def test_controller_killed_mid_resize_converges_and_consumes_each_request_once(
     control_plane: ControlPlane,
     kube: KubeClient,

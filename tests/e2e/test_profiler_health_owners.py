@@ -142,7 +142,7 @@ async def test_labels_health_and_crd_owner(
                     "namespace": namespace,
                     "annotations": {res.ANN_MODEL_NAME: "Transformer"},
                 },
-                "spec": {"minReplicas": 1, "maxReplicas": 2, "replicas": 1, "template": template},
+                "spec": {"minReplicas": 1, "maxReplicas": 2, "template": template},
             },
             namespace,
         )

@@ -316,6 +316,9 @@ class Controller:
             old is None
             or old["metadata"].get("generation") != obj["metadata"].get("generation")
             or old["metadata"].get("uid") != obj["metadata"].get("uid")
+            # Completion is reported in the status (the only status change not ours).
+            or ((old.get("status") or {}).get("phase") == "Succeeded")
+            != ((obj.get("status") or {}).get("phase") == "Succeeded")
         ):
             self.kick(key)
 
@@ -684,6 +687,8 @@ class Controller:
         lo = spec.min_replicas
         if failed:
             phase = "Failed"
+        elif spec.succeeded:
+            phase = "Succeeded"
         elif spec.suspend:
             phase = "Suspended"
         elif n >= lo:

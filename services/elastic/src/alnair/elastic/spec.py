@@ -54,6 +54,8 @@ class ElasticSpec:
     max_restarts: int
     suspend: bool
     template: Obj
+    succeeded: bool = False
+    """The trainer reported completion (status.phase Succeeded): no workers, phase kept."""
 
     @property
     def key(self) -> str:
@@ -155,6 +157,8 @@ def parse(obj: Obj) -> ElasticSpec:
         rendezvous=rdzv,
         cooldown_s=float(cooldown),
         max_restarts=restarts,
-        suspend=bool(spec.get("suspend", False)),
+        suspend=bool(spec.get("suspend", False))
+        or (obj.get("status") or {}).get("phase") == "Succeeded",
         template=template,
+        succeeded=(obj.get("status") or {}).get("phase") == "Succeeded",
     )
