@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "kustomize" / "overlays" / "production"
 NS = "alnair-system"
 SECRETS = Resource("", "v1", "secrets")
+CLUSTERS_NS = "alnair-clusters"
 CONFIGMAPS = Resource("", "v1", "configmaps")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
@@ -125,11 +126,13 @@ EXPECTATIONS = [
             Access("create", "trialjobs", "alnair.io", namespace="team-a"),
             Access("watch", "trialjobs", "alnair.io"),
             Access("create", "events", namespace="team-a"),
-            Access("list", "secrets", namespace=NS),
-            Access("watch", "secrets", namespace=NS),
+            Access("list", "secrets", namespace=CLUSTERS_NS),
+            Access("watch", "secrets", namespace=CLUSTERS_NS),
         ],
         denied=[
             Access("list", "secrets", namespace="team-a"),
+            Access("list", "secrets", namespace=NS),  # the other services' credentials
+            Access("get", "secrets", namespace=NS),
             Access("create", "jobs", "batch", namespace="team-a"),
             Access("delete", "jobs", "batch", namespace="team-a"),
             Access("patch", "clusterqueues", "alnair.io"),
@@ -390,8 +393,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 assert not refused, f"{expect.account} needs but lacks: {refused}"
                 assert not granted, f"{expect.account} must not have: {granted}"
                 # Real requests: refused with 403 where it must not reach.
-                if expect.account != "alnair-dispatcher":  # the hub's worker kubeconfigs
-                    await forbidden(limited.list(SECRETS, NS))
+                await forbidden(limited.list(SECRETS, NS))
                 await forbidden(limited.delete(NODES, gpu_node))
                 await real_requests(limited, expect.account, gpu_node)
     finally:
@@ -423,8 +425,8 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert "items" in await limited.list(JOBS)
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
         await forbidden(limited.list(PODS))
-        # The hub's worker kubeconfigs: Secrets of its own namespace only.
-        assert "items" in await limited.list(SECRETS, NS)
+        # The hub's worker kubeconfigs: Secrets of alnair-clusters only.
+        assert "items" in await limited.list(SECRETS, CLUSTERS_NS)
         await forbidden(limited.list(SECRETS, "default"))
         await forbidden(limited.list(SECRETS))
     elif account == "alnair-elastic":

@@ -188,6 +188,10 @@ def test_the_overlays_are_found() -> None:
     assert {"kwok", "production"} <= set(OVERLAYS)
 
 
+WORKER_SECRET_ACCESS = {"alnair-dispatcher-workers"}
+"""The hub's Role and RoleBinding on the worker kubeconfigs, in their own namespace."""
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_with_kubectl(overlay: str) -> None:
     kinds = {o["kind"] for o in render(overlay)}
@@ -196,7 +200,10 @@ def test_overlay_renders_with_kubectl(overlay: str) -> None:
         if obj["kind"] not in {"Namespace", "CustomResourceDefinition"} and not obj[
             "kind"
         ].startswith("Cluster"):
-            assert obj["metadata"].get("namespace") == "alnair-system", obj["metadata"]["name"]
+            # Everything in alnair-system but the hub's Role on the worker kubeconfigs.
+            name = obj["metadata"]["name"]
+            expected = "alnair-clusters" if name in WORKER_SECRET_ACCESS else "alnair-system"
+            assert obj["metadata"].get("namespace") == expected, obj["metadata"]["name"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -416,7 +423,11 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
             for rule in role.get("rules", []):
                 assert "*" not in rule["verbs"], f"{name}: {rule}"
                 assert "*" not in rule["apiGroups"], f"{name}: {rule}"
-                assert "secrets" not in rule["resources"], f"{name}: {rule}"
+                if "secrets" in rule["resources"]:
+                    # The one exception: the hub reads worker kubeconfigs, in a namespace that
+                    # holds nothing else, with a Role (never cluster-wide, never alnair-system).
+                    assert kind == "Role" and role["metadata"]["namespace"] == "alnair-clusters"
+                    assert set(rule["verbs"]) <= {"get", "list", "watch"}, f"{name}: {rule}"
                 if "" in rule["apiGroups"] or "rbac.authorization.k8s.io" in rule["apiGroups"]:
                     assert "*" not in rule["resources"], f"{name}: {rule}"
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name

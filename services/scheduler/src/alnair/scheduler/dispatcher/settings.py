@@ -61,9 +61,10 @@ class DispatcherSettings(ServiceSettings):
         "alnair.io/multicluster to the worker clusters registered as Secrets",
     )
     hub_namespace: str = Field(
-        default="alnair-system",
+        default="alnair-clusters",
         description="hub: the namespace whose Secrets labelled alnair.io/worker-cluster=true "
-        "register worker clusters",
+        "register worker clusters (a namespace of its own: reading Secrets there must not "
+        "reach the other services' credentials in alnair-system)",
     )
     worker_grace_s: float = Field(
         default=60.0,
