@@ -41,6 +41,7 @@ NATS_BASE_CONF = "../nats/nats.conf"
 WORKLOAD_USERS: dict[str, tuple[str, str | None]] = {
     "alnair-scheduler": ("scheduler", None),
     "alnair-dispatcher": ("dispatcher", None),
+    "alnair-elastic": ("elastic", None),
     "alnair-predictor": ("predictor", "predictor"),
     "alnair-profiler-aggregator": ("aggregator", "aggregator"),
     "alnair-profiler-agent": ("profiler-agent", None),

@@ -76,8 +76,9 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     "aggregator": Permissions(publish=(JOBS,), subscribe=(METRICS,)),
     # binder: samples and health in, job and scale events out, asks the predictor
     "scheduler": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL), subscribe=(METRICS,)),
-    # dispatcher: job lifecycle out, asks the predictor
-    "dispatcher": Permissions(publish=(JOBS, *PREDICT_ALL)),
+    # dispatcher: job lifecycle out, asks the predictor, asks elastic jobs to give back the
+    # borrowed surplus (scale requests)
+    "dispatcher": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL)),
     # predictor: consumes job events, answers predictions; publishes no event
     "predictor": Permissions(subscribe=PREDICT_ALL, respond=True),
     # elastic controller: scale requests in, scale outcomes out
