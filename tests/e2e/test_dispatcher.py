@@ -502,7 +502,11 @@ async def test_an_elastic_job_is_admitted_at_its_minimum_and_its_borrowed_surplu
             await kube.create(JOBS, gpu_job("lender", ns, "other", 4), ns)
             await wait_for(lambda: admitted_type(kube, ns, "lender"), 60)
             st = await elastic_status()
-            assert 2 <= st["currentReplicas"] <= 4 and st["phase"] == "Running", (st["message"], st["phase"], st.get("lastResize"))
+            assert 2 <= st["currentReplicas"] <= 4 and st["phase"] == "Running", (
+                st["message"],
+                st["phase"],
+                st.get("lastResize"),
+            )
             assert (await kube.get(ELASTICJOBS, "ej", ns))["spec"]["suspend"] is False
             assert await events(kube, ns, "ej", "Shrinking")
         finally:

@@ -41,8 +41,6 @@ VARIANTS = (
 DEFAULT_TUNE = 1.3
 
 
-
-
 def trace_dir() -> Path:
     path = data_dir() / TRACE_DIR
     if not path.is_dir():
