@@ -154,6 +154,8 @@ EXPECTATIONS = [
             Access("create", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
             Access("patch", "configmaps", namespace="team-a"),
             Access("create", "events", namespace="team-a"),
+            # its scale endpoint reviews callers' tokens (issue 16)
+            Access("create", "tokenreviews", "authentication.k8s.io"),
         ],
         denied=[
             Access("delete", "pods", namespace="team-a"),
@@ -168,6 +170,7 @@ EXPECTATIONS = [
         "alnair-predictor",
         allowed=[],
         denied=[
+            Access("create", "tokenreviews", "authentication.k8s.io"),  # no mutating API
             Access("list", "pods"),
             Access("get", "nodes"),
             Access("create", "events", namespace=NS),
