@@ -42,9 +42,8 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
     Obj,
-    Unavailable,
 )
-from alnair.common.tasks import spawn
+from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -146,7 +145,7 @@ class QueueState:
     problem: str | None
 
 
-class Dispatcher:
+class Dispatcher(ReconcileLoop):
     """Admits queued Jobs through ClusterQueues with a queueing policy."""
 
     def __init__(
@@ -159,6 +158,7 @@ class Dispatcher:
         predictor: PredictorClient | None = None,
         policy: QueuePolicy | None = None,
     ) -> None:
+        super().__init__()
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
@@ -176,10 +176,7 @@ class Dispatcher:
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
         self.last_decisions = Decisions()
-        self.reconciles = 0
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._informers = (
+        self.informers = (
             self.cluster_queues,
             self.local_queues,
             self.cohorts,
@@ -194,10 +191,6 @@ class Dispatcher:
         self.nodes.add_handler(self._on_node)
 
     # --- wake-ups -----------------------------------------------------------------------
-
-    def wake(self) -> None:
-        """Ask for a reconcile (a predictor retrain, a test)."""
-        self._wake.set()
 
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         if event is WatchEvent.DELETED and obj.get("kind", "Job") == "Job":
@@ -219,38 +212,6 @@ class Dispatcher:
         if old is not None and event is WatchEvent.MODIFIED and node_gpus(obj) == node_gpus(old):
             return  # heartbeats and unrelated changes: the GPU pool is the same
         self._wake.set()
-
-    # --- lifecycle ----------------------------------------------------------------------
-
-    async def start_watching(self) -> None:
-        for informer in self._informers:
-            self._tasks.append(spawn(informer.run(), name=f"dispatcher.informer.{informer.name}"))
-        await asyncio.gather(*(i.synced.wait() for i in self._informers))
-
-    @property
-    def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self._informers)
-
-    async def run(self) -> None:
-        """Reconcile on every wake-up, forever (run as a guarded task)."""
-        self._wake.set()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except Unavailable as exc:
-                log.warning("API server unavailable; retrying", extra={"error": str(exc)})
-                await asyncio.sleep(exc.delay_s)
-                self._wake.set()
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
 
     # --- one reconcile ------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from alnair.common.kube import (
 )
 from alnair.common.metrics import Metrics
 from alnair.common.tasks import spawn
+from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     LABEL_QUEUE,
@@ -246,7 +247,8 @@ class HubMetrics:
         )
 
 
-class Hub:
+class Hub(ReconcileLoop):
+    name = "hub"
     """Dispatches queued hub Jobs to worker clusters by predicted completion."""
 
     def __init__(
@@ -259,6 +261,7 @@ class Hub:
         predictor: PredictorClient | None = None,
         policy: QueuePolicy | None = None,
     ) -> None:
+        super().__init__()
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
@@ -283,7 +286,7 @@ class Hub:
         self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
         self.cohorts = Informer(kube, COHORTS, name="cohorts")
         self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="hub-jobs")
-        self._informers = (
+        self.informers = (
             self.secrets,
             self.cluster_queues,
             self.local_queues,
@@ -293,17 +296,11 @@ class Hub:
         self.workers: dict[str, Worker] = {}
         self.invalid_workers: dict[str, str] = {}
         self.states: dict[str, HubJobState] = {}
-        self.reconciles = 0
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
         for informer in (self.cluster_queues, self.local_queues, self.cohorts, self.jobs):
             informer.add_handler(self._poke)
         self.secrets.add_handler(self._on_secret)
 
     # --- wake-ups and workers -----------------------------------------------------------
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         self._wake.set()
@@ -345,37 +342,11 @@ class Hub:
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    async def start_watching(self) -> None:
-        for informer in self._informers:
-            self._tasks.append(spawn(informer.run(), name=f"hub.informer.{informer.name}"))
-        await asyncio.gather(*(i.synced.wait() for i in self._informers))
-
-    @property
-    def synced(self) -> bool:
-        return all(i.synced.is_set() for i in self._informers)
-
-    async def run(self) -> None:
-        self._wake.set()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.reconcile()
-            except Unavailable as exc:
-                log.warning("hub API server unavailable; retrying", extra={"error": str(exc)})
-                await asyncio.sleep(exc.delay_s)
-                self._wake.set()
-
     async def stop(self) -> None:
         for worker in list(self.workers.values()):
             await worker.stop()
         self.workers.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        self._tasks.clear()
+        await super().stop()
 
     # --- one reconcile ------------------------------------------------------------------
 

@@ -1,0 +1,73 @@
+"""The reconcile loop the dispatcher and the multi-cluster hub share.
+
+A subclass lists its informers in `informers` and implements `reconcile`; its informer
+handlers call `wake`. One guarded task runs `run`: it waits for a wake-up, reconciles once,
+and folds wake-ups that arrived meanwhile into the next pass, so a burst of events costs one
+reconcile and nothing runs on a timer. An unreachable API server makes it wait the server's
+delay and try again; any other error ends the task, and the service with it (crash-only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from alnair.common.informer import Informer
+from alnair.common.kube import Unavailable
+from alnair.common.tasks import spawn
+
+log = logging.getLogger(__name__)
+
+
+class ReconcileLoop:
+    """Informers in, one reconcile per burst of wake-ups out."""
+
+    name = "dispatcher"
+
+    def __init__(self) -> None:
+        self.informers: Sequence[Informer] = ()
+        self.reconciles = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def wake(self, *_: object) -> None:
+        """Ask for a reconcile (an informer handler, a predictor retrain, a test)."""
+        self._wake.set()
+
+    async def reconcile(self) -> None:
+        raise NotImplementedError
+
+    async def start_watching(self) -> None:
+        for informer in self.informers:
+            self._tasks.append(spawn(informer.run(), name=f"{self.name}.informer.{informer.name}"))
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    async def run(self) -> None:
+        """Reconcile on every wake-up, forever (run as a guarded task)."""
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Unavailable as exc:
+                log.warning(
+                    "API server unavailable; retrying", extra={"loop": self.name, "error": str(exc)}
+                )
+                await asyncio.sleep(exc.delay_s)
+                self._wake.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
