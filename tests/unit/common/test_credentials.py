@@ -117,3 +117,12 @@ def test_generated_secrets_are_fresh_and_complete(capsys: pytest.CaptureFixture[
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
     assert {s["metadata"]["name"] for s in printed} == {NATS_SECRET, REDIS_SECRET, PREDICTOR_SECRET}
     assert all(s["metadata"]["namespace"] == "ml-platform" for s in printed)
+
+
+def test_generated_passwords_are_strings_to_nats_server() -> None:
+    # nats-server reads `$VAR` values as tokens: a leading digit or `-` makes it parse a number.
+    from alnair.common.natsauth import new_password
+
+    for _ in range(200):
+        pw = new_password()
+        assert pw[0].isalpha() and pw.isalnum() and len(pw) >= 32

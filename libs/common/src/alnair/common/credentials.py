@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
-from alnair.common.natsauth import SERVICE_PERMISSIONS, server_config
+from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password, server_config
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS, acl_file
 
@@ -88,8 +88,8 @@ def _secret(name: str, namespace: str, data: dict[str, str]) -> dict[str, Any]:
 def generate(namespace: str = "alnair-system", redis_major: int = 7) -> list[dict[str, Any]]:
     """The three Secrets, with fresh random passwords and key; the ACL file in the syntax of
     Redis `redis_major` (the infra component ships 7)."""
-    nats = {env_key("NATS_PW", u): secrets.token_urlsafe(24) for u in nats_users()}
-    redis_pw = {u: secrets.token_urlsafe(24) for u in redis_users()}
+    nats = {env_key("NATS_PW", u): new_password() for u in nats_users()}
+    redis_pw = {u: new_password() for u in redis_users()}
     redis = {env_key("REDIS_PW", u): pw for u, pw in redis_pw.items()}
     redis["users.acl"] = acl_file(redis_pw, redis_major=redis_major)
     return [

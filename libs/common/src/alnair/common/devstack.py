@@ -50,7 +50,7 @@ from alnair.common.errors import AlnairError, ConfigError
 from alnair.common.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
 from alnair.common.localstack.procs import free_port, port_open
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
-from alnair.common.natsauth import SERVICE_PERMISSIONS
+from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
 from alnair.common.settings import DEFAULT_HTTP_PORTS
@@ -482,8 +482,8 @@ def _start_services(
 def stack_credentials() -> dict[str, Any]:
     """Fresh passwords for every NATS and Redis user of the stack, and a model key."""
     return {
-        "nats": {u: secrets.token_urlsafe(18) for u in [*SERVICE_PERMISSIONS, NATS_ADMIN]},
-        "redis": {u: secrets.token_urlsafe(18) for u in [*SERVICE_USERS, REDIS_ADMIN]},
+        "nats": {u: new_password() for u in [*SERVICE_PERMISSIONS, NATS_ADMIN]},
+        "redis": {u: new_password() for u in [*SERVICE_USERS, REDIS_ADMIN]},
         "model_key": secrets.token_hex(32),
     }
 

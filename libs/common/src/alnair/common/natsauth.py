@@ -22,6 +22,7 @@ What the permissions can and cannot express:
 from __future__ import annotations
 
 import json
+import secrets
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,6 +88,15 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     "deviceplugin": Permissions(subscribe=(METRICS,)),
 }
 """DESIGN.md's event table as permissions, one user per service (the user name is the key)."""
+
+
+def new_password() -> str:
+    """A random password nats-server reads back as a string. It substitutes `$VAR` from its
+    environment and parses the value as a token: one starting with a digit or `-` (which
+    `secrets.token_urlsafe` gives about one time in six) is read as a number and refused, so
+    every password starts with letters."""
+    return "pw" + secrets.token_hex(24)
+
 
 ADMIN_USER = "alnair-admin"
 """The operator's user: every subject, destructive JetStream verbs included (tools, tests)."""
