@@ -129,3 +129,18 @@ async def test_aggregator_folds_samples_with_its_script(
         await sneaky(
             keys=["alnair:predictor:model:current", *keys[1:]], args=[3, "", 0, 0, 0, 0, 0, 600]
         )
+
+
+async def test_a_secured_server_starts_from_a_relative_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `make demo` keeps its stack under ./out: the ACL file must not be resolved twice.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel").mkdir()
+    srv = RedisServer(Path("rel"), users={"aggregator": "pwsecret"}).start()
+    try:
+        client = aioredis.from_url(srv.url, **srv.credentials("aggregator"))
+        assert await client.ping()
+        await client.aclose()
+    finally:
+        srv.stop()

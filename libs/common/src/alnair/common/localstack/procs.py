@@ -121,7 +121,9 @@ class NatsServer:
         port: int | None = None,
         users: Mapping[str, str] | None = None,
     ) -> None:
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-nats-"))
+        # Absolute: the server runs with this folder as its working directory, so a relative
+        # path handed to it (store, config, ACL file) would be resolved twice.
+        self.workdir = (workdir or Path(tempfile.mkdtemp(prefix="alnair-nats-"))).resolve()
         self.port = port or free_port()
         self.store = self.workdir / "jetstream"
         self.users = dict(users or {})
@@ -181,7 +183,7 @@ class RedisServer:
         port: int | None = None,
         users: Mapping[str, str] | None = None,
     ) -> None:
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="alnair-redis-"))
+        self.workdir = (workdir or Path(tempfile.mkdtemp(prefix="alnair-redis-"))).resolve()
         self.port = port or free_port()
         self.users = dict(users or {})
         self._proc: ManagedProcess | None = None
