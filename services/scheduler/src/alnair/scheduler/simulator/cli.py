@@ -2,11 +2,13 @@
 
     alnair simulate --nodes NODES.csv --pods PODS.csv --policy FGD --seed 42 --json
     alnair simulate --policy FGD BestFit alnair --seed 42-51 --plot out/cmp.png
+    alnair simulate --variant gen-gpushare60+gpuspec20 --policy FGD alnair --seed 42-44
 
 One policy and one seed: a progress bar and a table (or, with --json, one JSON object with the
 allocation at each whole percent of arrived demand). Several policies or a seed range: the runs
 are compared (mean over seeds, beside the paper's numbers where published) and a PNG plot of
-allocation against arrived demand is written.
+allocation against arrived demand is written. `--variant` names a shipped trace variant or one
+built from `default` by the published recipe (`simulator.variants`: `gen-gpushare60`, ...).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from alnair.scheduler.simulator.report import (
     plot,
     run_batch,
 )
-from alnair.scheduler.simulator.trace import DEFAULT_TUNE, NODE_FILE, pods_file, trace_dir
+from alnair.scheduler.simulator.trace import DEFAULT_TUNE, NODE_FILE, VARIANTS, trace_dir
+from alnair.scheduler.simulator.variants import DEFAULT_FOLDER, materialize
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -59,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--nodes", type=Path, help="node CSV (default: the trace's GPU nodes)")
     parser.add_argument("--pods", type=Path, help="pod CSV (default: the `default` trace)")
+    parser.add_argument(
+        "--variant",
+        help=f"trace variant instead of --pods: shipped ({', '.join(VARIANTS)}) or built "
+        f"(gen-gpushareN, gen-gpuspecN, gen-multigpuN, joined by '+'; written to {DEFAULT_FOLDER})",
+    )
     parser.add_argument("--policy", nargs="+", default=["alnair"], help=f"one or more of: {names}")
     parser.add_argument("--seed", default="42", help="N, A-B or N,M,... (default 42)")
     parser.add_argument(
@@ -106,7 +114,9 @@ def main(argv: Sequence[str]) -> int:
         policies = [policy(name).name for name in args.policy]
         seeds = parse_seeds(args.seed)
         nodes = args.nodes or trace_dir() / NODE_FILE
-        pods = args.pods or pods_file("default")
+        if args.variant and args.pods:
+            raise InvalidValueError("variant", args.variant, "give --variant or --pods, not both")
+        pods = args.pods or materialize(args.variant or "default")
         for path, field in ((nodes, "nodes"), (pods, "pods")):
             if not path.is_file():
                 raise InvalidValueError(field, str(path), "no such file")
