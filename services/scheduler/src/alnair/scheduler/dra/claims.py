@@ -1,0 +1,334 @@
+"""The scheduler's view of DRA objects, and which claims a pod needs.
+
+`ClaimCache` is the one owner of ResourceClaims, ResourceSlices and DeviceClasses
+(`resource.k8s.io/v1`) as the scheduler sees them: informer handlers feed it, scheduling cycles
+read it. It keeps `usage`, the capacity every allocated claim consumes, plus the claims this
+scheduler has allocated in a cycle but not yet seen written back (in flight, as upstream's
+"in-flight allocations"), so two cycles never hand out the same share.
+
+A pod names its claims in `spec.resourceClaims`: either an existing claim
+(`resourceClaimName`) or a template (`resourceClaimTemplateName`), from which
+kube-controller-manager's resourceclaim controller creates one claim per pod, records its name
+in `status.resourceClaimStatuses` and makes the pod its controlling owner. The claim is found by
+that status, else by the owner reference and the `resource.kubernetes.io/pod-claim-name`
+annotation the controller writes (the claim's own watch event can arrive before the pod's
+status update). Until it exists the pod waits; the claim's ADDED event wakes it (`on_change`),
+no timer.
+
+`claim_pod` gives a parsed pod the GPUs its claims ask of Alnair's driver as the snapshot's
+request (whole GPUs, or one fraction: the larger of
+compute and memory, memory measured against the smallest GPU the slices publish), so FGD and
+Alnair's policies choose the GPU as they do for `alnair.io/gpu-memory`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from alnair.common import dra
+from alnair.common import resources as r
+from alnair.common.errors import InvalidValueError
+from alnair.common.informer import WatchEvent
+from alnair.scheduler.dra.allocator import (
+    Device,
+    Request,
+    UnsupportedClaim,
+    Usage,
+    claim_results,
+    node_devices,
+    parse_requests,
+)
+from alnair.scheduler.snapshot import PodRequest
+
+Obj = dict[str, Any]
+R = TypeVar("R", bound=PodRequest)
+
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+"""Set by the resourceclaim controller on a claim made from a template: the pod's claim entry."""
+
+
+class MalformedClaim(InvalidValueError):
+    """A pod's claim reference, or the claim itself, cannot be read (not a capacity problem)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One `spec.resourceClaims` entry of a pod."""
+
+    entry: str
+    """The entry's name in the pod (what containers list in `resources.claims`)."""
+    claim: str | None
+    """The claim's name; None while a template's claim is not created yet."""
+    template: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaims:
+    """The claims one pod references (what the DynamicResources plugin looks up by pod key)."""
+
+    namespace: str
+    uid: str
+    refs: tuple[ClaimRef, ...]
+
+
+def claim_refs(pod: Obj) -> tuple[ClaimRef, ...]:
+    """The pod's claim entries, resolved to claim names where the API already says them."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    named = {
+        s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
+    }
+    refs = []
+    for i, entry in enumerate(spec.get("resourceClaims") or []):
+        name = entry.get("name") or ""
+        if not name:
+            raise MalformedClaim(f"spec.resourceClaims[{i}].name", name, "an entry needs a name")
+        claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+        if bool(claim) == bool(template):
+            raise MalformedClaim(
+                f"spec.resourceClaims[{i}]",
+                name,
+                "exactly one of resourceClaimName and resourceClaimTemplateName",
+            )
+        if claim:
+            refs.append(ClaimRef(entry=name, claim=claim))
+        else:
+            refs.append(ClaimRef(entry=name, claim=named.get(name), template=template))
+    return tuple(refs)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A pod's claims as they are now: objects, or what is still missing."""
+
+    claims: tuple[tuple[ClaimRef, Obj], ...] = ()
+    waiting: str = ""
+    """Non-empty: a claim does not exist yet (the pod waits for its event)."""
+
+
+class ClaimCache:
+    """ResourceClaims, ResourceSlices and DeviceClasses, plus the capacity claims consume."""
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self.claims: dict[str, Obj] = {}
+        """`namespace/name` -> claim."""
+        self.owned: dict[tuple[str, str], str] = {}
+        """(owner pod uid, pod claim entry) -> claim key, for claims made from templates."""
+        self.slices: dict[str, Obj] = {}
+        self.classes: dict[str, Obj] = {}
+        self.usage = Usage()
+        self.in_flight: dict[str, tuple[Obj, ...]] = {}
+        """Claim uid -> results this scheduler allocated and has not seen written yet."""
+        self.pods: dict[str, PodClaims] = {}
+        """Pod key -> the claims it references (set by `claim_pod`, dropped by `forget_pod`)."""
+        self._uid_key: dict[str, str] = {}
+        self._devices: dict[str, list[Device]] = {}
+        self._on_change = on_change or (lambda: None)
+
+    # --- informer handlers -------------------------------------------------------------
+
+    def on_claim(self, event: WatchEvent, claim: Obj, old: Obj | None) -> None:
+        meta = claim["metadata"]
+        key, uid = f"{meta.get('namespace', '')}/{meta['name']}", meta.get("uid", "")
+        owners = [
+            o["uid"]
+            for o in meta.get("ownerReferences") or ()
+            if o.get("kind") == "Pod" and o.get("controller")
+        ]
+        entry = (meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION)
+        if event is WatchEvent.DELETED:
+            self.claims.pop(key, None)
+            self._uid_key.pop(uid, None)
+            for owner in owners:
+                if entry:
+                    self.owned.pop((owner, entry), None)
+            self.in_flight.pop(uid, None)
+            freed = uid in self.usage.by_claim
+            self.usage.forget(uid)
+            if freed:
+                self._on_change()
+            return
+        self.claims[key] = claim
+        self._uid_key[uid] = key
+        for owner in owners:
+            if entry:
+                self.owned[(owner, entry)] = key
+        results = claim_results(claim)
+        if uid in self.in_flight and not results:
+            return  # our allocation is being written; keep counting it
+        self.in_flight.pop(uid, None)
+        had = self.usage.by_claim.get(uid)
+        self.usage.set_claim(uid, results)
+        if old is None or (had and not results):
+            self._on_change()  # a claim a pod waits for, or capacity freed
+
+    def on_slice(self, event: WatchEvent, slice_: Obj, old: Obj | None) -> None:
+        name = slice_["metadata"]["name"]
+        node = (slice_.get("spec") or {}).get("nodeName") or ""
+        if event is WatchEvent.DELETED:
+            self.slices.pop(name, None)
+        else:
+            self.slices[name] = slice_
+        if old is not None:
+            self._devices.pop((old.get("spec") or {}).get("nodeName") or "", None)
+        self._devices.pop(node, None)
+        if event is not WatchEvent.DELETED:
+            self._on_change()
+
+    def on_class(self, event: WatchEvent, cls: Obj, old: Obj | None) -> None:
+        name = cls["metadata"]["name"]
+        if event is WatchEvent.DELETED:
+            self.classes.pop(name, None)
+        else:
+            self.classes[name] = cls
+            self._on_change()
+
+    # --- reading ---------------------------------------------------------------------
+
+    def devices(self, node: str) -> list[Device]:
+        """The node's devices from its slices (cached until one of its slices changes)."""
+        found = self._devices.get(node)
+        if found is None:
+            found = node_devices(self.slices.values(), node)
+            self._devices[node] = found
+        return found
+
+    def nodes_with_devices(self) -> set[str]:
+        return {n for s in self.slices.values() if (n := (s.get("spec") or {}).get("nodeName"))}
+
+    def smallest_gpu_mib(self) -> int | None:
+        """The smallest memory capacity among the Alnair driver's devices, in MiB."""
+        sizes = [
+            value
+            for s in self.slices.values()
+            if (s.get("spec") or {}).get("driver") == dra.DRIVER
+            for d in (s.get("spec") or {}).get("devices") or ()
+            if (value := _memory(d)) is not None
+        ]
+        return int(min(sizes) / dra.MIB) if sizes else None
+
+    def resolve(self, namespace: str, uid: str, refs: Iterable[ClaimRef]) -> Resolved:
+        """The current claim objects behind `refs` of pod `uid`."""
+        found: list[tuple[ClaimRef, Obj]] = []
+        for ref in refs:
+            key = f"{namespace}/{ref.claim}" if ref.claim else self.owned.get((uid, ref.entry))
+            claim = self.claims.get(key) if key else None
+            if claim is None:
+                what = ref.claim or f"from template {ref.template}"
+                return Resolved(waiting=f"waiting for ResourceClaim {what} (pod claim {ref.entry})")
+            if ref.template and not _owned_by(claim, uid):
+                raise MalformedClaim(
+                    f"spec.resourceClaims[{ref.entry}]",
+                    claim["metadata"]["name"],
+                    "the claim made from the template is not owned by this pod",
+                )
+            found.append((ref, claim))
+        return Resolved(claims=tuple(found))
+
+    def forget_pod(self, key: str) -> None:
+        """The pod is gone or bound: its claim references are no longer needed."""
+        self.pods.pop(key, None)
+
+    # --- in-flight allocations -------------------------------------------------------
+
+    def assume(self, claim_uid: str, results: Iterable[Obj]) -> None:
+        """Count an allocation made in a cycle until its write is seen (or it is forgotten)."""
+        kept = tuple(results)
+        self.in_flight[claim_uid] = kept
+        self.usage.set_claim(claim_uid, kept)
+
+    def forget(self, claim_uid: str) -> None:
+        """Undo `assume`: usage goes back to what the API server shows for the claim."""
+        if self.in_flight.pop(claim_uid, None) is None:
+            return
+        key = self._uid_key.get(claim_uid)
+        claim = self.claims.get(key) if key else None
+        self.usage.set_claim(claim_uid, claim_results(claim) if claim else [])
+        self._on_change()
+
+
+def _owned_by(claim: Obj, uid: str) -> bool:
+    return any(
+        o.get("uid") == uid and o.get("kind") == "Pod"
+        for o in claim["metadata"].get("ownerReferences") or ()
+    )
+
+
+def _memory(device: Obj) -> Decimal | None:
+    raw = (device.get("capacity") or {}).get(dra.CAPACITY_MEMORY)
+    if raw is None:
+        return None
+    return r.parse_quantity(raw["value"], "capacity.memory")
+
+
+def gpu_request(requests: Iterable[Request], smallest_mib: int | None) -> tuple[int, int] | None:
+    """(number of GPUs, milli-GPU each) the requests ask of Alnair's classes, or None when
+    they ask for nothing the snapshot models; MalformedClaim for a shape it cannot model."""
+    whole = 0
+    shares: list[Request] = []
+    for req in requests:
+        if req.device_class not in dra.CLASSES:
+            continue
+        if req.capacity:
+            shares.extend([req] * req.count)
+        else:
+            whole += req.count
+    if not whole and not shares:
+        return None
+    if shares and (whole or len(shares) > 1):
+        raise MalformedClaim(
+            "request",
+            shares[0].name,
+            "a GPU share must be the pod's only GPU request (one shim per container)",
+        )
+    if whole:
+        return whole, r.MILLI_PER_GPU
+    share = shares[0]
+    compute = share.capacity.get(dra.CAPACITY_COMPUTE)
+    memory = share.capacity.get(dra.CAPACITY_MEMORY)
+    milli = math.ceil(compute * 10) if compute is not None else r.MILLI_PER_GPU
+    if memory is not None and smallest_mib:
+        milli = max(milli, math.ceil(memory / dra.MIB * r.MILLI_PER_GPU / smallest_mib))
+    elif memory is None and compute is None:
+        milli = r.MILLI_PER_GPU
+    return 1, max(1, min(milli, r.MILLI_PER_GPU))
+
+
+def claim_pod(pod: Obj, req: R, cache: ClaimCache, smallest_mib: int | None = None) -> R:
+    """`req` with the GPUs the pod's claims ask for as its GPU request; records the pod's
+    claims in `cache.pods` for the DynamicResources plugin (`cache.forget_pod` drops them).
+
+    Pods without claims come back unchanged. Claims not created yet leave the GPU request
+    empty (the plugin's PreFilter makes the pod wait). Raises MalformedClaim.
+    """
+    refs = claim_refs(pod)
+    meta = pod["metadata"]
+    if not refs:
+        cache.pods.pop(req.key, None)
+        return req
+    namespace = meta.get("namespace", "default")
+    cache.pods[req.key] = PodClaims(namespace, meta.get("uid", ""), refs)
+    resolved = cache.resolve(namespace, meta.get("uid", ""), refs)
+    if resolved.waiting:
+        return req
+    requests: list[Request] = []
+    for _ref, claim in resolved.claims:
+        try:
+            requests.extend(parse_requests(claim))
+        except UnsupportedClaim:
+            continue  # the plugin refuses it with the allocator's reason
+        except (InvalidValueError, KeyError, TypeError, ValueError) as exc:
+            raise MalformedClaim(
+                "ResourceClaim", claim["metadata"]["name"], f"unreadable: {exc}"
+            ) from exc
+    asked = gpu_request(requests, smallest_mib or cache.smallest_gpu_mib())
+    if asked is None:
+        return req
+    if req.num_gpu:
+        raise MalformedClaim(
+            r.GPU, req.num_gpu, "ask for GPUs through claims or resources, not both"
+        )
+    return replace(req, num_gpu=asked[0], gpu_milli=asked[1])

@@ -1,0 +1,251 @@
+"""DynamicResources in the framework: claims resolved from templates (waiting, woken by the
+claim's event), a share's memory and compute become the snapshot's fractional request so the
+policy picks the GPU, the allocator is held to that GPU, no GPU is over-committed, a tainted GPU
+takes nothing, Reserve/Unreserve count in-flight usage, failures name the claim and request,
+and a malformed claim is refused without stopping the next pod."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+
+from alnair.common import dra
+from alnair.common.informer import WatchEvent
+from alnair.common.resources import parse_quantity
+from alnair.scheduler.dra.claims import (
+    POD_CLAIM_NAME_ANNOTATION,
+    ClaimCache,
+    MalformedClaim,
+    claim_pod,
+    claim_refs,
+)
+from alnair.scheduler.dra.plugin import DynamicResources, with_dra
+from alnair.scheduler.framework import Code, Framework
+from alnair.scheduler.plugins.registry import policy
+from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
+from dra_support import GPUS, TAINTED_GPU, node_slice
+from dra_support import claim_pod as pod_manifest
+
+CLASSES = {
+    name: {
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.alnair.io"'}}]},
+    }
+    for name in dra.CLASSES
+}
+_uids = itertools.count()
+
+
+def pod_obj(name: str, *, claim: str | None = None) -> dict[str, Any]:
+    pod = pod_manifest(name, "ns", "alnair", claim=claim)
+    pod["metadata"]["uid"] = f"pod-{name}"
+    return pod
+
+
+def template_claim(
+    pod: dict[str, Any], caps: dict[str, str] | None = None, cls: str = dra.CLASS_SHARED
+) -> dict[str, Any]:
+    """The claim kube-controller-manager makes from the pod's template (owned by the pod)."""
+    exact: dict[str, Any] = {"deviceClassName": cls}
+    if caps is not None:
+        exact["capacity"] = {"requests": caps}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": f"{pod['metadata']['name']}-gpu-x1",
+            "namespace": "ns",
+            "uid": f"claim-{next(_uids)}",
+            "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpu"},
+            "ownerReferences": [
+                {
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                    "controller": True,
+                }  # fmt: skip
+            ],
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exact}]}},
+    }
+
+
+class World:
+    """One node of 8 x 80 GB with GPU 7 tainted, the classes, and a DRA-enabled profile."""
+
+    def __init__(self, policy_name: str = "FGD") -> None:
+        self.woken = 0
+        self.cache = ClaimCache(on_change=self._wake)
+        for cls in CLASSES.values():
+            self.cache.on_class(WatchEvent.ADDED, cls, None)
+        self.cache.on_slice(WatchEvent.ADDED, node_slice("n1", "node-uid"), None)
+        self.plugin = DynamicResources(self.cache)
+        typical = [PodRequest("t", 100, 256, 1, 300)]
+        self.framework = Framework(with_dra(policy(policy_name).build(typical), self.plugin))
+        self.snapshot = ClusterSnapshot.build([NodeSpec("n1", 96_000, 768 * 1024, GPUS, "H100")])
+        self.rng = np.random.default_rng(1)
+
+    def _wake(self) -> None:
+        self.woken += 1
+
+    def request(self, pod: dict[str, Any]) -> PodRequest:
+        base = PodRequest(
+            pod["metadata"]["name"], 100, 256, namespace="ns", uid=pod["metadata"]["uid"]
+        )
+        return claim_pod(pod, base, self.cache)
+
+    def schedule(self, pod: dict[str, Any]) -> Any:
+        req = self.request(pod)
+        result = self.framework.schedule(req, self.snapshot, self.rng)
+        if result.placement is not None:
+            self.snapshot.assume(req, result.placement)
+            self.write_back(req)
+        return req, result
+
+    def write_back(self, req: PodRequest) -> None:
+        """What pre_bind writes, delivered back as the claim's watch event."""
+        for w in self.plugin.reserved[req.key]:
+            new = {**w.claim, "status": {"allocation": {"devices": {"results": list(w.results or ())}},
+                                         "reservedFor": [{"resource": "pods", "name": req.name, "uid": req.uid}]}}  # fmt: skip
+            self.cache.on_claim(WatchEvent.MODIFIED, new, w.claim)
+        self.plugin.bound(req.key)
+
+
+def per_device(cache: ClaimCache) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+    compute: dict[str, Decimal] = defaultdict(Decimal)
+    memory: dict[str, Decimal] = defaultdict(Decimal)
+    for results in cache.usage.by_claim.values():
+        for r in results:
+            compute[r["device"]] += parse_quantity(r["consumedCapacity"]["compute"])
+            memory[r["device"]] += parse_quantity(r["consumedCapacity"]["memory"])
+    return compute, memory
+
+
+@pytest.mark.parametrize("policy_name", ["FGD", "alnair", "BestFit"])
+def test_shares_pack_onto_the_gpus_the_policy_picks_without_overcommit(policy_name: str) -> None:
+    world = World(policy_name)
+    placed, refused = 0, []
+    for i in range(24):
+        pod = pod_obj(f"p{i}")
+        world.cache.on_claim(
+            WatchEvent.ADDED, template_claim(pod, {"memory": "10Gi", "compute": "30"}), None
+        )
+        req, result = world.schedule(pod)
+        assert req.num_gpu == 1 and req.gpu_milli == 300  # compute-bound: 30 % > 10/80 GiB
+        if result.placement is None:
+            refused.append(result.message())
+            continue
+        placed += 1
+        [w] = world.cache.usage.by_claim[world.cache.claims[f"ns/p{i}-gpu-x1"]["metadata"]["uid"]]
+        # the allocator was held to the GPU the policy chose
+        assert w["device"] == dra.device_name(result.placement.gpu_indices[0])
+    assert placed == (GPUS - 1) * 3
+    compute, memory = per_device(world.cache)
+    assert dra.device_name(TAINTED_GPU) not in compute
+    assert all(v <= 100 for v in compute.values())
+    assert all(v <= 81920 * (1 << 20) for v in memory.values())
+    assert len(refused) == 3
+    assert "request gpu" in refused[0] and "1 tainted" in refused[0]
+    assert "without room for compute 30, memory 10240Mi" in refused[0]
+
+
+def test_a_template_claim_not_created_yet_waits_and_its_event_wakes_the_pod() -> None:
+    world = World()
+    pod = pod_obj("late")
+    req, result = world.schedule(pod)
+    assert result.placement is None
+    assert result.status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert "waiting for ResourceClaim from template gpu-share (pod claim gpu)" in result.message()
+    before = world.woken
+    world.cache.on_claim(
+        WatchEvent.ADDED, template_claim(pod, {"memory": "20Gi", "compute": "10"}), None
+    )
+    assert world.woken == before + 1
+    req, result = world.schedule(pod)
+    assert result.placement is not None
+    assert req.gpu_milli == 250  # memory-bound: 20 GiB of the 80 GiB GPU
+
+
+def test_whole_gpu_claims_take_a_device_each_and_named_claims_resolve() -> None:
+    world = World()
+    pod = pod_obj("whole", claim="shared-whole")
+    assert claim_refs(pod)[0].claim == "shared-whole"
+    claim = template_claim(pod, None, cls=dra.CLASS_WHOLE)
+    claim["metadata"].update(name="shared-whole", ownerReferences=[], annotations={})
+    world.cache.on_claim(WatchEvent.ADDED, claim, None)
+    req, result = world.schedule(pod)
+    assert (req.num_gpu, req.gpu_milli) == (1, 1000)
+    [r] = world.cache.usage.by_claim[claim["metadata"]["uid"]]
+    assert r["device"] == dra.device_name(result.placement.gpu_indices[0])
+    assert r["consumedCapacity"]["compute"] == "100"
+
+
+def test_the_gpu_choice_avoids_devices_full_by_claims_the_snapshot_does_not_know() -> None:
+    """A claim allocated by kube-scheduler fills gpu-0; the snapshot shows gpu-0 free, yet the
+    pod lands elsewhere because the selector only sees devices that fit."""
+    world = World("BestFit")
+    outsider = template_claim(pod_obj("upstream"), {"memory": "80Gi", "compute": "100"})
+    outsider["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": dra.DRIVER, "pool": "n1", "device": "gpu-0",
+         "consumedCapacity": {"memory": "80Gi", "compute": "100"}}]}}}  # fmt: skip
+    world.cache.on_claim(WatchEvent.ADDED, outsider, None)
+    pod = pod_obj("mine")
+    world.cache.on_claim(
+        WatchEvent.ADDED, template_claim(pod, {"memory": "10Gi", "compute": "30"}), None
+    )
+    _req, result = world.schedule(pod)
+    assert result.placement is not None and result.placement.gpu_indices != (0,)
+
+
+def test_unreserve_gives_the_share_back() -> None:
+    world = World()
+    pod = pod_obj("undo")
+    claim = template_claim(pod, {"memory": "10Gi", "compute": "100"})
+    world.cache.on_claim(WatchEvent.ADDED, claim, None)
+    req = world.request(pod)
+    result = world.framework.schedule(req, world.snapshot, world.rng)
+    assert result.placement is not None
+    uid = claim["metadata"]["uid"]
+    assert uid in world.cache.in_flight and uid in world.cache.usage.by_claim
+    world.plugin.release(req.key)
+    assert uid not in world.cache.in_flight and uid not in world.cache.usage.by_claim
+
+
+def test_a_malformed_claim_is_refused_and_the_next_pod_still_schedules() -> None:
+    world = World()
+    bad = pod_obj("bad")
+    broken = template_claim(bad, {"memory": "10Gi"})
+    del broken["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+    world.cache.on_claim(WatchEvent.ADDED, broken, None)
+    with pytest.raises(MalformedClaim, match="unreadable"):
+        world.request(bad)
+    odd = pod_obj("odd")
+    odd["spec"]["resourceClaims"] = [{"name": "gpu"}]
+    with pytest.raises(MalformedClaim, match="exactly one of"):
+        claim_refs(odd)
+    # the binder schedules nothing for a pod it cannot parse; the plugin refuses the claim too
+    assert "pod-bad" in world.cache.pods
+    req = PodRequest("bad", 100, 256, namespace="ns", uid="pod-bad")
+    result = world.framework.schedule(req, world.snapshot, world.rng)
+    assert result.status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert "is malformed" in result.message()
+    good = pod_obj("good")
+    world.cache.on_claim(WatchEvent.ADDED, template_claim(good, {"compute": "50"}), None)
+    _req, result = world.schedule(good)
+    assert result.placement is not None
+
+
+def test_a_claim_no_device_can_satisfy_names_the_request() -> None:
+    world = World()
+    pod = pod_obj("huge")
+    world.cache.on_claim(WatchEvent.ADDED, template_claim(pod, {"memory": "90Gi"}), None)
+    _req, result = world.schedule(pod)
+    assert result.placement is None
+    message = result.message()
+    assert "ResourceClaim huge-gpu-x1 request gpu" in message
+    assert "without room for memory 92160Mi" in message
