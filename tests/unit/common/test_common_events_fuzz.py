@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -24,8 +25,10 @@ from alnair.common.events import (
     JobEvent,
     JobPhase,
     PodMetric,
+    PodSummary,
     ScaleEvent,
     ScalePhase,
+    SeriesSummary,
     decode,
     encode,
     wrap,
@@ -33,6 +36,16 @@ from alnair.common.events import (
 
 SAMPLES: dict[type[Event], Event] = {
     PodMetric: PodMetric(node="n1", namespace="ml", pod="p", pod_uid="u", gpu_util_pct=50.0),
+    PodSummary: PodSummary(
+        node="n1",
+        namespace="ml",
+        pod="p",
+        pod_uid="u",
+        first_ts=datetime(2025, 1, 1, tzinfo=UTC),
+        last_ts=datetime(2025, 1, 1, 0, 1, tzinfo=UTC),
+        gpus=["GPU-1"],
+        gpu_mem_used_mib=SeriesSummary(count=60, total=60000.0, max=1200.0),
+    ),
     GpuInventory: GpuInventory(node="n1", gpus=[]),
     GpuHealthChanged: GpuHealthChanged(node="n1", gpu_index=0, gpu_uuid="G", healthy=False),
     JobEvent: JobEvent(phase=JobPhase.COMPLETED, namespace="ml", kind="Job", name="j", uid="u"),

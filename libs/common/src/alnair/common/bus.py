@@ -128,6 +128,17 @@ class Bus:
         self._lru = _Lru(65536)
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subs: list[Subscription] = []
+        self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def connected(self) -> bool:
+        """Whether the client holds a connection now (False while it reconnects)."""
+        return bool(self.nc.is_connected)
+
+    def on_reconnect(self, listener: Callable[[], Awaitable[None]]) -> None:
+        """Call `listener` each time the connection returns after a loss (work kept while
+        the server was unreachable can go out now, without anyone polling for it)."""
+        self._reconnect_listeners.append(listener)
 
     @classmethod
     async def connect(
@@ -144,8 +155,15 @@ class Bus:
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"client": name})
 
+        listeners: list[Callable[[], Awaitable[None]]] = []
+
         async def on_reconnect() -> None:
             log.info("nats reconnected", extra={"client": name, "url": str(nc.connected_url)})
+            for listener in listeners:
+                try:
+                    await listener()
+                except Exception:
+                    log.exception("reconnect listener failed", extra={"client": name})
 
         async def on_error(exc: Exception) -> None:
             # A permissions violation means this service tried what its NATS user may not: a
@@ -168,6 +186,7 @@ class Bus:
             **(credentials or NatsCredentials()).connect_options(),
         )
         bus = cls(nc, nc.jetstream(), name)
+        bus._reconnect_listeners = listeners
         if ensure_streams:
             await bus.ensure_streams()
         return bus

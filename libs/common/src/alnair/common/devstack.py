@@ -124,12 +124,18 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
     }
 
 
+def _agent_env(stack: StackInfo) -> dict[str, str]:
+    # The spool of pod summaries not yet published survives a kill, as on a node.
+    return {"ALNAIR_PROFILER_STATE_DIR": str((stack.dir / "profiler-agent").resolve())}
+
+
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec(
         "profiler-agent",
         ("alnair.profiler", "agent", "--backend", "sim"),
         "ALNAIR_PROFILER_HTTP_PORT",
         "simulated GPUs of every KWOK node: pod metrics, inventory, node labels",
+        env=_agent_env,
     ),
     ServiceSpec(
         "aggregator",

@@ -9,6 +9,7 @@ subject. `python -m alnair.common.events schema --out DIR` writes one JSON Schem
 | event | subject | transport |
 |---|---|---|
 | PodMetric | alnair.metrics.pod.<node> | core NATS (1 Hz samples: loss of one is harmless) |
+| PodSummary | alnair.summaries.pod.<node> | JetStream stream SUMMARIES (a pod's whole run, once) |
 | GpuInventory | KV bucket gpu-inventory, key <node> | JetStream KV |
 | GpuHealthChanged | alnair.health.<node>.<gpu> | JetStream stream HEALTH |
 | JobEvent | alnair.jobs.<cluster>.<ns>.<kind> | JetStream stream JOBS |
@@ -87,6 +88,73 @@ class PodMetric(Event):
 
     def subject(self) -> str:
         return f"{self.SUBJECT_PREFIX}.{subject_token(self.node)}"
+
+
+class SeriesSummary(BaseModel):
+    """count, sum and max of one series over a pod's run (enough for mean and peak)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(default=0, ge=0)
+    total: float = Field(default=0.0, ge=0)
+    max: float = Field(default=0.0, ge=0)
+
+
+class PodSummary(Event):
+    """A pod's whole run as its node agent sampled it, published when the pod ends.
+
+    Samples travel on core NATS and a pod that runs while the bus is away leaves none; the
+    agent keeps this running summary of every pod it samples and publishes it durably once
+    the pod ends (again, from its on-disk spool, once an unreachable bus returns or after a
+    restart). GPU series count one value per (GPU, tick), CPU and memory one per tick, as the
+    samples do. The event id is `<pod_uid>.summary`, so a repeat is dropped by the stream or
+    the consumer; folding one twice changes nothing either (counts are replaced by the larger,
+    maxima by the larger).
+    """
+
+    TYPE: ClassVar[str] = "io.alnair.metrics.pod-summary.v1"
+    STREAM: ClassVar[str | None] = "SUMMARIES"
+    SUBJECT_PREFIX: ClassVar[str] = "alnair.summaries.pod"
+
+    node: str
+    namespace: str
+    pod: str
+    pod_uid: str = Field(min_length=1)
+    owner_api_version: str = Field(default="", description="the pod's controller, if known")
+    owner_kind: str = ""
+    owner_name: str = ""
+    owner_uid: str = ""
+    gpu_model: str = ""
+    gpus: list[str] = Field(default_factory=list, max_length=64, description="GPU UUIDs used")
+    first_ts: datetime
+    last_ts: datetime
+    ticks: int = Field(default=0, ge=0, description="sample periods the pod was seen in")
+    gpu_util_pct: SeriesSummary = Field(default_factory=SeriesSummary)
+    gpu_mem_used_mib: SeriesSummary = Field(default_factory=SeriesSummary)
+    sm_util_pct: SeriesSummary = Field(default_factory=SeriesSummary)
+    cpu_util_cores: SeriesSummary = Field(default_factory=SeriesSummary)
+    mem_used_mib: SeriesSummary = Field(default_factory=SeriesSummary)
+    ts: datetime = Field(default_factory=now)
+
+    SERIES: ClassVar[tuple[str, ...]] = (
+        "gpu_util_pct",
+        "gpu_mem_used_mib",
+        "sm_util_pct",
+        "cpu_util_cores",
+        "mem_used_mib",
+    )
+
+    def subject(self) -> str:
+        return f"{self.SUBJECT_PREFIX}.{subject_token(self.node)}"
+
+    def event_id(self) -> str:
+        return f"{self.pod_uid}.summary"
+
+    def series(self, name: str) -> SeriesSummary:
+        if name not in self.SERIES:
+            raise KeyError(name)
+        value: SeriesSummary = getattr(self, name)
+        return value
 
 
 class GpuLink(StrEnum):
@@ -235,6 +303,7 @@ class DeadLetter(BaseModel):
 
 EVENT_TYPES: tuple[type[Event], ...] = (
     PodMetric,
+    PodSummary,
     GpuInventory,
     GpuHealthChanged,
     JobEvent,

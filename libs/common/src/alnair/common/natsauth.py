@@ -43,6 +43,7 @@ JS_DESTRUCTIVE = (
 _BUS_PUBLISH = (JS_API, "$JS.ACK.>", "$JS.FC.>", "$KV.alnair-handled.>", "alnair.dlq.>")
 
 METRICS = "alnair.metrics.pod.>"
+SUMMARIES = "alnair.summaries.pod.>"
 HEALTH = "alnair.health.>"
 JOBS = "alnair.jobs.>"
 SCALE = "alnair.scale.>"
@@ -71,9 +72,10 @@ class Permissions:
 
 
 SERVICE_PERMISSIONS: dict[str, Permissions] = {
-    # node agent: samples, health and the node's inventory
-    "profiler-agent": Permissions(publish=(METRICS, HEALTH, INVENTORY_WRITE)),
-    # aggregator: folds samples (core NATS queue group), publishes job completions
+    # node agent: samples, pod summaries (JetStream), health and the node's inventory
+    "profiler-agent": Permissions(publish=(METRICS, SUMMARIES, HEALTH, INVENTORY_WRITE)),
+    # aggregator: folds samples (core NATS queue group) and pod summaries (a JetStream
+    # consumer: read through the JetStream API, no subject right), publishes job completions
     "aggregator": Permissions(publish=(JOBS,), subscribe=(METRICS,)),
     # binder: samples and health in, job and scale events out, asks the predictor
     "scheduler": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL), subscribe=(METRICS,)),

@@ -10,9 +10,14 @@ Per node it serves (one for `nvml`, many for `sim`) the agent
 - labels the node with GPU model, memory, count and compute capability, as GPU feature
   discovery does, patching only when a label differs.
 
+- folds every sample into the pod's running summary and publishes it as a durable
+  PodSummary when the pod ends (see `summaries`): while the bus is unreachable samples are
+  not sent (they would be stale when they arrived) and summaries wait, spooled on disk, until
+  the connection returns.
+
 The sample period is the one timer in the profiler, and legitimately so: utilization is a
 continuous quantity that nothing announces. Everything else (which pods run where, node
-changes, health) arrives as watch events or backend events.
+changes, health, the bus coming back) arrives as watch events or backend events.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.records import ANN_THROUGHPUT
+from alnair.profiler.summaries import Spool, SummaryBook
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +225,8 @@ class Agent:
         proc_root: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         clock: Callable[[], float] = time.time,
+        spool: Spool | None = None,
+        max_pending_summaries: int = 10000,
     ) -> None:
         self.backend = backend
         self.bus = bus
@@ -235,11 +243,18 @@ class Agent:
         self._node_labels: dict[str, dict[str, str]] = {}
         self.last_sample: dict[str, list[PodMetric]] = {}
         self._reported_throughput: dict[str, dict[str, float]] = {}  # node -> pod uid -> steps/s
+        self.summaries = SummaryBook(max_pending_summaries)
+        self.spool = spool or Spool(None)
+        self._summaries_wake = asyncio.Event()
+        self._gpu_models: dict[str, str] = {}
+        bus.on_reconnect(self._bus_back)
 
     # -- inventory and labels ---------------------------------------------------------
     async def sync_node(self, node: str, current_labels: Mapping[str, str] | None = None) -> None:
         """Publish the node's inventory and fix its labels, if either changed."""
         inv = self.backend.inventory(node)
+        if inv.gpus:
+            self._gpu_models[node] = inv.gpus[0].model
         event = inventory_event(inv)
         before = self._published.get(node)
         if before is None or before.model_dump(exclude={"ts"}) != event.model_dump(exclude={"ts"}):
@@ -274,6 +289,7 @@ class Agent:
     def forget_node(self, node: str) -> None:
         self._published.pop(node, None)
         self._node_labels.pop(node, None)
+        self._gpu_models.pop(node, None)
 
     # -- sampling ---------------------------------------------------------------------
     def _pid_map(self, sample: NodeSample) -> tuple[dict[int, str], dict[str, str]]:
@@ -297,6 +313,10 @@ class Agent:
         sent: list[PodMetric] = []
         live: set[tuple[str, str]] = set()
         measured: set[str] = set()
+        alive: set[str] = set(self.directory.pods)
+        # Samples while the bus is away would arrive stale (or not at all): the summaries keep
+        # what they say, and go out durably once the connection returns.
+        connected = self.bus.connected
         for node in list(self.backend.nodes()):
             try:
                 sample = self.backend.sample(node, now)
@@ -317,11 +337,14 @@ class Agent:
                 if rates is not None:
                     usage[uid] = rates
             metrics = pod_metrics(sample, self.directory.pods, pid_map, usage)
+            alive.update(sample.pods)
+            self.summaries.observe(metrics, self._gpu_models)
             for gpu in sample.gpus:
                 self.metrics.gpu_util.labels(node, gpu.uuid).set(gpu.util_pct)
                 self.metrics.gpu_mem.labels(node, gpu.uuid).set(gpu.mem_used_mib)
             for metric in metrics:
-                await self.bus.publish(metric, source=self.source)
+                if connected:
+                    await self.bus.publish(metric, source=self.source)
                 self.metrics.observe_pod(metric)
                 live.add((metric.namespace, metric.pod))
             self.metrics.samples.labels(node).inc(len(metrics))
@@ -333,7 +356,63 @@ class Agent:
             self.metrics.forget_pod(*key)
         # Keep readings of every pod measured this round (a first reading yields no rate yet).
         self.meter.forget_except(measured)
+        ended = self.summaries.end_all_but(alive)
+        if ended or not connected:
+            self.spool.save(self.summaries, with_running=not connected)
+        if ended:
+            self._summaries_wake.set()
         return sent
+
+    # -- pod summaries ----------------------------------------------------------------
+    async def _bus_back(self) -> None:
+        self._summaries_wake.set()
+
+    async def publish_summaries(self, publish_timeout_s: float = 5.0) -> bool:
+        """Publish every pending summary, oldest first; False if the bus refused one (the
+        rest wait). The spool is rewritten once per pass, not per summary: a kill in between
+        repeats a few, which the event id makes harmless."""
+        book = self.summaries
+        ok = True
+        try:
+            while book.pending:
+                uid, summary = next(iter(book.pending.items()))
+                try:
+                    await self.bus.publish(
+                        summary,
+                        source=self.source,
+                        event_id=summary.event_id(),
+                        publish_timeout_s=publish_timeout_s,
+                    )
+                except TemporaryError as exc:
+                    log.info(
+                        "pod summaries wait for the bus",
+                        extra={"pending": len(book.pending), "error": str(exc)},
+                    )
+                    ok = False
+                    break
+                book.published(uid)
+                self.metrics.summaries.inc()
+        finally:
+            self.spool.save(book, with_running=not self.bus.connected)
+        return ok
+
+    async def run_summaries(self, retry_max_s: float = 30.0) -> None:
+        """Publish pod summaries when pods end and when the bus comes back.
+
+        Woken by the sampler (a pod ended) and by the bus (reconnected). A publish that fails
+        while the connection is up (JetStream still recovering after a server restart) is
+        retried with backoff, since no further event may come to wake us."""
+        delay = 1.0
+        while True:
+            await self._summaries_wake.wait()
+            self._summaries_wake.clear()
+            if await self.publish_summaries():
+                delay = 1.0
+                continue
+            if self.bus.connected:
+                await asyncio.sleep(delay)
+                delay = min(retry_max_s, delay * 2)
+                self._summaries_wake.set()
 
     async def _report_throughput(self, node: str, sample: NodeSample) -> None:
         """Write a simulated pod's throughput on it when it changes (start, a neighbour comes

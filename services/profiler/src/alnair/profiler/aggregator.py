@@ -23,6 +23,12 @@ sets, the name index) live `idle_ttl_s` past their last sample (so pods of an ow
 finishes, a Deployment's, fade away), and once the record is written they, and the done
 marker, expire `finished_ttl_s` later (the profile stays readable for a while). A replay after
 that finds no profiled pods and, as for a job never seen running, does nothing.
+Pod summaries (the agent's account of a pod's whole run, durable on JetStream, see
+`summaries`) are folded into the same per-pod stats: a series takes the summary's count and
+sum when they cover more samples than were folded, and the larger maximum, so folding a
+summary twice, or after all of its samples, changes nothing. A summary of a pod whose owner
+already finished (the run fell inside a bus outage) finalizes that owner: the summary's
+arrival is the event that says a record can now be written.
 Every step is idempotent, so a crash between any two is repaired by the next watch event;
 when a dependency is away the aggregator retries on its own with backoff, since a finished
 job may never produce another event.
@@ -50,7 +56,14 @@ from alnair.common import resources as res
 from alnair.common.annotations import object_model
 from alnair.common.bus import Bus
 from alnair.common.errors import TemporaryError
-from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
+from alnair.common.events import (
+    Envelope,
+    GpuInventory,
+    JobEvent,
+    JobPhase,
+    PodMetric,
+    PodSummary,
+)
 from alnair.common.kube import (
     NODES,
     PODS,
@@ -113,6 +126,49 @@ end
 if redis.call('EXISTS', KEYS[3]) == 0 then
   for i, key in ipairs(KEYS) do
     if i ~= 3 then redis.call('EXPIRE', key, ARGV[8]) end
+  end
+end
+return 1
+"""
+
+
+# A pod summary. KEYS as _FOLD. ARGV[1] first_ts, ARGV[2] last_ts, ARGV[3] idle TTL, ARGV[4]
+# number of series n, then n times (name, count, sum, max), then the GPU ids. A series takes the
+# summary's count and sum when they cover more samples than were folded one by one (never
+# both: they describe the same run), the larger max; so a repeat changes nothing.
+_MERGE = """
+local f = redis.call('HGET', KEYS[1], 'first_ts')
+if (not f) or tonumber(ARGV[1]) < tonumber(f) then
+  redis.call('HSET', KEYS[1], 'first_ts', ARGV[1])
+end
+for _, field in ipairs({'last_ts', 'pod_ts'}) do
+  local v = redis.call('HGET', KEYS[1], field)
+  if (not v) or tonumber(ARGV[2]) > tonumber(v) then
+    redis.call('HSET', KEYS[1], field, ARGV[2])
+  end
+end
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local b = 5 + i * 4
+  local name = ARGV[b]
+  local count = tonumber(ARGV[b + 1])
+  if count > 0 then
+    local have = tonumber(redis.call('HGET', KEYS[1], name .. ':count') or '0')
+    if count > have then
+      redis.call('HSET', KEYS[1], name .. ':count', ARGV[b + 1], name .. ':sum', ARGV[b + 2])
+    end
+    local m = redis.call('HGET', KEYS[1], name .. ':max')
+    if (not m) or tonumber(ARGV[b + 3]) > tonumber(m) then
+      redis.call('HSET', KEYS[1], name .. ':max', ARGV[b + 3])
+    end
+  end
+end
+for i = 5 + n * 4, #ARGV do
+  redis.call('SADD', KEYS[2], ARGV[i])
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  for i, key in ipairs(KEYS) do
+    if i ~= 3 then redis.call('EXPIRE', key, ARGV[3]) end
   end
 end
 return 1
@@ -273,6 +329,7 @@ class Aggregator:
         self.source = source
         self.records = RecordStore(redis)
         self._fold = redis.register_script(_FOLD)
+        self._merge = redis.register_script(_MERGE)
         self._owners: OrderedDict[str, OwnerRef] = OrderedDict()
         self._cache_size = cache_size
         self.live_annotation_interval_s = live_annotation_interval_s
@@ -291,7 +348,7 @@ class Aggregator:
         self.on_finalized: list[Callable[[Mapping[str, Any]], Awaitable[None]]] = []
 
     # -- pod metrics ------------------------------------------------------------------
-    async def owner_of(self, metric: PodMetric) -> OwnerRef | None:
+    async def owner_of(self, metric: PodMetric | PodSummary) -> OwnerRef | None:
         cached = self._owners.get(metric.pod_uid)
         if cached is not None:
             return cached
@@ -306,12 +363,16 @@ class Aggregator:
                 meta["owner_uid"],
             )
         else:
+            pod: Mapping[str, Any] | None
             try:
                 pod = await self.kube.get(PODS, metric.pod, metric.namespace)
             except NotFound:
-                return None  # gone before we could ask whose it was
-            if str(pod.get("metadata", {}).get("uid")) != metric.pod_uid:
-                return None  # a new pod with the old name
+                pod = None  # gone before we could ask whose it was
+            if pod is None or str(pod.get("metadata", {}).get("uid")) != metric.pod_uid:
+                # Gone, or a new pod with the old name: a summary still names the controller.
+                pod = _pod_of_summary(metric)
+                if pod is None:
+                    return None
             owner = await resolve_owner(self.kube, pod)
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(
@@ -391,6 +452,64 @@ class Aggregator:
             ],
         )
         await self._annotate_live(owner, metric.ts.timestamp())
+
+    async def on_pod_summary(
+        self, summary: PodSummary, _envelope: Envelope[PodSummary] | None = None
+    ) -> None:
+        """Fold a pod's whole-run summary; finalize its owner if that already finished."""
+        try:
+            owner = await self.owner_of(summary)
+        except Unavailable as exc:
+            # Unlike a sample, a summary may be all there is of a run: ask to have it again.
+            raise TemporaryError("owner lookup failed", pod=summary.pod, delay_s=5.0) from exc
+        if owner is None:
+            log.info("pod summary of an unknown owner dropped", extra={"pod": summary.pod})
+            return
+        args: list[str | float | int] = [
+            summary.first_ts.timestamp(),
+            summary.last_ts.timestamp(),
+            self.idle_ttl_s,
+            len(PodSummary.SERIES),
+        ]
+        for name in PodSummary.SERIES:
+            series = summary.series(name)
+            args += [name, series.count, series.total, series.max]
+        args += [f"{summary.node}/{gpu}" for gpu in summary.gpus]
+        await self._merge(
+            keys=[
+                f"{P}pod:{summary.pod_uid}:stats",
+                f"{P}owner:{owner.uid}:gpus",
+                f"{P}done:{owner.uid}",
+                f"{P}pod:{summary.pod_uid}:meta",
+                *(f"{P}owner:{owner.uid}:{part}" for part in ("pods", "nodes", "meta")),
+                f"{P}owner-by-name:{owner.namespace}/{owner.name}",
+            ],
+            args=args,
+        )
+        self.metrics.summaries_folded.inc()
+        if summary.gpu_model and summary.node not in self._node_models:
+            self._node_models[summary.node] = summary.gpu_model
+        await self._finalize_if_finished(owner)
+
+    async def _finalize_if_finished(self, owner: OwnerRef) -> None:
+        if owner.kind == "Pod" or await self.redis.exists(f"{P}done:{owner.uid}"):
+            return
+        resource = resource_for(owner.api_version, owner.kind)
+        try:
+            obj = await self.kube.get(resource, owner.name, owner.namespace or None)
+        except NotFound:
+            return
+        except ApiError as exc:
+            if exc.status == 403:
+                return  # a kind we may not read is not one whose completion we watch
+            raise
+        except Unavailable as exc:
+            raise TemporaryError("owner not readable", owner=owner.name, delay_s=5.0) from exc
+        if str(obj.get("metadata", {}).get("uid")) != owner.uid:
+            return
+        done = finished(obj)
+        if done is not None:
+            await self._finalize_or_retry(obj, resource, done[0], done[1], attempt=0)
 
     async def _annotate_live(self, owner: OwnerRef, now: float) -> None:
         """Keep the running owner's utilization annotations current, at most once per interval.
@@ -698,6 +817,28 @@ class Aggregator:
     async def is_profiled(self, owner_uid: str) -> bool:
         """Whether any pod of this owner was ever sampled (so a record will follow its end)."""
         return bool(await self.redis.scard(f"{P}owner:{owner_uid}:pods"))
+
+
+def _pod_of_summary(item: PodMetric | PodSummary) -> dict[str, Any] | None:
+    """The pod as its summary remembers it (the object may be gone): enough to find its owner."""
+    if not isinstance(item, PodSummary) or not item.owner_uid:
+        return None
+    return {
+        "metadata": {
+            "namespace": item.namespace,
+            "name": item.pod,
+            "uid": item.pod_uid,
+            "ownerReferences": [
+                {
+                    "apiVersion": item.owner_api_version,
+                    "kind": item.owner_kind,
+                    "name": item.owner_name,
+                    "uid": item.owner_uid,
+                    "controller": True,
+                }
+            ],
+        }
+    }
 
 
 def _kind_of(resource: Resource) -> str:

@@ -30,10 +30,11 @@ from alnair.profiler.agent import Agent
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.api import create_app
 from alnair.profiler.gpu import GpuBackend
-from alnair.profiler.handlers import subscribe_pod_metrics
+from alnair.profiler.handlers import subscribe_pod_metrics, subscribe_pod_summaries
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.settings import ProfilerSettings
 from alnair.profiler.sim import SimBackend
+from alnair.profiler.summaries import Spool
 from alnair.profiler.trialjob import LABEL_TRIALJOB, TrialController
 from alnair.profiler.watching import parse_resource, watch_resource
 from alnair.profiler.workloads import ThroughputTable
@@ -133,7 +134,12 @@ async def start_agent(
         label_nodes=settings.label_nodes,
         proc_root=settings.proc_root,
         cgroup_root=settings.cgroup_root,
+        spool=Spool(settings.state_dir),
+        max_pending_summaries=settings.max_pending_summaries,
     )
+    # Summaries a killed agent held: pods still running continue them, the others end at the
+    # first sample; pending ones go out as soon as the summary task runs.
+    agent.spool.load(agent.summaries)
     if isinstance(backend, SimBackend):
         await _feed_sim(backend, agent, kube, settings, tasks, died)
     else:
@@ -141,6 +147,7 @@ async def start_agent(
         await agent.sync_node(node)
 
         async def on_pod(kind: str, obj: dict[str, Any]) -> None:
+            agent.summaries.pod_changed(obj, deleted=kind == "DELETED")
             if kind == "DELETED":
                 agent.directory.remove(obj)
             else:
@@ -149,6 +156,7 @@ async def start_agent(
         async def on_pods(items: list[dict[str, Any]]) -> None:
             agent.directory.pods.clear()
             for item in items:
+                agent.summaries.pod_changed(item)
                 agent.directory.upsert(item)
 
         ready = asyncio.Event()
@@ -170,6 +178,11 @@ async def start_agent(
         )
     )
     tasks.append(spawn(agent.run_health(), name="profiler.agent.health", on_death=_fatal(died)))
+    tasks.append(
+        spawn(agent.run_summaries(), name="profiler.agent.summaries", on_death=_fatal(died))
+    )
+    if agent.summaries.pending:
+        agent._summaries_wake.set()
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
         create_app(metrics, inventory), settings.http_host, settings.http_port, tasks
@@ -207,6 +220,7 @@ async def _feed_sim(
             await on_node("ADDED", item)
 
     async def on_pod(kind: str, obj: dict[str, Any]) -> None:
+        agent.summaries.pod_changed(obj, deleted=kind == "DELETED")
         if kind == "DELETED":
             sim.remove_pod(str(obj.get("metadata", {}).get("uid", "")))
         else:
@@ -270,6 +284,7 @@ async def start_aggregator(
         finished_ttl_s=settings.redis_finished_ttl_s,
     )
     await subscribe_pod_metrics(bus, aggregator, settings.durable)
+    await subscribe_pod_summaries(bus, aggregator, settings.durable)
     for spec in settings.owner_kinds:
         resource = parse_resource(spec)
 

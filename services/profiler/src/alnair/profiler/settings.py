@@ -48,6 +48,16 @@ class ProfilerSettings(ServiceSettings):
     sample_interval_s: float = Field(
         default=1.0, gt=0, description="period of pod-metric samples (1 Hz by design)"
     )
+    state_dir: Path | None = Field(
+        default=None,
+        description="agent: folder for the spool of pod summaries not yet published (survives "
+        "a kill; a node path or the pod's emptyDir); unset: kept in memory only",
+    )
+    max_pending_summaries: int = Field(
+        default=10000,
+        ge=1,
+        description="agent: pod summaries kept while the bus is unreachable; the oldest go first",
+    )
     label_nodes: bool = Field(
         default=True, description="write GPU model/memory/count/compute-capability node labels"
     )
