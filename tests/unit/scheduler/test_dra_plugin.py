@@ -6,6 +6,7 @@ and a malformed claim is refused without stopping the next pod."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
 from decimal import Decimal
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from alnair.common import dra
+from alnair.common import resources as r
 from alnair.common.informer import WatchEvent
 from alnair.common.resources import parse_quantity
 from alnair.scheduler.dra.claims import (
@@ -23,13 +25,17 @@ from alnair.scheduler.dra.claims import (
     MalformedClaim,
     claim_pod,
     claim_refs,
+    request_from_claims,
 )
+from alnair.scheduler.dra.live import explain_claims
 from alnair.scheduler.dra.plugin import DynamicResources, with_dra
 from alnair.scheduler.framework import Code, Framework
+from alnair.scheduler.live.pods import parse_pod
 from alnair.scheduler.plugins.registry import policy
 from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
 from dra_support import GPUS, TAINTED_GPU, node_slice
 from dra_support import claim_pod as pod_manifest
+from kube_builders import make_pod
 
 CLASSES = {
     name: {
@@ -68,7 +74,7 @@ def template_claim(
                     "name": pod["metadata"]["name"],
                     "uid": pod["metadata"]["uid"],
                     "controller": True,
-                }  # fmt: skip
+                }
             ],
         },
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exact}]}},
@@ -120,9 +126,9 @@ def per_device(cache: ClaimCache) -> tuple[dict[str, Decimal], dict[str, Decimal
     compute: dict[str, Decimal] = defaultdict(Decimal)
     memory: dict[str, Decimal] = defaultdict(Decimal)
     for results in cache.usage.by_claim.values():
-        for r in results:
-            compute[r["device"]] += parse_quantity(r["consumedCapacity"]["compute"])
-            memory[r["device"]] += parse_quantity(r["consumedCapacity"]["memory"])
+        for res in results:
+            compute[res["device"]] += parse_quantity(res["consumedCapacity"]["compute"])
+            memory[res["device"]] += parse_quantity(res["consumedCapacity"]["memory"])
     return compute, memory
 
 
@@ -249,3 +255,56 @@ def test_a_claim_no_device_can_satisfy_names_the_request() -> None:
     message = result.message()
     assert "ResourceClaim huge-gpu-x1 request gpu" in message
     assert "without room for memory 92160Mi" in message
+
+
+def test_unhealthy_taints_reach_the_gpu_health_view_and_clear() -> None:
+    seen: list[tuple[str, int, bool]] = []
+    cache = ClaimCache(on_health=lambda node, gpu, healthy: seen.append((node, gpu, healthy)))
+    tainted = node_slice("n1", "uid")
+    cache.on_slice(WatchEvent.ADDED, tainted, None)
+    assert seen == [("n1", TAINTED_GPU, False)]
+    healed = copy.deepcopy(tainted)
+    for d in healed["spec"]["devices"]:
+        d.pop("taints", None)
+    cache.on_slice(WatchEvent.MODIFIED, healed, tainted)
+    assert seen[-1] == ("n1", TAINTED_GPU, True)
+
+
+@pytest.mark.parametrize(("memory", "compute"), [("10Gi", "30"), ("40Gi", "10"), ("1Mi", "1")])
+def test_a_request_built_from_a_claim_matches_the_gpu_memory_resource(
+    memory: str, compute: str
+) -> None:
+    """The simulator's view of a claim is the request `alnair.io/gpu-memory` and
+    `alnair.io/gpu-compute` make for the same GPU."""
+    table = {"H100": 81920}
+    claim = template_claim(pod_obj("sim"), {"memory": memory, "compute": compute})
+    from_claim = request_from_claims("sim", [claim], 81920)
+    memory_mib = int(parse_quantity(memory) / (1 << 20))
+    pod = make_pod("sim", "ns").fraction(int(compute), memory_mib).obj()
+    pod["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "H100"
+    from_resources = parse_pod(pod, table)
+    assert (from_claim.num_gpu, from_claim.gpu_milli) == (
+        from_resources.num_gpu,
+        from_resources.gpu_milli,
+    )
+
+
+def test_explain_shows_the_claim_request_and_its_allocation() -> None:
+    world = World()
+    pod = pod_obj("why")
+    world.cache.on_claim(
+        WatchEvent.ADDED, template_claim(pod, {"memory": "10Gi", "compute": "30"}), None
+    )
+    req = world.request(pod)
+    [item] = explain_claims(world.cache, req.key)
+    assert item["claim"] == "why-gpu-x1"
+    assert item["requests"] == [
+        {"name": "gpu", "device_class": dra.CLASS_SHARED, "count": 1,
+         "capacity": {"compute": "30", "memory": str(10 * (1 << 30))}}
+    ]  # fmt: skip
+    world.schedule(pod)  # bound: the pod's claims are forgotten with it
+    assert explain_claims(world.cache, req.key) == []
+    world.request(pod)
+    [item] = explain_claims(world.cache, req.key)
+    [allocated] = item["allocation"]
+    assert allocated["consumedCapacity"] == {"compute": "30", "memory": "10240Mi"}

@@ -112,7 +112,11 @@ class Resolved:
 class ClaimCache:
     """ResourceClaims, ResourceSlices and DeviceClasses, plus the capacity claims consume."""
 
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[], None] | None = None,
+        on_health: Callable[[str, int, bool], None] | None = None,
+    ) -> None:
         self.claims: dict[str, Obj] = {}
         """`namespace/name` -> claim."""
         self.owned: dict[tuple[str, str], str] = {}
@@ -127,6 +131,9 @@ class ClaimCache:
         self._uid_key: dict[str, str] = {}
         self._devices: dict[str, list[Device]] = {}
         self._on_change = on_change or (lambda: None)
+        self._on_health = on_health or (lambda _node, _gpu, _healthy: None)
+        self.tainted: dict[str, frozenset[int]] = {}
+        """Node -> indices of Alnair GPUs whose device carries the unhealthy taint."""
 
     # --- informer handlers -------------------------------------------------------------
 
@@ -175,8 +182,28 @@ class ClaimCache:
         if old is not None:
             self._devices.pop((old.get("spec") or {}).get("nodeName") or "", None)
         self._devices.pop(node, None)
+        if node:
+            self._follow_taints(node)
         if event is not WatchEvent.DELETED:
             self._on_change()
+
+    def _follow_taints(self, node: str) -> None:
+        """Tell the GPU health view (the snapshot's withheld GPUs) about the unhealthy taints
+        of Alnair's devices, so policies scoring the snapshot avoid them too."""
+        now = frozenset(
+            dra.gpu_index_of(d.name)
+            for d in self.devices(node)
+            if d.driver == dra.DRIVER and any(t.key == dra.TAINT_UNHEALTHY for t in d.taints)
+        )
+        before = self.tainted.get(node, frozenset())
+        if now:
+            self.tainted[node] = now
+        else:
+            self.tainted.pop(node, None)
+        for gpu in sorted(now - before):
+            self._on_health(node, gpu, False)
+        for gpu in sorted(before - now):
+            self._on_health(node, gpu, True)
 
     def on_class(self, event: WatchEvent, cls: Obj, old: Obj | None) -> None:
         name = cls["metadata"]["name"]
@@ -332,3 +359,35 @@ def claim_pod(pod: Obj, req: R, cache: ClaimCache, smallest_mib: int | None = No
             r.GPU, req.num_gpu, "ask for GPUs through claims or resources, not both"
         )
     return replace(req, num_gpu=asked[0], gpu_milli=asked[1])
+
+
+def request_from_claims(
+    name: str,
+    claims: Iterable[Obj],
+    gpu_memory_mib: int,
+    *,
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+    namespace: str = "default",
+) -> PodRequest:
+    """A simulated pod's request from its claims, in the units of `alnair.io/gpu-memory` and
+    `alnair.io/gpu-compute` (memory against a GPU of `gpu_memory_mib`): what the simulator and
+    what-if tools replay. Raises MalformedClaim or UnsupportedClaim naming the claim."""
+    requests: list[Request] = []
+    for claim in claims:
+        try:
+            requests.extend(parse_requests(claim))
+        except UnsupportedClaim:
+            raise
+        except (InvalidValueError, KeyError, TypeError, ValueError) as exc:
+            claim_name = (claim.get("metadata") or {}).get("name", "")
+            raise MalformedClaim("ResourceClaim", claim_name, f"unreadable: {exc}") from exc
+    asked = gpu_request(requests, gpu_memory_mib) or (0, 0)
+    return PodRequest(
+        name=name,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        num_gpu=asked[0],
+        gpu_milli=asked[1],
+        namespace=namespace,
+    )
