@@ -20,15 +20,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from alnair.common import dra
 from alnair.common.kube import NODES, PODS, KubeClient
 from alnair.common.localstack import ControlPlane, ManagedProcess
 from alnair.common.localstack.controlplane import binary
+from alnair.scheduler.dra.claims import MalformedClaim
+from alnair.scheduler.dra.live import DraSupport
+from alnair.scheduler.framework import Framework
+from alnair.scheduler.plugins.registry import policy
+from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, Placement, PodRequest
 from dra_support import (
     GPUS,
     SHARES_PER_GPU,
+    TAINTED_GPU,
     check_allocations,
     claim_pod,
     claim_template,
@@ -111,3 +118,129 @@ async def test_kube_scheduler_allocates_alnair_shares_within_capacity(
     print(
         json.dumps({"scheduler": "kube-scheduler v1.36.3", "after_10": partial, "after_24": full})
     )
+
+
+class FrameworkDriver:
+    """Alnair's framework with the DynamicResources plugin, over the real API server.
+
+    `DraSupport` runs its real informers (claims, slices, classes), claims come from the
+    resourceclaim controller, `pre_bind` writes them and a real Binding follows. The cycle
+    itself is driven here, one pod at a time, as the live binder drives it (the binder's own
+    wiring is left to the framework refactor: see docs/notes/issue-17.md).
+    """
+
+    def __init__(self, kube: KubeClient, node: str) -> None:
+        self.kube = kube
+        self.node = node
+        self.changed = asyncio.Event()
+        self.unhealthy: set[int] = set()
+        self.support = DraSupport(kube, on_change=self.changed.set, on_health=self._health)
+        workload = [PodRequest("typical", 100, 256, 1, 300)]
+        self.framework = Framework(self.support.profile(policy("FGD").build(workload)))
+        self.placed: list[tuple[PodRequest, Placement]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.rng = np.random.default_rng(3)
+
+    def _health(self, node: str, gpu: int, healthy: bool) -> None:
+        if node == self.node:
+            (self.unhealthy.discard if healthy else self.unhealthy.add)(gpu)
+
+    async def start(self) -> None:
+        for inf in self.support.informers():
+            self.tasks.append(asyncio.create_task(inf.run()))
+        await asyncio.gather(*(inf.synced.wait() for inf in self.support.informers()))
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The node as the live cache shows it: GPUs tainted unhealthy are withheld."""
+        snap = ClusterSnapshot.build(
+            [NodeSpec(self.node, 96_000, 768 * 1024, GPUS, "H100")], self.placed
+        )
+        for g in self.unhealthy:
+            snap.gpu_free[0, g] = 0
+        return snap
+
+    async def schedule(self, name: str, namespace: str) -> str | None:
+        """Place one pod; returns None when bound, else the FailedScheduling message."""
+        while True:
+            self.changed.clear()
+            pod = await self.kube.get(PODS, name, namespace)
+            base = PodRequest(name, 100, 256, namespace=namespace, uid=pod["metadata"]["uid"])
+            try:
+                req = self.support.request(pod, base)
+            except MalformedClaim as exc:
+                return str(exc)
+            result = self.framework.schedule(req, self.snapshot(), self.rng)
+            if result.placement is not None:
+                break
+            if "waiting for ResourceClaim" not in result.message():
+                return result.message()
+            async with asyncio.timeout(30):  # the claim's event wakes us, not a timer
+                await self.changed.wait()
+        status = await self.support.pre_bind(req)
+        assert status.ok, status
+        await self.kube.bind(namespace, name, self.node, uid=req.uid)
+        self.support.bound(req.key)
+        self.placed.append((req, result.placement))
+        return None
+
+
+async def test_alnair_allocates_the_same_workload_within_capacity(
+    kube: KubeClient, namespace: str, dra_node: str
+) -> None:
+    driver = FrameworkDriver(kube, dra_node)
+    await driver.start()
+    try:
+        await kube.create(dra.RESOURCECLAIMTEMPLATES, claim_template(namespace))
+        names = [f"share-{i:02d}" for i in range(FIRST + SECOND)]
+        for name in names[:FIRST]:
+            await kube.create(PODS, claim_pod(name, namespace, "alnair"))
+        refused = [m for n in names[:FIRST] if (m := await driver.schedule(n, namespace))]
+        assert refused == []
+        pods = (await kube.list(PODS, namespace))["items"]
+        claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        partial = check_allocations(claims, pods, dra_node)
+        # a claim no device can satisfy (90 GiB of an 80 GiB GPU): the reason names it
+        await kube.create(
+            dra.RESOURCECLAIMTEMPLATES, claim_template(namespace, name="huge", memory="90Gi")
+        )
+        await kube.create(PODS, claim_pod("huge", namespace, "alnair", template="huge"))
+        unsatisfiable = await driver.schedule("huge", namespace)
+        assert unsatisfiable is not None
+        assert "ResourceClaim huge-gpu" in unsatisfiable and "request gpu" in unsatisfiable
+        assert "without room for compute 30, memory 92160Mi" in unsatisfiable
+        for name in names[FIRST:]:
+            await kube.create(PODS, claim_pod(name, namespace, "alnair"))
+        refused = [m for n in names[FIRST:] if (m := await driver.schedule(n, namespace))]
+        pods = (await kube.list(PODS, namespace))["items"]
+        claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        full = check_allocations(claims, pods, dra_node)
+        assert full["claims_placed"] == FITS
+        assert len(refused) == FIRST + SECOND - FITS
+        # the snapshot counts claim shares and withholds the tainted GPU, so the full node is
+        # refused the way a pod asking alnair.io/gpu-memory is
+        assert all("Insufficient GPU share" in m for m in refused), refused
+        assert driver.unhealthy == {TAINTED_GPU}
+
+        # a claim outside what the allocator does is refused with its reason, and the next
+        # pod is still placed
+        bad = claim_template(namespace, name="odd")
+        bad["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+            {"cel": {"expression": 'device.attributes["gpu.alnair.io"].model.startsWith("H")'}}
+        ]
+        await kube.create(dra.RESOURCECLAIMTEMPLATES, bad)
+        odd = claim_pod("odd", namespace, "alnair", template="odd")
+        await kube.create(PODS, odd)
+        message = await driver.schedule("odd", namespace)
+        assert message is not None and "ResourceClaim odd-gpu" in message
+        assert "startsWith" in message
+        print(json.dumps({"scheduler": "alnair (FGD + DynamicResources)", "after_10": partial,
+                          "after_24": full, "unsatisfiable": unsatisfiable, "malformed": message}))  # fmt: skip
+    finally:
+        await driver.stop()

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from alnair.common import dra
+from alnair.common.errors import InvalidValueError
 from alnair.common.kube import ApiError, Conflict, KubeClient, NotFound
 from alnair.scheduler.dra.allocator import (
     Device,
@@ -43,6 +44,7 @@ from alnair.scheduler.dra.allocator import (
     claim_results,
     parse_requests,
 )
+from alnair.scheduler.dra.cel import compile_selector
 from alnair.scheduler.dra.claims import ClaimCache, ClaimRef, MalformedClaim
 from alnair.scheduler.framework.interface import CycleState, GpuSelector, NodeVerdicts
 from alnair.scheduler.framework.runtime import Profile
@@ -166,9 +168,28 @@ class DynamicResources:
                     return unresolvable(f"ResourceClaim {name} is malformed: {exc!r}", self.NAME)
                 if not item.requests:
                     return unresolvable(f"ResourceClaim {name} has no requests", self.NAME)
+                refused = self._selectors_refused(item.requests)
+                if refused:
+                    return unresolvable(f"ResourceClaim {name}: {refused}", self.NAME)
             claims.append(item)
         state.data[self.NAME] = _Cycle(claims, _usage_by_pool(self.cache.usage))
         return SUCCESS
+
+    def _selectors_refused(self, requests: Sequence[Request]) -> str:
+        """Why a request's or its class's CEL selector cannot be evaluated ("" when all can)."""
+        for q in requests:
+            cls = self.cache.classes.get(q.device_class) or {}
+            exprs = [
+                s["cel"]["expression"]
+                for s in (cls.get("spec") or {}).get("selectors") or ()
+                if s.get("cel")
+            ]
+            for expr in [*exprs, *q.selectors]:
+                try:
+                    compile_selector(expr, dra.DRIVER)
+                except InvalidValueError as exc:
+                    return f"request {q.name}: {exc}"
+        return ""
 
     # --- Filter --------------------------------------------------------------------------
 
@@ -188,7 +209,7 @@ class DynamicResources:
                     usage,
                     new_share_id=self.share_id if commit else None,
                 )
-            except (UnsupportedClaim, MalformedClaim) as exc:
+            except (InvalidValueError, KeyError, TypeError, ValueError) as exc:
                 return [], f"ResourceClaim {item.name}: {exc}"
             if not got.results:
                 return [], f"ResourceClaim {item.name} {got.reason}"
