@@ -140,6 +140,16 @@ def test_vectorised_fragmentation_matches_definition(
         verdict = plugin.filter(pod, snap, CycleState(rng=np.random.default_rng(0)), nodes_idx)
         nodes_idx = nodes_idx[verdict.passed]
     cand = candidates(model, stats, pod, snap, nodes_idx)
+    if pod.is_fractional:
+        # One candidate per (node, distinct free share that fits), on its lowest-index GPU.
+        expected_gpus = {
+            (pos, min(g for g in range(snap.gpu_free.shape[1]) if snap.gpu_free[n, g] == value))
+            for pos, n in enumerate(nodes_idx)
+            for value in set(snap.gpu_free[n].tolist())
+            if value >= pod.gpu_milli
+        }
+        assert set(zip(cand.node_pos.tolist(), cand.gpu.tolist(), strict=True)) == expected_gpus
+        assert len(expected_gpus) == cand.delta.size
     for k in range(cand.delta.size):
         n = int(nodes_idx[cand.node_pos[k]])
         count = int(snap.gpu_count[n])

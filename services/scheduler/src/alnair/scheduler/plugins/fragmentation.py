@@ -253,7 +253,13 @@ def candidates(
     thresholds = model.thresholds[None, :]
     if pod.is_fractional:
         free = snapshot.gpu_free[nodes]
-        pos, gpu = np.nonzero(free >= pod.gpu_milli)
+        # GPUs of one node with the same free share are the same placement as far as
+        # fragmentation can tell: keep the lowest index of each (what a tie picks anyway), which
+        # cuts the candidates several-fold on a cluster of idle 8-GPU nodes.
+        width = free.shape[1]
+        earlier = np.tril(np.ones((width, width), dtype=np.bool_), k=-1)
+        repeat = ((free[:, :, None] == free[:, None, :]) & earlier[None, :, :]).any(axis=2)
+        pos, gpu = np.nonzero((free >= pod.gpu_milli) & ~repeat)
         rows = nodes[pos]
         before = free[pos, gpu][:, None]
         after = before - pod.gpu_milli
