@@ -244,3 +244,39 @@ async def test_alnair_allocates_the_same_workload_within_capacity(
                           "after_24": full, "unsatisfiable": unsatisfiable, "malformed": message}))  # fmt: skip
     finally:
         await driver.stop()
+
+
+async def test_a_failed_binding_takes_the_allocation_back(
+    kube: KubeClient, namespace: str, dra_node: str
+) -> None:
+    """pre_bind writes the allocation and the pod's reservation; when the Binding then fails,
+    unbind clears both on the API server and the share is free again in the cache."""
+    driver = FrameworkDriver(kube, dra_node)
+    await driver.start()
+    try:
+        await kube.create(dra.RESOURCECLAIMTEMPLATES, claim_template(namespace, compute="100"))
+        pod = await kube.create(PODS, claim_pod("rollback", namespace, "alnair"))
+        uid = pod["metadata"]["uid"]
+        base = PodRequest("rollback", 100, 256, namespace=namespace, uid=uid)
+        while True:  # until the resourceclaim controller's claim arrives (its event wakes us)
+            driver.changed.clear()
+            req = driver.support.request(await kube.get(PODS, "rollback", namespace), base)
+            if req.num_gpu:
+                break
+            async with asyncio.timeout(30):
+                await driver.changed.wait()
+        result = driver.framework.schedule(req, driver.snapshot(), driver.rng)
+        assert result.placement is not None
+        assert (await driver.support.pre_bind(req)).ok
+        [claim] = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": "rollback", "uid": uid}
+        ]
+        [share] = claim["status"]["allocation"]["devices"]["results"]
+        assert share["device"] == dra.device_name(result.placement.gpu_indices[0])
+        await driver.support.unbind(req)
+        [claim] = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        assert "allocation" not in claim.get("status", {})
+        assert claim["metadata"]["uid"] not in driver.support.cache.in_flight
+    finally:
+        await driver.stop()
