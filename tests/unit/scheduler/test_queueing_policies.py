@@ -339,6 +339,87 @@ def test_owner_reclaims_borrowed_quota_counting_restart_cost() -> None:
         assert base.preemptions == ()
 
 
+def _running(job: Job, *, start: float = 0.0, preempted: int = 0, **kw: bool) -> RunningJob:
+    return RunningJob(replace(job.obj(), preemptions=preempted), "v100", start, **kw)
+
+
+def test_alnair_preempts_a_longer_job_for_a_shorter_one_counting_restart_cost() -> None:
+    """Rule 6 (shortest remaining time): the short job displaces the job with the longest
+    remaining time, only where that exceeds its own runtime plus the victim's restart cost."""
+    short = Job("short").runs(v100=100).at(50)
+    running = [
+        _running(Job("long").runs(v100=10_000)),
+        _running(Job("longer").runs(v100=20_000)),
+    ]
+    snap = snapshot([short], free={"v100": 0}, total={"v100": 2}, running=running, now=50)
+    decisions = queue_policy("alnair").decide(snap)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preemptions] == [("longer", "short")]
+    assert admitted(decisions) == {}
+    assert decisions.waiting["short"].kind == "capacity"
+    # Once the victim has stopped, the short job takes its GPU.
+    after = snapshot([short], free={"v100": 1}, total={"v100": 2}, running=running[:1], now=50)
+    assert admitted(queue_policy("alnair").decide(after)) == {"short": "v100"}
+    # Victims whose remaining time (105 and 106 s from now) is within the short job's runtime
+    # plus their restart cost (100 + 10 s) are not worth it: swapping saves less than the
+    # restart costs.
+    near = [_running(Job(f"n{i}").runs(v100=115 + i)) for i in range(2)]
+    snap = snapshot([short], free={"v100": 0}, total={"v100": 2}, running=near, now=10)
+    assert queue_policy("alnair").decide(snap).preemptions == ()
+    # Without the option, alnair never preempts for order.
+    snap = snapshot([short], free={"v100": 0}, total={"v100": 2}, running=running, now=50)
+    assert queue_policy("alnair", preempt=False).decide(snap).preemptions == ()
+
+
+@pytest.mark.parametrize(
+    ("victim", "why"),
+    [
+        (_running(Job("v").runs(v100=10_000), preempted=2), "preempted max_preemptions times"),
+        (_running(Job("v").runs(v100=10_000).at(0)), "waited past max_wait_s"),
+        (RunningJob(JobSpec("v", "q", 1, 0.0, restart_cost_s=10.0), "v100", 0.0), "unknown"),
+        (_running(Job("v").on("other").runs(v100=10_000)), "another queue within nominal"),
+        (_running(Job("v").runs(v100=10_000)), ""),  # the control: unprotected, preempted
+    ],
+)
+def test_alnair_never_preempts_protected_jobs(victim: RunningJob, why: str) -> None:
+    queues = {q: ClusterQueueSpec(q, {"v100": FlavorQuota(1)}, cohort="c") for q in ("q", "other")}
+    # The aged case: max_wait_s 1000 and the victim arrived at 0, now is 2000.
+    now = 2000.0 if "max_wait" in why else 500.0
+    short = Job("short").runs(v100=100).at(now)
+    snap = snapshot(
+        [short], free={"v100": 0}, total={"v100": 1}, running=[victim], queues=queues, now=now
+    )
+    decisions = queue_policy("alnair", max_wait_s=1000, reclaim=False).decide(snap)
+    assert [p.job_id for p in decisions.preemptions] == ([] if why else ["v"]), why
+
+
+def test_alnair_preempts_another_queues_borrower_but_not_when_gpus_free_within_restart() -> None:
+    queues = {q: ClusterQueueSpec(q, {"v100": FlavorQuota(1)}, cohort="c") for q in ("q", "other")}
+    borrower = _running(Job("b").on("other").runs(v100=10_000), borrowing=True)
+    owner_job = _running(Job("o").on("other").runs(v100=10_000))
+    short = Job("short").runs(v100=100).at(5)
+    snap = snapshot(
+        [short],
+        free={"v100": 0},
+        total={"v100": 2},
+        running=[owner_job, borrower],
+        queues=queues,
+        now=5,
+    )
+    decisions = queue_policy("alnair", reclaim=False).decide(snap)
+    assert [p.job_id for p in decisions.preemptions] == ["b"]
+    # A GPU predicted free in 5 s (below the victim's 10 s restart cost): wait instead.
+    ending = _running(Job("o").on("other").runs(v100=10))
+    snap = snapshot(
+        [short],
+        free={"v100": 0},
+        total={"v100": 2},
+        running=[ending, borrower],
+        queues=queues,
+        now=5,
+    )
+    assert queue_policy("alnair", reclaim=False).decide(snap).preemptions == ()
+
+
 def test_drf_admits_the_queue_furthest_below_its_share_first() -> None:
     queues = {q: ClusterQueueSpec(q, {"v100": FlavorQuota(4)}, cohort="c") for q in ("a", "b")}
     running = [RunningJob(Job("a-run").on("a").gpus(2).obj(), "v100", 0.0)]

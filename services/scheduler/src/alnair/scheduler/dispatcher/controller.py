@@ -289,6 +289,7 @@ class Dispatcher(ReconcileLoop):
             ),
             peak_memory_mib=peak,
             restart_cost_s=wl.restart_cost_s,
+            preemptions=_preemption_count(wl),
         )
 
     def _cluster_queue_of(self, wl: Workload) -> str | None:
@@ -867,3 +868,13 @@ class Dispatcher(ReconcileLoop):
                 }
             )
         return out
+
+
+def _preemption_count(wl: Workload) -> int:
+    """How often the dispatcher has preempted the job (its own annotation; a value edited into
+    something else counts as the bound reached, so the job is not preempted again)."""
+    raw = wl.annotations.get(ANN_PREEMPTIONS, "0") or "0"
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 1_000_000

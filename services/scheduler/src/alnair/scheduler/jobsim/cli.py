@@ -44,9 +44,12 @@ def run(
     memory_blind: bool = False,
     trace: Path | None = None,
     options: dict[str, Any] | None = None,
+    noise_seed: int | None = None,
 ) -> SimResult:
-    """One replay of the trace under one policy."""
-    jobs = load_jobs(cluster, predictions=predictions, seed=seed, trace=trace)
+    """One replay of the trace under one policy (`noise_seed`: see `load_jobs`)."""
+    jobs = load_jobs(
+        cluster, predictions=predictions, seed=seed, trace=trace, noise_seed=noise_seed
+    )
     policy = build_policy(name, memory_blind=memory_blind, **(options or {}))
     return simulate(policy, jobs, cluster, team_queues(cluster), predictions=predictions)
 

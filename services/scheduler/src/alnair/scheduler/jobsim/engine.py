@@ -52,6 +52,7 @@ class _State:
     remaining: float = 1.0
     """Fraction of the job's work still to do."""
     runs: int = 0
+    preempted: int = 0
     pinned: str | None = None
     spec: JobSpec | None = None
     ran_s: float = 0.0
@@ -188,6 +189,7 @@ def simulate(
                 gpu_model=state.pinned,
                 peak_memory_mib=job.predicted_peak_mib,
                 restart_cost_s=restart_cost_s,
+                preemptions=state.preempted,
             )
         return state.spec
 
@@ -266,6 +268,7 @@ def simulate(
                 worked = max(0.0, now - run.start_s - restart)
                 state.remaining = max(0.0, state.remaining - worked / true_total)
                 state.spec = None
+                state.preempted += 1
                 pending[state.job.id] = state
                 preemptions += 1
             for admission in result.admissions:

@@ -184,14 +184,19 @@ def load_jobs(
     teams: Sequence[str] = TEAMS,
     shares: Sequence[float] = TEAM_SHARES,
     limit: int | None = None,
+    noise_seed: int | None = None,
 ) -> list[SimJob]:
-    """The trace's jobs, with runtimes on the cluster's GPU types and predictions."""
+    """The trace's jobs, with runtimes on the cluster's GPU types and predictions.
+
+    `seed` draws the team split and, unless `noise_seed` is given, the prediction errors:
+    `noise_seed` varies the errors alone over the same teams (the benchmark's repeats).
+    """
     if len(teams) != len(shares):
         raise InvalidValueError("shares", list(shares), f"one share per team ({len(teams)})")
     path = trace if trace is not None else data_file(*GAVEL_ARRIVALS)
     table = throughput_table()
     team_rng = random.Random(seed)
-    noise_rng = random.Random(seed + 1)
+    noise_rng = random.Random(seed + 1 if noise_seed is None else noise_seed)
     jobs: list[SimJob] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -71,7 +71,8 @@ class JobSpec:
     a type without an entry has no prediction (policies that need one treat it as unknown).
     `peak_memory_mib` is the predicted peak GPU memory per GPU (the bound admission must
     respect), None when unknown. `restart_cost_s` is the work lost if the job is preempted
-    (time to reload the last checkpoint and warm up).
+    (time to reload the last checkpoint and warm up). `preemptions` counts how often it has
+    been preempted so far (policies bound it).
     """
 
     id: str
@@ -85,6 +86,7 @@ class JobSpec:
     priority: int = 0
     peak_memory_mib: float | None = None
     restart_cost_s: float = 0.0
+    preemptions: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -93,6 +95,7 @@ class JobSpec:
             raise InvalidValueError("gpus", self.gpus, f"job {self.id}: must be >= 1")
         _nonnegative("arrival_s", self.arrival_s, f"job {self.id}")
         _nonnegative("restart_cost_s", self.restart_cost_s, f"job {self.id}")
+        _nonnegative("preemptions", self.preemptions, f"job {self.id}")
         if self.peak_memory_mib is not None:
             _nonnegative("peak_memory_mib", self.peak_memory_mib, f"job {self.id}")
 
