@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos soak schema clean
 
 setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
 
@@ -98,5 +98,8 @@ chaos: setup ## kill -9 every service 20x, restart nats and the API server, duri
 	@$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 clean:
+soak: setup ## 30 minutes of job churn on 1,000 KWOK nodes: RSS per service and queue depths (JSON)
+	@$(BIN)/python bench/soak.py $(SOAK_ARGS)
+
 	@$(MAKE) -s -C native/intercept clean || true
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

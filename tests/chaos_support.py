@@ -79,8 +79,12 @@ class Findings:
     apiserver_restarts: int = 0
 
 
-def job_body(name: str, gpus: int, run_s: float) -> dict[str, Any]:
-    return {
+def job_body(
+    name: str, gpus: int, run_s: float, ttl_after_finished_s: int | None = None
+) -> dict[str, Any]:
+    """A Job for the alnair scheduler: `gpus` GPUs for `run_s` seconds of KWOK run time
+    (deleted with its pods `ttl_after_finished_s` after it ends, if given)."""
+    body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "annotations": {r.ANN_MODEL_NAME: "ResNet-50"}},
@@ -105,6 +109,9 @@ def job_body(name: str, gpus: int, run_s: float) -> dict[str, Any]:
             },
         },
     }
+    if ttl_after_finished_s is not None:
+        body["spec"]["ttlSecondsAfterFinished"] = ttl_after_finished_s
+    return body
 
 
 def _keep_log(proc: devstack.Proc, n: int) -> None:
@@ -287,7 +294,7 @@ class Chaos:
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 jobs = (await kube.list(JOBS, NAMESPACE))["items"]
-                if len(jobs) == len(self.names) and all(_complete(j) for j in jobs):
+                if len(jobs) == len(self.names) and all(job_complete(j) for j in jobs):
                     await asyncio.sleep(5.0)  # let the aggregator write the last records
                     return
             await asyncio.sleep(2.0)
@@ -300,7 +307,7 @@ class Chaos:
             job = (pod["metadata"].get("labels") or {}).get("job-name")
             if job and pod["spec"].get("nodeName"):
                 ran[job] += 1
-        complete = [n for n in self.names if n in jobs and _complete(jobs[n])]
+        complete = [n for n in self.names if n in jobs and job_complete(jobs[n])]
         state = self.state()
         admin = state.credentials.get("redis") or {}
         creds = {"username": ADMIN, "password": admin[ADMIN]} if ADMIN in admin else {}
@@ -333,7 +340,7 @@ class Chaos:
         }
 
 
-def _complete(job: dict[str, Any]) -> bool:
+def job_complete(job: dict[str, Any]) -> bool:
     return any(
         c.get("type") == "Complete" and c.get("status") == "True"
         for c in (job.get("status") or {}).get("conditions") or []
