@@ -5,7 +5,7 @@ from __future__ import annotations
 from alnair.common import resources as r
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.pods import LivePod
-from alnair.scheduler.live.preemption import select_victims, surplus_ordinal
+from alnair.scheduler.plugins.preemption import select_victims, surplus_ordinal
 from alnair.scheduler.snapshot import Placement
 
 GANG = "ns/elastic"

@@ -13,26 +13,29 @@ from hypothesis import strategies as st
 
 from alnair.common import resources as r
 from alnair.common.events import GpuLink
+from alnair.scheduler.budgets import DisruptionBudgets
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.framework.runtime import Framework
-from alnair.scheduler.live.binder import live_profile
-from alnair.scheduler.live.budgets import DisruptionBudgets
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.plugins import (
+from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
+from alnair.scheduler.live.queue import SchedulingQueue
+from alnair.scheduler.placement import BestFitGpu
+from alnair.scheduler.plugins.constraints import (
     InterPodAffinity,
     NodeAffinity,
-    NodeReservation,
-    NodeResourcesExtra,
     PodTopologySpread,
     PreferredInterPodAffinity,
     PreferredNodeAffinity,
-    TopologyAwareGpus,
 )
-from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
-from alnair.scheduler.live.preemption import select_victims
-from alnair.scheduler.live.queue import SchedulingQueue
-from alnair.scheduler.live.reservations import Holder, Reservations, closest_node
-from alnair.scheduler.placement import BestFitGpu
+from alnair.scheduler.plugins.node_state import NodeResourcesExtra, TopologyAwareGpus
+from alnair.scheduler.plugins.preemption import select_victims
+from alnair.scheduler.plugins.registry import build_profile
+from alnair.scheduler.plugins.reservation import (
+    Holder,
+    NodeReservation,
+    Reservations,
+    closest_node,
+)
 from alnair.scheduler.snapshot import Placement
 from kube_builders import make_pod
 
@@ -422,7 +425,7 @@ def test_preferred_node_affinity_steers_placement_and_is_validated() -> None:
     plain = parse_pod(make_pod("q", "ns").gpus(1).obj())
     assert not plugin.score(plain, snap, state, nodes).any()
     # Through the live profile, on otherwise identical nodes, the preference wins.
-    framework = Framework(live_profile("alnair", [req], util_weight=0.0))
+    framework = Framework(build_profile("alnair", [req]))
     chosen = set()
     for seed in range(12):
         placed = framework.schedule(req, snap, np.random.default_rng(seed))
@@ -721,7 +724,7 @@ def test_topology_spread_score_prefers_the_emptier_domain() -> None:
     assert not PodTopologySpread().score(parse_pod(spread(app_pod("h"))), snap, state, nodes).any()
     assert not PodTopologySpread().score(parse_pod(app_pod("p")), snap, state, nodes).any()
     # Through the live profile, the soft constraint steers the pod to zone b.
-    framework = Framework(live_profile("alnair", [soft], util_weight=0.0))
+    framework = Framework(build_profile("alnair", [soft]))
     chosen = {
         placement.node_name
         for seed in range(8)
@@ -894,7 +897,7 @@ def test_pod_count_and_other_resources_are_checked_and_counted() -> None:
         ("Insufficient example.com/rdma", 1),  # big reports none
     ]
     # Through the live profile the pod lands where the device is, and takes it.
-    framework = Framework(live_profile("alnair", [req], util_weight=0.0))
+    framework = Framework(build_profile("alnair", [req]))
     placed = framework.schedule(req, snap, np.random.default_rng(0))
     assert placed.placement is not None and placed.placement.node_name == "small"
     cache.assume(req, placed.placement)

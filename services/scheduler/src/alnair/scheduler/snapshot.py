@@ -16,14 +16,30 @@ Kubernetes): a plugin gets the snapshot read-only and returns a status or scores
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from alnair.common.errors import InvalidValueError
+from alnair.common.kube import Obj
 from alnair.common.resources import MILLI_PER_GPU
+from alnair.common.topology import Topology
+from alnair.scheduler.terms import (
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    SpreadConstraint,
+    Toleration,
+    node_affinity_matches,
+    node_selector_matches,
+)
+
+if TYPE_CHECKING:
+    from alnair.scheduler.budgets import DisruptionBudgets
+    from alnair.scheduler.plugins.coscheduling import GangBook
+    from alnair.scheduler.plugins.reservation import Reservations
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -35,6 +51,10 @@ MAX_GPUS_PER_NODE = 16
 # Column of `ClusterSnapshot.affinity` for each pod kind (GpuClustering counts pods per kind).
 AFFINITY_SHARE = 0
 """Column for fractional-GPU pods; column n (1..MAX_GPUS_PER_NODE) counts n-whole-GPU pods."""
+
+UNLIMITED = 1 << 40
+"""Pod count of a node that reports no `pods` allocatable (every trace node)."""
+TOO_MANY_PODS = "Too many pods"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +86,10 @@ class PodRequest:
     `gpu_milli` is per GPU: a fractional pod has `num_gpu == 1` and `gpu_milli < 1000`; a
     whole-GPU pod has `gpu_milli == 1000`. `gpu_models` lists the acceptable GPU models (empty
     means any), which is the trace's `gpu_spec` and the `alnair.io/gpu-model` request.
+
+    The rest is what a live pod (or a trace that has it) adds: priority, gang, and the placement
+    constraints (`alnair.scheduler.terms`); their defaults mean "none", so a pod from a trace
+    that has none costs the constraint plugins nothing.
     """
 
     name: str
@@ -76,6 +100,29 @@ class PodRequest:
     gpu_models: frozenset[str] = frozenset()
     namespace: str = "default"
     uid: str = ""
+    priority: int = 0
+    gang: str | None = None
+    """`<namespace>/<podgroup>` when the pod belongs to a gang."""
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()
+    """Required node affinity terms (any may match); empty when the pod has none."""
+    node_preferences: tuple[tuple[int, NodeSelectorTerm], ...] = ()
+    """Preferred node affinity: (weight, term) pairs."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The pod's labels (disruption budgets and inter-pod affinity select pods by them)."""
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_preferences: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod affinity: (weight, term) pairs that attract."""
+    pod_aversions: tuple[tuple[int, PodAffinityTerm], ...] = ()
+    """Preferred pod anti-affinity: (weight, term) pairs that repel."""
+    spread: tuple[SpreadConstraint, ...] = ()
+    """Topology spread constraints, hard and soft."""
+    created: float = 0.0
+    """Creation time (epoch seconds): queue order and creation-to-bound latency."""
+    extra: tuple[tuple[str, int], ...] = ()
+    """Requests of resources outside `MODELLED_RESOURCES`, in whole units (bytes for sizes)."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0:
@@ -98,6 +145,34 @@ class PodRequest:
                 self.gpu_milli,
                 f"pod {self.name}: a fraction is only allowed on a single GPU",
             )
+
+    @property
+    def counts_placements(self) -> bool:
+        """Can another pod's placement make this one fit (required pod affinity, or a hard
+        spread constraint)? Only such pods are worth waking when a pod lands."""
+        return bool(self.pod_affinity) or any(c.hard for c in self.spread)
+
+    def counts_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Could a pod with these namespace and labels, newly placed, make this pod fit? Yes
+        when one of its required pod affinity terms or hard spread constraints selects it."""
+        if not self.counts_placements:
+            return False
+        return any(t.covers(namespace, labels) for t in self.pod_affinity) or (
+            namespace == self.namespace
+            and any(c.hard and c.selector.matches(labels) for c in self.spread)
+        )
+
+    def accepts_node(self, labels: Mapping[str, str], name: str) -> bool:
+        """Does the node pass the pod's `nodeSelector` and required node affinity?"""
+        if not node_selector_matches(self.node_selector, labels):
+            return False
+        return not self.node_affinity or node_affinity_matches(self.node_affinity, labels, name)
+
+    @property
+    def has_pod_terms(self) -> bool:
+        """Does the pod carry inter-pod terms that act on pods placed after it?"""
+        required = self.pod_anti_affinity or self.pod_affinity
+        return bool(required or self.pod_preferences or self.pod_aversions)
 
     @property
     def key(self) -> str:
@@ -162,6 +237,38 @@ class ClusterSnapshot:
     """Per-node data that plugins derive from this snapshot (checked against `generation`)."""
     _index: dict[str, int] = field(default_factory=dict)
 
+    # What a live cluster has, and a trace may: `build` fills neutral values (no labels, no
+    # taints, healthy idle GPUs, unlimited pod count), so the plugins reading them skip at once.
+    labels: list[dict[str, str]] = field(default_factory=list)
+    taints: list[tuple[Obj, ...]] = field(default_factory=list)
+    """Blocking (NoSchedule/NoExecute) taints per node."""
+    tainted: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    """Nodes with at least one blocking taint (so filters visit only those)."""
+    unhealthy: BoolArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.bool_))
+    withheld: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
+    """Free milli-GPU of unhealthy GPUs, parked here so that no plugin places on them."""
+    gpu_util: FloatArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float64))
+    """Measured GPU use in percent (the profiler's pod metrics)."""
+    topology: dict[str, Topology] = field(default_factory=dict)
+    """Node name -> its GPU link matrix (shared with the owner, not copied)."""
+    pods_cap: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Allocatable pod count per node (`UNLIMITED` when the node reports none)."""
+    pods_used: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    extra_cap: dict[str, IntArray] = field(default_factory=dict)
+    """Allocatable of every other resource a node reports (extended resources such as RDMA
+    devices or MIG slices, hugepages, ephemeral storage), per node; 0 where a node has none."""
+    extra_used: dict[str, IntArray] = field(default_factory=dict)
+    pod_termed: dict[str, PodRequest] = field(default_factory=dict)
+    """Placed pods with inter-pod terms, by key, so pods without terms cost nothing."""
+    gang_placed: dict[str, int] = field(default_factory=dict)
+    """Gang -> how many of its members are placed (assumed or bound)."""
+    reservations: Reservations | None = None
+    """Nodes held for starving or preempting pods (the owner's object, shared)."""
+    gangs: GangBook | None = None
+    """The PodGroups and their pending members (the owner's object, shared)."""
+    budgets: DisruptionBudgets | None = None
+    """PodDisruptionBudgets that preemption respects (live only; shared)."""
+
     @classmethod
     def build(
         cls,
@@ -194,6 +301,14 @@ class ClusterSnapshot:
             affinity=np.zeros((len(nodes), MAX_GPUS_PER_NODE + 1), dtype=np.int64),
             generation=np.zeros(len(nodes), dtype=np.int64),
             _index=index,
+            labels=[dict(n.labels) for n in nodes],
+            taints=[() for _ in nodes],
+            tainted=np.zeros(len(nodes), dtype=np.bool_),
+            unhealthy=np.zeros((len(nodes), width), dtype=np.bool_),
+            withheld=np.zeros((len(nodes), width), dtype=np.int64),
+            gpu_util=np.zeros((len(nodes), width), dtype=np.float64),
+            pods_cap=np.full(len(nodes), UNLIMITED, dtype=np.int64),
+            pods_used=np.zeros(len(nodes), dtype=np.int64),
         )
         for pod, placement in placed:
             snap.assume(pod, placement)
@@ -209,7 +324,7 @@ class ClusterSnapshot:
             raise InvalidValueError("node", name, "not in the snapshot") from None
 
     def copy(self) -> ClusterSnapshot:
-        """An independent snapshot (for what-if evaluation)."""
+        """An independent snapshot (for what-if evaluation); node facts are shared."""
         return ClusterSnapshot(
             names=self.names,
             models=self.models,
@@ -224,6 +339,22 @@ class ClusterSnapshot:
             generation=self.generation.copy(),
             placed=dict(self.placed),
             _index=self._index,
+            labels=self.labels,
+            taints=self.taints,
+            tainted=self.tainted,
+            unhealthy=self.unhealthy,
+            withheld=self.withheld.copy(),
+            gpu_util=self.gpu_util,
+            topology=self.topology,
+            pods_cap=self.pods_cap,
+            pods_used=self.pods_used.copy(),
+            extra_cap=self.extra_cap,
+            extra_used={name: used.copy() for name, used in self.extra_used.items()},
+            pod_termed=dict(self.pod_termed),
+            gang_placed=dict(self.gang_placed),
+            reservations=self.reservations,
+            gangs=self.gangs,
+            budgets=self.budgets,
         )
 
     def model_mask(self, allowed: frozenset[str]) -> BoolArray:
@@ -261,7 +392,53 @@ class ClusterSnapshot:
                 return f"insufficient milli-GPU on GPU {g}"
         if pod.gpu_models and pod.num_gpu and self.models[self.model_id[n]] not in pod.gpu_models:
             return "GPU model not allowed"
+        if n >= len(self.pods_cap):
+            return None
+        return self.extra_shortfall(pod, n)
+
+    def extra_shortfall(
+        self, pod: PodRequest, n: int, freed: Sequence[PodRequest] = ()
+    ) -> str | None:
+        """The pod count or other resource `pod` lacks on node `n` (after `freed` leave)."""
+        if self.pods_used[n] - len(freed) + 1 > self.pods_cap[n]:
+            return TOO_MANY_PODS
+        for name, amount in pod.extra:
+            room = int(self.extra_room(name)[n])
+            room += sum(dict(q.extra).get(name, 0) for q in freed)
+            if room < amount:
+                return f"Insufficient {name}"
         return None
+
+    def extra_room(self, name: str) -> IntArray:
+        """Per node: how much of resource `name` is left (0 where a node reports none)."""
+        cap = self.extra_cap.get(name)
+        if cap is None:
+            return np.zeros(len(self.names), dtype=np.int64)
+        used = self.extra_used.get(name)
+        room: IntArray = cap if used is None else cap - used
+        return room
+
+    def count(self, pod: PodRequest, n: int, sign: int) -> None:
+        """Add (`sign` 1) or take back (-1) what `pod` holds beyond the columns: the pod
+        count, other resources, its inter-pod terms and its gang membership."""
+        if 0 <= n < len(self.pods_used):
+            self.pods_used[n] += sign
+            for name, amount in pod.extra:
+                used = self.extra_used.get(name)
+                if used is None:
+                    used = self.extra_used[name] = np.zeros(len(self.names), dtype=np.int64)
+                used[n] += sign * amount
+        if pod.has_pod_terms:
+            if sign > 0:
+                self.pod_termed[pod.key] = pod
+            else:
+                self.pod_termed.pop(pod.key, None)
+        if pod.gang:
+            left = self.gang_placed.get(pod.gang, 0) + sign
+            if left > 0:
+                self.gang_placed[pod.gang] = left
+            else:
+                self.gang_placed.pop(pod.gang, None)
 
     def assume(self, pod: PodRequest, placement: Placement) -> None:
         """Account `pod` on its placement (before the bind completes, as upstream does)."""
@@ -282,6 +459,7 @@ class ClusterSnapshot:
             self.affinity[n, column] += 1
         self.generation[n] += 1
         self.placed[pod.key] = (pod, placement)
+        self.count(pod, n, 1)
 
     def forget(self, key: str) -> tuple[PodRequest, Placement]:
         """Undo `assume` (a failed bind, or a pod that left); returns what was removed."""
@@ -298,4 +476,5 @@ class ClusterSnapshot:
         if column is not None:
             self.affinity[n, column] -= 1
         self.generation[n] += 1
+        self.count(pod, n, -1)
         return pod, placement

@@ -1,7 +1,12 @@
 """The extension points: one protocol per point of the upstream scheduling cycle.
 
-A pod goes PreFilter -> Filter -> (PostFilter when nothing fits) -> PreScore -> Score ->
-NormalizeScore -> node selection -> GPU choice -> Reserve -> Permit, then Bind (live binder only).
+A pod goes PreFilter -> Filter -> (PostFilter when PreFilter or Filter rejects it) -> PreScore ->
+Score -> NormalizeScore -> node selection -> GPU choice -> Reserve -> Permit; its binding cycle
+is PreBind -> Bind (Unreserve when anything after Reserve fails). The simulator runs the same
+cycle and "binds" by assuming the placement in its snapshot; the live binder binds through the
+API server. A PreFilter or PreScore plugin that returns SKIP is not run at the matching Filter
+or Score point for that pod (upstream's rule), which is how plugins whose data a pod or a
+snapshot lacks (labels, taints, pod terms, gangs) cost nothing.
 
 Plugins are pure functions of (pod, snapshot): they read the `ClusterSnapshot` and return a
 `Status`, a per-node verdict or per-node scores, and never change the snapshot. Unlike upstream,
@@ -14,8 +19,9 @@ needs in a later one (the random node of RandomScore, FGD's best GPU per node) g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,6 +34,9 @@ from alnair.scheduler.snapshot import (
     Placement,
     PodRequest,
 )
+
+if TYPE_CHECKING:
+    from alnair.scheduler.framework.runtime import ScheduleResult
 
 MAX_NODE_SCORE = 100.0
 MIN_NODE_SCORE = 0.0
@@ -43,6 +52,71 @@ class CycleState:
 
     rng: np.random.Generator
     data: dict[str, object] = field(default_factory=dict)
+    skip_filter: set[str] = field(default_factory=set)
+    """Plugins whose PreFilter said SKIP: their Filter is not run for this pod."""
+    skip_score: set[str] = field(default_factory=set)
+    """Plugins whose PreScore said SKIP: their Score is not run for this pod."""
+    what_if: bool = False
+    """A trial placement (explanation, a gang's or a preemption's what-if): PostFilter, Reserve
+    and Permit do not run, and plugins that plan over several pods do not recurse."""
+    handle: Handle | None = None
+    """The framework running this cycle, for plugins that need a trial placement."""
+
+
+class Handle(Protocol):
+    """What a plugin may ask of the framework running it (upstream's `framework.Handle`)."""
+
+    def schedule(
+        self,
+        pod: PodRequest,
+        snapshot: ClusterSnapshot,
+        rng: np.random.Generator,
+        *,
+        explain: bool = False,
+        what_if: bool = False,
+    ) -> ScheduleResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """Why PreFilter or Filter left no node: reason counts, and the nodes behind each reason."""
+
+    counts: dict[str, int]
+    by_reason: tuple[tuple[str, IntArray], ...] = ()
+
+    def nodes_where(self, keep: Callable[[str], bool]) -> list[int]:
+        """Snapshot indices of the nodes rejected for a reason `keep` accepts."""
+        return sorted(int(n) for reason, nodes in self.by_reason if keep(reason) for n in nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """What a PostFilter plugin proposes so that the pod fits later: pods to evict (preemption;
+    `node_name` is "" when they span several nodes, as for a gang) or a node held for it."""
+
+    node_name: str = ""
+    victims: tuple[str, ...] = ()
+    """Keys (uids) of the pods to evict."""
+    highest_priority: int = 0
+    budget_violations: int = 0
+    """How many victims are evicted against a PodDisruptionBudget."""
+    graceful: tuple[str, ...] = ()
+    """Victims that are elastic surplus: deleted with their own grace period."""
+    gang: str | None = None
+    """Set when the victims make room for a whole gang."""
+    message: str = ""
+
+    def describe(self) -> str:
+        text = f"preempting {len(self.victims)} pod(s) on {self.node_name}"
+        if self.budget_violations:
+            text += f" ({self.budget_violations} against a PodDisruptionBudget)"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class PostFilterResult:
+    status: Status
+    nomination: Nomination | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +159,10 @@ class PostFilterPlugin(Plugin, Protocol):
         pod: PodRequest,
         snapshot: ClusterSnapshot,
         state: CycleState,
-        reasons: dict[str, int],
-    ) -> Status:
-        """Called when no node passed Filter (preemption lives here); `reasons` are counts."""
+        filtered: Filtered,
+    ) -> PostFilterResult:
+        """Called when PreFilter or Filter left no node (preemption, node holds); the first
+        plugin that nominates something ends the point."""
         ...
 
 
@@ -160,7 +235,20 @@ class PermitPlugin(Plugin, Protocol):
 
 
 @runtime_checkable
+class PreBindPlugin(Plugin, Protocol):
+    async def pre_bind(
+        self,
+        pod: PodRequest,
+        snapshot: ClusterSnapshot,
+        state: CycleState,
+        placement: Placement,
+    ) -> Status:
+        """Make what the binding needs real first (a claim's allocation); not OK: Unreserve."""
+        ...
+
+
+@runtime_checkable
 class BindPlugin(Plugin, Protocol):
-    async def bind(self, pod: PodRequest, placement: Placement) -> Status:
+    async def bind(self, pod: PodRequest, state: CycleState, placement: Placement) -> Status:
         """Make the placement real (the live binder's Kubernetes Binding); SKIP to pass on."""
         ...

@@ -5,12 +5,14 @@ GPUs (a `Placement`), or the reasons no node fits, plus the per-node scores for 
 never changes the snapshot; the caller decides what to do with the placement:
 
 - the simulator calls `snapshot.assume(pod, placement)` at once (pods never fail to bind);
-- the live binder (issue 4) does the same before its asynchronous Binding, like the upstream
-  scheduler cache, and calls `snapshot.forget(pod.key)` if the Binding fails. It builds the
-  snapshot from the API server's nodes (capacity, `alnair.io/gpu-model` label) and bound pods
-  (requests, `alnair.io/gpu-indices` annotation) with `ClusterSnapshot.build`, keeps it current
-  from watch events with assume/forget, and writes `ScheduleResult.message()` into the pod's
-  condition and Event when the status is UNSCHEDULABLE. Bind plugins run only there.
+- the live binder does the same before its asynchronous binding cycle (`pre_bind`, `bind`),
+  like the upstream scheduler cache, and calls `unreserve` and `snapshot.forget(pod.key)` if
+  the binding fails. It writes `ScheduleResult.message()` into the pod's condition and Event
+  when the status is UNSCHEDULABLE. Bind plugins run only there.
+
+Both act on `ScheduleResult.nomination` (a PostFilter's victims to evict, or a node held for
+the pod) and on a WAIT from Permit (the pod is assumed and waits for its gang; `Coscheduling`).
+A `what_if` (or `explain`) call is a trial: PostFilter, Reserve and Permit do not run.
 
 Node selection follows upstream `selectHost`: the highest weighted sum of normalized scores
 wins, and ties are broken uniformly at random with the cycle's generator (so a seeded run
@@ -27,18 +29,22 @@ import numpy as np
 
 from alnair.common.errors import InvalidValueError
 from alnair.scheduler.framework.interface import (
+    BindPlugin,
     CycleState,
+    Filtered,
     FilterPlugin,
     GpuSelector,
+    Nomination,
     NormalizeScorePlugin,
     PermitPlugin,
     PostFilterPlugin,
+    PreBindPlugin,
     PreFilterPlugin,
     PreScorePlugin,
     ReservePlugin,
     ScorePlugin,
 )
-from alnair.scheduler.framework.status import Code, Status, unschedulable
+from alnair.scheduler.framework.status import SKIP, Code, Status, error, unschedulable
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, Placement, PodRequest
 
 TIE_BREAKS = ("random", "first")
@@ -65,6 +71,8 @@ class Profile:
     pre_score: Sequence[PreScorePlugin] = ()
     reserve: Sequence[ReservePlugin] = ()
     permit: Sequence[PermitPlugin] = ()
+    pre_bind: Sequence[PreBindPlugin] = ()
+    bind: Sequence[BindPlugin] = ()
 
 
 @dataclass
@@ -84,9 +92,17 @@ class ScheduleResult:
     """How many nodes each Filter reason rejected."""
     node_reasons: dict[int, str] = field(default_factory=dict)
     """Filter reason per rejected node index (only with `explain=True`)."""
+    nomination: Nomination | None = None
+    """What a PostFilter plugin proposed (victims to evict, a node held for the pod)."""
+    state: CycleState | None = None
+    """The cycle's state, which the binding cycle (PreBind, Bind, Unreserve) continues."""
+    pre_filtered: bool = False
+    """A PreFilter rejected the pod as a whole (its reason is the message)."""
 
     def message(self) -> str:
         """The sentence users read on the pod, in the upstream shape."""
+        if self.pre_filtered and self.status.reason:
+            return self.status.reason
         if self.placement is not None:
             gpus = self.placement.annotation_indices()
             where = self.placement.node_name + (f" (GPUs {gpus})" if gpus else "")
@@ -127,23 +143,34 @@ class Framework:
         rng: np.random.Generator,
         *,
         explain: bool = False,
+        what_if: bool = False,
     ) -> ScheduleResult:
         """Choose a node and GPUs for `pod` on `snapshot` (which is not modified)."""
         profile = self.profile
-        state = CycleState(rng=rng)
+        trial = what_if or explain
+        state = CycleState(rng=rng, what_if=trial, handle=self)
         total = len(snapshot)
 
         for pre in profile.pre_filter:
             status = pre.pre_filter(pod, snapshot, state)
-            if not status.ok:
-                return ScheduleResult(status.with_plugin(pre.NAME), nodes_total=total)
+            if status.code is Code.SKIP:
+                state.skip_filter.add(pre.NAME)
+            elif not status.ok:
+                status = status.with_plugin(pre.NAME)
+                result = ScheduleResult(status, nodes_total=total, state=state, pre_filtered=True)
+                if status.code is Code.UNSCHEDULABLE and not trial:
+                    result.nomination = self._post_filter(pod, snapshot, state, Filtered({}))
+                return result
 
         nodes = np.arange(total, dtype=np.int64)
         reasons: Counter[str] = Counter()
+        by_reason: list[tuple[str, IntArray]] = []
         node_reasons: dict[int, str] = {}
         for plug in profile.filter:
             if nodes.size == 0:
                 break
+            if plug.NAME in state.skip_filter:
+                continue
             verdict = plug.filter(pod, snapshot, state, nodes)
             failed = ~verdict.passed
             if failed.any():
@@ -153,36 +180,46 @@ class Framework:
                     count = int(hit.sum())
                     if count:
                         reasons[reason] += count
+                        by_reason.append((reason, nodes[hit]))
                         if explain:
                             node_reasons.update((int(n), reason) for n in nodes[hit])
                         unexplained &= ~mask
                 rest = int(unexplained.sum())
                 if rest:
                     reasons[plug.NAME] += rest
+                    by_reason.append((plug.NAME, nodes[unexplained]))
                     if explain:
                         node_reasons.update((int(n), plug.NAME) for n in nodes[unexplained])
                 nodes = nodes[verdict.passed]
 
         if nodes.size == 0:
-            status = unschedulable("no node fits", "Filter")
             counts = dict(reasons)
-            for post in profile.post_filter:
-                answer = post.post_filter(pod, snapshot, state, counts)
-                if answer.code is not Code.UNSCHEDULABLE:
-                    status = answer.with_plugin(post.NAME)
-                    break
-            return ScheduleResult(
-                status, nodes_total=total, reasons=counts, node_reasons=node_reasons
+            result = ScheduleResult(
+                unschedulable("no node fits", "Filter"),
+                nodes_total=total,
+                reasons=counts,
+                node_reasons=node_reasons,
+                state=state,
             )
+            if not trial:
+                filtered = Filtered(counts, tuple(by_reason))
+                result.nomination = self._post_filter(pod, snapshot, state, filtered)
+            return result
 
         for pre_score in profile.pre_score:
             status = pre_score.pre_score(pod, snapshot, state, nodes)
-            if not status.ok:
-                return ScheduleResult(status.with_plugin(pre_score.NAME), nodes_total=total)
+            if status.code is Code.SKIP:
+                state.skip_score.add(pre_score.NAME)
+            elif not status.ok:
+                return ScheduleResult(
+                    status.with_plugin(pre_score.NAME), nodes_total=total, state=state
+                )
 
         totals = np.zeros(nodes.size, dtype=np.float64)
         per_plugin: dict[str, FloatArray] = {}
         for weighted in profile.score:
+            if weighted.plugin.NAME in state.skip_score:
+                continue
             raw = weighted.plugin.score(pod, snapshot, state, nodes)
             normalizer = self._normalizers.get(id(weighted.plugin))
             if normalizer is not None:
@@ -204,32 +241,14 @@ class Framework:
                 return ScheduleResult(
                     unschedulable("no GPU fits on the chosen node", profile.gpu_selector.NAME),
                     nodes_total=total,
+                    state=state,
                 )
             gpus = chosen
         placement = Placement(
             node=node, node_name=snapshot.names[node], gpu_indices=gpus, gpu_milli=pod.gpu_milli
         )
-
-        reserved: list[ReservePlugin] = []
-        for res in profile.reserve:
-            status = res.reserve(pod, snapshot, state, placement)
-            if not status.ok:
-                for done in reversed(reserved):
-                    done.unreserve(pod, snapshot, state, placement)
-                return ScheduleResult(status.with_plugin(res.NAME), nodes_total=total)
-            reserved.append(res)
-        final = Status()
-        for permit in profile.permit:
-            status = permit.permit(pod, snapshot, state, placement)
-            if status.code is Code.WAIT:
-                final = status.with_plugin(permit.NAME)
-            elif not status.ok:
-                for done in reversed(reserved):
-                    done.unreserve(pod, snapshot, state, placement)
-                return ScheduleResult(status.with_plugin(permit.NAME), nodes_total=total)
-
-        return ScheduleResult(
-            final,
+        result = ScheduleResult(
+            Status(),
             placement=placement,
             nodes_total=total,
             feasible=nodes,
@@ -237,4 +256,66 @@ class Framework:
             plugin_scores=per_plugin,
             reasons=dict(reasons),
             node_reasons=node_reasons,
+            state=state,
         )
+        if trial:
+            return result
+
+        reserved: list[ReservePlugin] = []
+        for res in profile.reserve:
+            status = res.reserve(pod, snapshot, state, placement)
+            if not status.ok:
+                for done in reversed(reserved):
+                    done.unreserve(pod, snapshot, state, placement)
+                return ScheduleResult(status.with_plugin(res.NAME), nodes_total=total, state=state)
+            reserved.append(res)
+        for permit in profile.permit:
+            status = permit.permit(pod, snapshot, state, placement)
+            if status.code is Code.WAIT:
+                result.status = status.with_plugin(permit.NAME)
+            elif not status.ok:
+                for done in reversed(reserved):
+                    done.unreserve(pod, snapshot, state, placement)
+                return ScheduleResult(
+                    status.with_plugin(permit.NAME), nodes_total=total, state=state
+                )
+        return result
+
+    def _post_filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, filtered: Filtered
+    ) -> Nomination | None:
+        for post in self.profile.post_filter:
+            answer = post.post_filter(pod, snapshot, state, filtered)
+            if answer.nomination is not None:
+                return answer.nomination
+        return None
+
+    def unreserve(self, pod: PodRequest, snapshot: ClusterSnapshot, result: ScheduleResult) -> None:
+        """Undo every Reserve of `result` (a binding that failed, a gang that timed out)."""
+        if result.placement is None:
+            return
+        state = result.state or CycleState(rng=np.random.default_rng(0), handle=self)
+        for res in reversed(self.profile.reserve):
+            res.unreserve(pod, snapshot, state, result.placement)
+
+    async def pre_bind(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, result: ScheduleResult
+    ) -> Status:
+        """PreBind: what the Binding needs made real first; the first failure is returned."""
+        assert result.placement is not None
+        assert result.state is not None
+        for plugin in self.profile.pre_bind:
+            status = await plugin.pre_bind(pod, snapshot, result.state, result.placement)
+            if not status.ok:
+                return status.with_plugin(plugin.NAME)
+        return Status()
+
+    async def bind(self, pod: PodRequest, result: ScheduleResult) -> Status:
+        """Bind: the first plugin that does not SKIP makes the placement real."""
+        assert result.placement is not None
+        assert result.state is not None
+        for plugin in self.profile.bind:
+            status = await plugin.bind(pod, result.state, result.placement)
+            if status.code is not Code.SKIP:
+                return status.with_plugin(plugin.NAME)
+        return error("no Bind plugin took the pod") if self.profile.bind else SKIP

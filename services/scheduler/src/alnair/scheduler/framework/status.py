@@ -35,6 +35,8 @@ class Status:
     code: Code = Code.SUCCESS
     reason: str = ""
     plugin: str = ""
+    timeout_s: float = 0.0
+    """WAIT only: how long the pod may wait before its reservation is withdrawn."""
 
     @property
     def ok(self) -> bool:
@@ -45,7 +47,7 @@ class Status:
         return self.code in (Code.UNSCHEDULABLE, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
 
     def with_plugin(self, plugin: str) -> Status:
-        return Status(self.code, self.reason, plugin)
+        return Status(self.code, self.reason, plugin, self.timeout_s)
 
     def __str__(self) -> str:
         where = f"{self.plugin}: " if self.plugin else ""

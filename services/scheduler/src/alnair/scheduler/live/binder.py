@@ -4,16 +4,17 @@ One scheduling cycle at a time (like upstream, so every cycle sees the previous 
 reservation), many bindings in flight at once. A cycle:
 1. pop the highest-priority pod; parse its request (an invalid request gets a Warning Event and
    waits for the pod to change);
-2. gang pods: PreFilter the whole gang (see `gang`);
-3. `Framework.schedule` on the cache's snapshot; on success assume the placement at once (the
-   assumed-pod cache), then Permit: a gang member waits for its gang, others bind right away;
-4. bind asynchronously through the Binding subresource, with the chosen GPU indices and share
-   as annotations written in the same request; on failure the reservation is forgotten and the
-   pod backs off;
-5. on failure, PostFilter: preempt lower-priority pods when that makes room; otherwise write the
-   reason ("0/40 nodes are available: 32 Insufficient whole GPUs, 8 GPU unhealthy.") into the
-   PodScheduled condition and a FailedScheduling Event, and park the pod until an event can
-   change the answer.
+2. `Framework.schedule` on the cache's snapshot: every decision (gangs, preemption, node
+   reservations, constraints, the policy) is a plugin of the profile `build_profile` makes, the
+   same one the simulator runs;
+3. on a placement, assume it at once (the assumed-pod cache); Permit WAIT (a gang member) keeps
+   it assumed until its gang is complete or its timer withdraws it; otherwise bind
+   asynchronously: PreBind plugins, then the Bind plugin (`binding.KubeBinder`); on failure
+   Unreserve, forget, and the pod backs off;
+4. without one, act on the PostFilter's nomination: delete the victims it chose (`evictions`),
+   or tell the pod a node is held for it; write the reason ("0/40 nodes are available: 32
+   Insufficient whole GPUs, 8 GPU unhealthy.") into the PodScheduled condition and a
+   FailedScheduling Event, and park the pod until an event can change the answer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -43,31 +43,12 @@ from alnair.common.kube import (
 )
 from alnair.common.tasks import spawn
 from alnair.common.topology import Topology
-from alnair.scheduler.framework import (
-    FilterPlugin,
-    Framework,
-    Profile,
-    ScheduleResult,
-    WeightedScore,
-)
+from alnair.scheduler.framework import Framework, Nomination, ScheduleResult
 from alnair.scheduler.framework.status import Code
-from alnair.scheduler.live.budgets import DisruptionBudgets
-from alnair.scheduler.live.cache import TOO_MANY_PODS, LiveSnapshot, SchedulerCache
-from alnair.scheduler.live.gang import GangManager, clone_member
-from alnair.scheduler.live.plugins import (
-    GpuHealth,
-    GpuUtilization,
-    InterPodAffinity,
-    NodeAffinity,
-    NodeReservation,
-    NodeResourcesExtra,
-    NodeSelector,
-    PodTopologySpread,
-    PreferredInterPodAffinity,
-    PreferredNodeAffinity,
-    TaintToleration,
-    TopologyAwareGpus,
-)
+from alnair.scheduler.live.binding import KubeBinder
+from alnair.scheduler.live.cache import SchedulerCache
+from alnair.scheduler.live.explain import explain_pod
+from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.pods import (
     InvalidPodError,
     LivePod,
@@ -75,55 +56,23 @@ from alnair.scheduler.live.pods import (
     parse_pod,
     wants_us,
 )
-from alnair.scheduler.live.preemption import select_victims
 from alnair.scheduler.live.queue import QueuedPod, SchedulingQueue
-from alnair.scheduler.live.reservations import Holder, closest_node
 from alnair.scheduler.metrics import SchedulerMetrics
-from alnair.scheduler.plugins.fit import GpuFit
-from alnair.scheduler.plugins.registry import policy as find_policy
+from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 from alnair.scheduler.settings import SchedulerSettings
-from alnair.scheduler.snapshot import ClusterSnapshot, Placement
+from alnair.scheduler.snapshot import PodRequest
 
 log = logging.getLogger(__name__)
 EventType = Literal["Normal", "Warning"]
 
 
-def for_lack_of_room(why: str) -> bool:
-    """A filter reason that evicting pods can cure: the pod count, or any "Insufficient ..."
-    (cpu, memory, whole GPUs, GPU share, or another resource)."""
-    return why == TOO_MANY_PODS or why.startswith("Insufficient ")
-
-
-def live_profile(policy_name: str, workload: list[LivePod], util_weight: float) -> Profile:
-    """The policy's profile with the live-only filters and the utilization score added."""
-    base = find_policy(policy_name).build(workload)
-    filters: list[FilterPlugin] = [
-        TaintToleration(),
-        NodeSelector(),
-        NodeAffinity(),
-        InterPodAffinity(),
-        PodTopologySpread(),
-        NodeReservation(),
-    ]
-    for f in base.filter:
-        if isinstance(f, GpuFit):
-            filters.append(GpuHealth())
-        filters.append(f)
-    filters.append(NodeResourcesExtra())
-    scores = [
-        *base.score,
-        WeightedScore(PreferredNodeAffinity()),
-        WeightedScore(PreferredInterPodAffinity()),
-        WeightedScore(PodTopologySpread()),
-    ]
-    if util_weight > 0:
-        scores.append(WeightedScore(GpuUtilization(), util_weight))
-    return replace(
-        base,
-        name=f"live-{base.name}",
-        filter=tuple(filters),
-        score=tuple(scores),
-        gpu_selector=TopologyAwareGpus(base.gpu_selector),
+def live_options(settings: SchedulerSettings, kube: KubeClient) -> ProfileOptions:
+    """The live additions to every profile: utilization score, starvation guard, Binding."""
+    return ProfileOptions(
+        utilization_weight=settings.utilization_weight,
+        starvation_after_s=settings.starvation_after_s,
+        max_reserved_nodes=settings.max_reserved_nodes,
+        bind=(KubeBinder(kube, settings.identity),),
     )
 
 
@@ -151,13 +100,16 @@ class Scheduler:
         self.metrics = metrics or SchedulerMetrics()
         self.cache = SchedulerCache()
         self.queue = SchedulingQueue(settings.initial_backoff_s, settings.max_backoff_s)
-        self.gangs = GangManager()
+        self.gangs = GangManager(self.cache.gangs)
+        self.cache.gangs.pending = self._pending_members
+        self.cache.reservations.on_change = self._reservations_changed
+        self.options = live_options(settings, kube)
         self.rng = np.random.default_rng(settings.seed)
         self.nodes = Informer(kube, NODES, name="nodes")
         self.pods = Informer(kube, PODS, name="pods")
         self.podgroups = Informer(kube, PODGROUPS, name="podgroups")
         self.pdbs = Informer(kube, PODDISRUPTIONBUDGETS, name="poddisruptionbudgets")
-        self.budgets = DisruptionBudgets()
+        self.budgets = self.cache.budgets
         self.nodes.add_handler(self._on_node)
         self.pods.add_handler(self._on_pod)
         self.podgroups.add_handler(self._on_podgroup)
@@ -231,8 +183,7 @@ class Scheduler:
     def _on_node(self, event: WatchEvent, node: Obj, old: Obj | None) -> None:
         if event is WatchEvent.DELETED:
             self.cache.delete_node(node["metadata"]["name"])
-            if self.cache.reservations.drop_node(node["metadata"]["name"]):
-                self._report_reservations()
+            self.cache.reservations.drop_node(node["metadata"]["name"])
             return
         if self.cache.upsert_node(node):
             self.queue.move_all_to_active()
@@ -345,9 +296,7 @@ class Scheduler:
             2 * self._workload_at_build, 100 + self._workload_at_build
         ):
             recent = self._workload[-self.settings.workload_window :]
-            self._framework = Framework(
-                live_profile(self.settings.policy, recent, self.settings.utilization_weight)
-            )
+            self._framework = Framework(build_profile(self.settings.policy, recent, self.options))
             self._workload_at_build = n
         return self._framework
 
@@ -361,87 +310,79 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         framework = self.framework()
-        snapshot = self.cache.snapshot()
-        if req.gang:
-            st = self.gangs.st(req.gang)
-            siblings = [
-                e.request
-                for e in self.queue.pods.values()
-                if e.request is not None
-                and e.request.gang == req.gang
-                and e.uid not in st.waiting
-                and not self.cache.is_placed(e.uid)
-            ]
-            status = self.gangs.check(req, siblings, snapshot, framework, self.rng)
-            if not status.ok:
-                self.metrics.attempts.labels(result="unschedulable").inc()
-                # PostFilter for a gang: each member that finds no room alone preempts for
-                # itself (surplus elastic workers first); the gang binds once all have room.
-                if self._gang_could_fit(req, snapshot) and await self._try_preempt_gang(
-                    entry, req, siblings, snapshot, framework
-                ):
-                    return
-                self._unschedulable(entry, status.reason)
-                self._maybe_reserve(entry, req, snapshot, framework)
-                return
-        result = framework.schedule(req, snapshot, self.rng)
+        result = framework.schedule(req, self.cache.snapshot(), self.rng)
         self.metrics.algorithm_seconds.observe(time.perf_counter() - t0)
         self.last_result[entry.uid] = result
         if result.placement is None:
             self.metrics.attempts.labels(result="unschedulable").inc()
-            if await self._try_preempt(entry, req, result):
+            nomination = result.nomination
+            if nomination is not None and nomination.victims:
+                await self._preempt(entry, req, result, nomination)
                 return
             self._unschedulable(entry, result.message())
-            self._maybe_reserve(entry, req, snapshot, framework)
+            if nomination is not None:  # a node held for a starving pod
+                self._emit(entry.obj, "Normal", "NodeReserved", nomination.message)
+                log.info("node reserved", extra={"pod": entry.key, "node": nomination.node_name})
             return
         self.cache.assume(req, result.placement)
-        self._release_reservation(entry.uid)
         self.metrics.attempts.labels(result="scheduled").inc()
-        if req.gang and req.gang in self.gangs.groups:
-            if not self.gangs.add_waiting(entry, req, result.placement):
-                self.queue.release(entry)
-                self._arm_gang_timer(req.gang)
-                self._podgroup_status(req.gang)
-                return
-            for w_entry, w_req, w_place in self.gangs.take_waiting(req.gang):
-                self.gangs.mark_bound(req.gang, w_req.key)
-                self._start_bind(w_entry, w_req, w_place)
+        if result.status.code is Code.WAIT and req.gang:
+            self.gangs.add_waiting(entry, req, result)
+            self.queue.release(entry)
+            self._arm_gang_timer(req.gang, result.status.timeout_s)
             self._podgroup_status(req.gang)
             return
-        self._start_bind(entry, req, result.placement)
+        if req.gang and req.gang in self.gangs.groups:
+            for w_entry, w_req, w_result in self.gangs.take_waiting(req.gang):
+                self.gangs.mark_bound(req.gang, w_req.key)
+                self._start_bind(w_entry, w_req, w_result, framework)
+            self.gangs.mark_bound(req.gang, req.key)
+            self._start_bind(entry, req, result, framework)
+            self._podgroup_status(req.gang)
+            return
+        self._start_bind(entry, req, result, framework)
 
-    def _start_bind(self, entry: QueuedPod, req: LivePod, placement: Placement) -> None:
+    def _pending_members(self, gang: str) -> list[PodRequest]:
+        """The gang's members in the queue and not placed (what Coscheduling plans with)."""
+        return [
+            e.request
+            for e in self.queue.pods.values()
+            if e.request is not None and e.request.gang == gang and not self.cache.is_placed(e.uid)
+        ]
+
+    def _start_bind(
+        self, entry: QueuedPod, req: LivePod, result: ScheduleResult, framework: Framework
+    ) -> None:
         self.queue.in_flight.add(entry.uid)
-        task = asyncio.create_task(self._bind(entry, req, placement))
+        task = asyncio.create_task(self._bind(entry, req, result, framework))
         self._binds.add(task)
         task.add_done_callback(self._binds.discard)
 
-    async def _bind(self, entry: QueuedPod, req: LivePod, placement: Placement) -> None:
-        meta = entry.obj["metadata"]
-        annotations = {
-            r.ANN_GPU_INDICES: placement.annotation_indices(),
-            r.ANN_GPU_MILLI: str(placement.gpu_milli if req.num_gpu else 0),
-            r.ANN_SCHEDULED_BY: self.settings.identity,
-        }
+    async def _bind(
+        self, entry: QueuedPod, req: LivePod, result: ScheduleResult, framework: Framework
+    ) -> None:
+        """The binding cycle: PreBind plugins, then Bind; Unreserve and forget on failure."""
+        placement = result.placement
+        assert placement is not None
         async with self._bind_slots:
             self.metrics.binds_in_flight.inc()
             try:
-                await self.kube.bind(
-                    meta["namespace"],
-                    meta["name"],
-                    placement.node_name,
-                    uid=entry.uid,
-                    annotations=annotations,
-                )
+                status = await framework.pre_bind(req, self.cache.snapshot(), result)
+                if status.ok:
+                    status = await framework.bind(req, result)
+                if not status.ok:
+                    raise RuntimeError(str(status))
             except (Conflict, NotFound) as exc:
                 # Bound meanwhile (another replica before a failover) or deleted: the pod
                 # watch shows the truth; our reservation must go.
+                framework.unreserve(req, self.cache.snapshot(), result)
                 self.cache.forget(entry.uid)
                 self.queue.done(entry.uid)
                 self.metrics.binds.labels(result="conflict").inc()
                 log.info("bind refused", extra={"pod": entry.key, "error": str(exc)})
                 return
             except Exception as exc:
+                framework.unreserve(req, self.cache.snapshot(), result)
                 self.cache.forget(entry.uid)
                 if req.gang:
                     self.gangs.member_gone(req.gang, entry.uid)
@@ -467,73 +408,13 @@ class Scheduler:
 
     # --- failure paths -------------------------------------------------------------------
 
-    def _maybe_reserve(
-        self, entry: QueuedPod, req: LivePod, snapshot: LiveSnapshot, framework: Framework
-    ) -> None:
-        """Reserve a node for a pod that has waited past `starvation_after_s` (see
-        `reservations`)."""
-        after = self.settings.starvation_after_s
-        waited = time.time() - req.created if req.created else 0.0
-        reservations = self.cache.reservations
-        if (
-            after <= 0
-            or waited < after
-            or reservations.node_of(entry.uid) is not None
-            or len(reservations) >= self.settings.max_reserved_nodes
-        ):
-            return
-        explained = framework.schedule(req, snapshot, self.rng, explain=True)
-        if explained.placement is not None:  # fits alone; its gang does not yet
-            node: int | None = explained.placement.node
-        else:
-            candidates = [n for n, why in explained.node_reasons.items() if for_lack_of_room(why)]
-            node = closest_node(req, snapshot, candidates)
-        if node is None:
-            return
-        name = snapshot.names[node]
-        taken = reservations.reserve(name, self._holder(entry, req))
-        if taken is False:
-            return
-        if isinstance(taken, Holder):
-            log.info("reservation taken over", extra={"node": name, "from": taken.key})
-        self._report_reservations()
-        self._emit(
-            entry.obj,
-            "Normal",
-            "NodeReserved",
-            f"Pending for {waited:.0f} s: node {name} is reserved for this pod; pods that do "
-            "not outrank it stay off the node until this pod is placed.",
-        )
-        log.info("node reserved", extra={"pod": entry.key, "node": name, "waited_s": waited})
-
-    @staticmethod
-    def _holder(entry: QueuedPod, req: LivePod) -> Holder:
-        return Holder(
-            uid=entry.uid,
-            key=entry.key,
-            priority=req.priority,
-            created=req.created,
-            gang=req.gang,
-            since=time.time(),
-        )
-
-    def _hold_for_preemptor(self, entry: QueuedPod, req: LivePod, node: str) -> None:
-        """Keep the room being freed for the preemptor: pods that do not outrank it stay off
-        the node until it lands (upstream keeps a nominated pod's room the same way)."""
-        reservations = self.cache.reservations
-        if reservations.node_of(entry.uid) not in (None, node):
-            reservations.release(entry.uid)
-        if reservations.node_of(entry.uid) is None:
-            reservations.reserve(node, self._holder(entry, req))
-        self._report_reservations()
-
-    def _report_reservations(self) -> None:
+    def _reservations_changed(self, released: bool) -> None:
         self.metrics.reserved_nodes.set(len(self.cache.reservations))
+        if released:  # pods kept off the node may fit now
+            self.queue.move_all_to_active()
 
     def _release_reservation(self, uid: str) -> None:
-        if self.cache.reservations.release(uid) is not None:
-            self._report_reservations()
-            self.queue.move_all_to_active()
+        self.cache.reservations.release(uid)
 
     def _unschedulable(self, entry: QueuedPod, message: str) -> None:
         if message != entry.last_message:
@@ -542,128 +423,51 @@ class Scheduler:
             self._condition(entry.obj, "Unschedulable", message)
         self.queue.unschedulable_now(entry)
 
-    def _gang_could_fit(self, req: LivePod, snapshot: ClusterSnapshot) -> bool:
-        """Whether the gang's missing members need no more GPUs than the cluster has at all:
-        a gang that can never fit must not evict anyone on its way to failing."""
-        if req.gang is None or req.priority <= 0 or req.gang not in self.gangs.groups:
-            return False
-        st = self.gangs.st(req.gang)
-        needed = self.gangs.groups[req.gang].min_member - len(st.bound) - len(st.waiting)
-        return needed * req.num_gpu <= int(snapshot.gpu_count.sum())
-
-    async def _try_preempt_gang(
-        self,
-        entry: QueuedPod,
-        req: LivePod,
-        siblings: list[LivePod],
-        snapshot: ClusterSnapshot,
-        framework: Framework,
-    ) -> bool:
-        """PostFilter for a gang: victims for every missing member at once, chosen on one
-        what-if snapshot (each member's victims gone and the member placed before the next is
-        considered), so members never pick the same victim and the gang fits when they are gone.
-        Nothing is evicted unless the whole gang then fits."""
-        assert req.gang is not None
-        st = self.gangs.st(req.gang)
-        needed = self.gangs.groups[req.gang].min_member - len(st.bound) - len(st.waiting)
-        trial = [req, *[s for s in siblings if s.key != req.key][: needed - 1]]
-        trial += [clone_member(req, i) for i in range(len(trial), needed)]
-        what_if = snapshot.copy()
-        victims: dict[str, bool] = {}
-        for member in trial:
-            placed = framework.schedule(member, what_if, self.rng)
-            if placed.placement is None:
-                explained = framework.schedule(member, what_if, self.rng, explain=True)
-                candidates = [
-                    n for n, why in explained.node_reasons.items() if for_lack_of_room(why)
-                ]
-                nomination = select_victims(
-                    member, what_if, candidates, self.gangs.min_members(), self.budgets
+    async def _preempt(
+        self, entry: QueuedPod, req: LivePod, result: ScheduleResult, nomination: Nomination
+    ) -> None:
+        """Delete the victims DefaultPreemption chose; the deletions wake the preemptor."""
+        if nomination.gang is not None:
+            message = nomination.message
+            by = f"gang {nomination.gang}"
+        else:
+            message = (
+                f"{result.message()} Preempting {len(nomination.victims)} lower-priority pod(s) "
+                f"on {nomination.node_name}"
+                + (
+                    f", {nomination.budget_violations} against a PodDisruptionBudget."
+                    if nomination.budget_violations
+                    else "."
                 )
-                if nomination is None:
-                    return False
-                for uid in nomination.victims:
-                    what_if.forget(uid)
-                    victims[uid] = uid in nomination.graceful
-                placed = framework.schedule(member, what_if, self.rng)
-                if placed.placement is None:
-                    return False
-            what_if.assume(member, placed.placement)
-        if not victims:
-            return False
-        message = (
-            f"gang {req.gang} preempts {len(victims)} lower-priority pod(s) so that its "
-            f"{needed} missing member(s) fit together."
-        )
+            )
+            by = entry.key
         entry.last_message = message
         self._emit(entry.obj, "Normal", "Preempting", message)
-        for uid, graceful in victims.items():
+        if nomination.gang is None:
+            self._condition(entry.obj, "Unschedulable", message)
+            with contextlib.suppress(ApiError):
+                await self.kube.patch(
+                    PODS,
+                    entry.obj["metadata"]["name"],
+                    {"status": {"nominatedNodeName": nomination.node_name}},
+                    entry.obj["metadata"]["namespace"],
+                    sub="status",
+                )
+        for uid in nomination.victims:
             victim = self._pod_by_uid(uid)
             if victim is None:
                 continue
             vm = victim["metadata"]
             self._emit(
-                victim, "Normal", "Preempted",
-                f"Preempted by gang {req.gang} (priority {req.priority})",
-            )  # fmt: skip
-            with contextlib.suppress(NotFound):
-                await self.kube.delete(
-                    PODS, vm["name"], vm["namespace"], grace_period_s=None if graceful else 0
-                )
-        self.metrics.preemptions.inc(len(victims))
-        self.queue.unschedulable_now(entry)
-        return True
-
-    async def _try_preempt(self, entry: QueuedPod, req: LivePod, result: ScheduleResult) -> bool:
-        if req.priority <= 0 or result.status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
-            return False
-        snapshot = self.cache.snapshot()
-        explained = self.framework().schedule(req, snapshot, self.rng, explain=True)
-        candidates = [n for n, why in explained.node_reasons.items() if for_lack_of_room(why)]
-        if not candidates:
-            return False
-        nomination = select_victims(
-            req, snapshot, candidates, self.gangs.min_members(), self.budgets
-        )
-        if nomination is None:
-            return False
-        victims = [self._pod_by_uid(uid) for uid in nomination.victims]
-        message = (
-            f"{result.message()} Preempting {len(victims)} lower-priority pod(s) "
-            f"on {nomination.node_name}"
-            + (
-                f", {nomination.budget_violations} against a PodDisruptionBudget."
-                if nomination.budget_violations
-                else "."
-            )
-        )
-        entry.last_message = message
-        self._emit(entry.obj, "Normal", "Preempting", message)
-        self._condition(entry.obj, "Unschedulable", message)
-        with contextlib.suppress(ApiError):
-            await self.kube.patch(
-                PODS,
-                entry.obj["metadata"]["name"],
-                {"status": {"nominatedNodeName": nomination.node_name}},
-                entry.obj["metadata"]["namespace"],
-                sub="status",
-            )
-        self._hold_for_preemptor(entry, req, nomination.node_name)
-        for uid, victim in zip(nomination.victims, victims, strict=True):
-            if victim is None:
-                continue
-            vm = victim["metadata"]
-            self._emit(
-                victim, "Normal", "Preempted", f"Preempted by {entry.key} (priority {req.priority})"
+                victim, "Normal", "Preempted", f"Preempted by {by} (priority {req.priority})"
             )
             # Elastic surplus gets its own grace period (SIGTERM, time to checkpoint).
             grace = None if uid in nomination.graceful else 0
             with contextlib.suppress(NotFound):
                 await self.kube.delete(PODS, vm["name"], vm["namespace"], grace_period_s=grace)
-        self.metrics.preemptions.inc(len(victims))
+        self.metrics.preemptions.inc(len(nomination.victims))
         # The victims' deletion events move this pod back to active.
         self.queue.unschedulable_now(entry)
-        return True
 
     def _pod_by_uid(self, uid: str) -> Obj | None:
         bound = self.cache.bound.get(uid)
@@ -672,13 +476,12 @@ class Scheduler:
         entry = self.queue.pods.get(uid)
         return entry.obj if entry else None
 
-    def _arm_gang_timer(self, gang: str) -> None:
+    def _arm_gang_timer(self, gang: str, timeout_s: float) -> None:
         st = self.gangs.st(gang)
         if st.timer is not None:
             return
-        spec = self.gangs.groups[gang]
         loop = asyncio.get_running_loop()
-        st.timer = loop.call_later(spec.timeout_s, self._gang_timeout, gang)
+        st.timer = loop.call_later(timeout_s, self._gang_timeout, gang)
 
     def _gang_timeout(self, gang: str) -> None:
         st = self.gangs.st(gang)
@@ -693,7 +496,9 @@ class Scheduler:
             f"placed within {spec.timeout_s if spec else 0:g}s; released every reservation"
         )
         self.metrics.gang_timeouts.inc()
-        for w_entry, _req, _placement in waiting:
+        framework = self.framework()
+        for w_entry, w_req, w_result in waiting:
+            framework.unreserve(w_req, self.cache.snapshot(), w_result)
             self.cache.forget(w_entry.uid)
             w_entry.last_message = message
             self._emit(w_entry.obj, "Warning", "GangTimeout", message)
@@ -795,53 +600,4 @@ class Scheduler:
     # --- explanation ---------------------------------------------------------------------
 
     def explain(self, namespace: str, name: str) -> dict[str, Any]:
-        pod = self.pods.get(f"{namespace}/{name}")
-        if pod is None:
-            raise NotFound(404, "NotFound", f"pod {namespace}/{name} not found", "explain")
-        out: dict[str, Any] = {
-            "pod": f"{namespace}/{name}",
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "annotations": {
-                k: v
-                for k, v in ((pod["metadata"].get("annotations") or {}).items())
-                if k.startswith(r.DOMAIN)
-            },
-        }
-        try:
-            req = parse_pod(pod, self.cache.gpu_memory_table())
-        except InvalidPodError as exc:
-            out["error"] = str(exc)
-            return out
-        out["request"] = {
-            "cpu_milli": req.cpu_milli,
-            "memory_mib": req.memory_mib,
-            "num_gpu": req.num_gpu,
-            "gpu_milli": req.gpu_milli,
-            "gpu_models": sorted(req.gpu_models),
-            "priority": req.priority,
-            "gang": req.gang,
-        }
-        entry = self.queue.pods.get(pod["metadata"]["uid"])
-        if entry is not None:
-            out["queue"] = {"attempts": entry.attempts, "message": entry.last_message}
-        if out["node"]:
-            out["message"] = f"bound to {out['node']}"
-            return out
-        snapshot = self.cache.snapshot().copy()
-        result = self.framework().schedule(req, snapshot, np.random.default_rng(0), explain=True)
-        out["message"] = result.message()
-        out["filtered"] = {snapshot.names[n]: why for n, why in sorted(result.node_reasons.items())}
-        scores = {
-            snapshot.names[int(n)]: {
-                "total": float(result.scores[k]),
-                **{p: float(v[k]) for p, v in result.plugin_scores.items()},
-            }
-            for k, n in enumerate(result.feasible)
-        }
-        out["scores"] = dict(sorted(scores.items(), key=lambda kv: -kv[1]["total"])[:20])
-        if result.placement is not None:
-            out["would_place"] = {
-                "node": result.placement.node_name,
-                "gpus": list(result.placement.gpu_indices),
-            }
-        return out
+        return explain_pod(self, namespace, name)

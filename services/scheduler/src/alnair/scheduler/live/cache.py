@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,19 +26,19 @@ from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.common.topology import Topology
+from alnair.scheduler.budgets import DisruptionBudgets
 from alnair.scheduler.live.pods import (
     MODELLED_RESOURCES,
     LivePod,
     parse_pod,
     placement_annotations,
 )
-from alnair.scheduler.live.reservations import Holder, Reservations
+from alnair.scheduler.plugins.coscheduling import GangBook
+from alnair.scheduler.plugins.reservation import Reservations
 from alnair.scheduler.snapshot import (
     MAX_GPUS_PER_NODE,
-    BoolArray,
+    UNLIMITED,
     ClusterSnapshot,
-    FloatArray,
-    IntArray,
     NodeSpec,
     Placement,
     PodRequest,
@@ -49,117 +49,6 @@ log = logging.getLogger(__name__)
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
-@dataclass(slots=True)
-class LiveSnapshot(ClusterSnapshot):
-    """A ClusterSnapshot plus what only a live cluster has (taints, health, measured use)."""
-
-    taints: list[tuple[Obj, ...]] = field(default_factory=list)
-    tainted: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
-    """Nodes with at least one blocking taint (so filters visit only those)."""
-    labels: list[dict[str, str]] = field(default_factory=list)
-    unhealthy: BoolArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.bool_))
-    withheld: IntArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.int64))
-    gpu_util: FloatArray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float64))
-    reserved: dict[str, Holder] = field(default_factory=dict)
-    """Node name -> the starving pod it is reserved for (the cache's live dict, shared)."""
-    topology: dict[str, Topology] = field(default_factory=dict)
-    """Node name -> its GPU link matrix, from the profiler's inventory (shared, like reserved)."""
-    pods_cap: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    """Allocatable pod count per node (`UNLIMITED` when the node reports none)."""
-    pods_used: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    extra_cap: dict[str, IntArray] = field(default_factory=dict)
-    """Allocatable of every other resource a node reports (extended resources such as RDMA
-    devices or MIG slices, hugepages, ephemeral storage), per node; 0 where a node has none."""
-    extra_used: dict[str, IntArray] = field(default_factory=dict)
-    pod_termed: dict[str, LivePod] = field(default_factory=dict)
-    """Placed pods with inter-pod terms (required anti-affinity binds newcomers; required
-    affinity and preferred terms score them), by key (a superset index; `placed` says where
-    each one is), so pods without terms cost nothing."""
-
-    def fits(self, pod: PodRequest, placement: Placement) -> str | None:
-        problem = ClusterSnapshot.fits(self, pod, placement)
-        if problem is not None or not 0 <= placement.node < len(self.pods_cap):
-            return problem
-        return self.extra_shortfall(pod, placement.node)
-
-    def extra_shortfall(
-        self, pod: PodRequest, n: int, freed: list[PodRequest] | None = None
-    ) -> str | None:
-        """The pod count or other resource `pod` lacks on node `n` (after `freed` leave)."""
-        leaving = freed or []
-        if self.pods_used[n] - len(leaving) + 1 > self.pods_cap[n]:
-            return TOO_MANY_PODS
-        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
-            room = int(self.extra_room(name)[n])
-            room += sum(dict(q.extra).get(name, 0) for q in leaving if isinstance(q, LivePod))
-            if room < amount:
-                return f"Insufficient {name}"
-        return None
-
-    def extra_room(self, name: str) -> IntArray:
-        """Per node: how much of resource `name` is left (0 where a node reports none)."""
-        cap = self.extra_cap.get(name)
-        if cap is None:
-            return np.zeros(len(self.names), dtype=np.int64)
-        used = self.extra_used.get(name)
-        room: IntArray = cap if used is None else cap - used
-        return room
-
-    def count(self, pod: PodRequest, n: int, sign: int) -> None:
-        """Add (`sign` 1) or take back (-1) the pod count and other resources of `pod`."""
-        if not 0 <= n < len(self.pods_used):
-            return
-        self.pods_used[n] += sign
-        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
-            used = self.extra_used.get(name)
-            if used is None:
-                used = self.extra_used[name] = np.zeros(len(self.names), dtype=np.int64)
-            used[n] += sign * amount
-
-    def assume(self, pod: PodRequest, placement: Placement) -> None:
-        ClusterSnapshot.assume(self, pod, placement)
-        self.count(pod, placement.node, 1)
-
-    def forget(self, key: str) -> tuple[PodRequest, Placement]:
-        pod, placement = ClusterSnapshot.forget(self, key)
-        self.count(pod, placement.node, -1)
-        return pod, placement
-
-    def copy(self) -> LiveSnapshot:
-        base = ClusterSnapshot.copy(self)
-        return LiveSnapshot(
-            names=base.names,
-            models=base.models,
-            model_id=base.model_id,
-            cpu_cap=base.cpu_cap,
-            mem_cap=base.mem_cap,
-            gpu_count=base.gpu_count,
-            cpu_free=base.cpu_free,
-            mem_free=base.mem_free,
-            gpu_free=base.gpu_free,
-            affinity=base.affinity,
-            generation=base.generation,
-            placed=base.placed,
-            _index=base._index,
-            taints=self.taints,
-            tainted=self.tainted,
-            labels=self.labels,
-            unhealthy=self.unhealthy,
-            withheld=self.withheld.copy(),
-            gpu_util=self.gpu_util,
-            reserved=self.reserved,
-            topology=self.topology,
-            pods_cap=self.pods_cap,
-            pods_used=self.pods_used.copy(),
-            extra_cap=self.extra_cap,
-            extra_used={name: used.copy() for name, used in self.extra_used.items()},
-            pod_termed=self.pod_termed,
-        )
-
-
-UNLIMITED = 1 << 40
-"""Pod count of a node that reports no `pods` allocatable."""
-TOO_MANY_PODS = "Too many pods"
 MODELLED = MODELLED_RESOURCES | {"pods"}
 """What a node reports that is not an `extra`: the snapshot's own arrays and the pod count."""
 
@@ -222,18 +111,18 @@ class SchedulerCache:
         self.assumed: dict[str, tuple[LivePod, Placement]] = {}
         self.unhealthy: set[tuple[str, int]] = set()
         self.util: dict[tuple[str, int], float] = {}
-        self._snap: LiveSnapshot | None = None
+        self._snap: ClusterSnapshot | None = None
         self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
         self.reservations = Reservations()
+        self.gangs = GangBook()
+        self.budgets = DisruptionBudgets()
         self.topology: dict[str, Topology] = {}
         """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
-        self.pod_termed: dict[str, LivePod] = {}
-        """Placed pods with inter-pod terms, by key (see `LiveSnapshot.pod_termed`)."""
 
     # --- reading -------------------------------------------------------------------------
 
-    def snapshot(self) -> LiveSnapshot:
+    def snapshot(self) -> ClusterSnapshot:
         if self._snap is None:
             self._snap = self._build()
         return self._snap
@@ -296,8 +185,8 @@ class SchedulerCache:
                 req = replace(req, labels=labels)
                 if self._snap is not None and uid in self._snap.placed:
                     self._snap.placed[uid] = (req, self._snap.placed[uid][1])
-                if uid in self.pod_termed:
-                    self.pod_termed[uid] = req
+                    if uid in self._snap.pod_termed:
+                        self._snap.pod_termed[uid] = req
             self.bound[uid] = (req, known[1], pod)  # keep the latest status (phase)
             return
         try:
@@ -307,8 +196,6 @@ class SchedulerCache:
             req = LivePod(name=pod["metadata"]["name"], cpu_milli=0, memory_mib=0, uid=uid)
         assumed = self.assumed.pop(uid, None)
         self.bound[uid] = (req, node, pod)
-        if req.has_pod_terms:
-            self.pod_termed[req.key] = req
         if assumed is not None and assumed[1].node_name == node:
             return  # our own bind landed: the snapshot already holds it
         snap = self._snap
@@ -322,7 +209,6 @@ class SchedulerCache:
         """A pod finished or was deleted; returns True if it held resources."""
         held = self.bound.pop(uid, None) is not None
         held = self.assumed.pop(uid, None) is not None or held
-        self.pod_termed.pop(uid, None)
         if held and self._snap is not None and uid in self._snap.placed:
             self._forget(self._snap, uid)
         return held
@@ -331,15 +217,11 @@ class SchedulerCache:
         snap = self.snapshot()
         snap.assume(pod, placement)
         self.assumed[pod.key] = (pod, placement)
-        if pod.has_pod_terms:
-            self.pod_termed[pod.key] = pod
 
     def forget(self, uid: str) -> None:
         """Undo an assume (a failed bind, a released gang)."""
         if self.assumed.pop(uid, None) is None:
             return
-        if uid not in self.bound:
-            self.pod_termed.pop(uid, None)
         if self._snap is not None and uid in self._snap.placed:
             self._forget(self._snap, uid)
 
@@ -377,17 +259,17 @@ class SchedulerCache:
     # --- internals -----------------------------------------------------------------------
 
     @staticmethod
-    def _withhold(snap: LiveSnapshot, i: int, gpu: int) -> None:
+    def _withhold(snap: ClusterSnapshot, i: int, gpu: int) -> None:
         snap.withheld[i, gpu] += snap.gpu_free[i, gpu]
         snap.gpu_free[i, gpu] = 0
 
-    def _forget(self, snap: LiveSnapshot, uid: str) -> None:
+    def _forget(self, snap: ClusterSnapshot, uid: str) -> None:
         _pod, placement = snap.forget(uid)
         for g in placement.gpu_indices:
             if snap.unhealthy[placement.node, g]:
                 self._withhold(snap, placement.node, g)
 
-    def _place_bound(self, snap: LiveSnapshot, req: LivePod, node: str, pod: Obj) -> None:
+    def _place_bound(self, snap: ClusterSnapshot, req: LivePod, node: str, pod: Obj) -> None:
         if node not in snap._index:
             return  # the node is unknown yet; the rebuild that adds it places the pod
         i = snap.node_index(node)
@@ -405,12 +287,12 @@ class SchedulerCache:
         self._force_assume(snap, req, placement)
 
     @staticmethod
-    def _first_fit(snap: LiveSnapshot, req: PodRequest, i: int) -> tuple[int, ...]:
+    def _first_fit(snap: ClusterSnapshot, req: PodRequest, i: int) -> tuple[int, ...]:
         count = int(snap.gpu_count[i])
         order = np.argsort(-(snap.gpu_free[i, :count] + snap.withheld[i, :count]), kind="stable")
         return tuple(int(g) for g in order[: req.num_gpu])
 
-    def _force_assume(self, snap: LiveSnapshot, req: PodRequest, placement: Placement) -> None:
+    def _force_assume(self, snap: ClusterSnapshot, req: PodRequest, placement: Placement) -> None:
         if snap.fits(req, placement) is None:
             snap.assume(req, placement)
             return
@@ -429,10 +311,9 @@ class SchedulerCache:
         snap.placed[req.key] = (req, placement)
         snap.count(req, n, 1)
 
-    def _build(self) -> LiveSnapshot:
+    def _build(self) -> ClusterSnapshot:
         infos = sorted(self.nodes.values(), key=lambda i: i.spec.name)
-        snap = LiveSnapshot.build([i.spec for i in infos])
-        assert isinstance(snap, LiveSnapshot)
+        snap = ClusterSnapshot.build([i.spec for i in infos])
         width = snap.gpu_free.shape[1]
         snap.taints = [i.taints for i in infos]
         snap.tainted = np.array([bool(i.taints) for i in infos], dtype=np.bool_)
@@ -440,9 +321,10 @@ class SchedulerCache:
         snap.unhealthy = np.zeros((len(infos), width), dtype=np.bool_)
         snap.withheld = np.zeros((len(infos), width), dtype=np.int64)
         snap.gpu_util = np.zeros((len(infos), width), dtype=np.float64)
-        snap.reserved = self.reservations.by_node
+        snap.reservations = self.reservations
+        snap.gangs = self.gangs
+        snap.budgets = self.budgets
         snap.topology = self.topology
-        snap.pod_termed = self.pod_termed
         snap.pods_cap = np.array([i.pods for i in infos], dtype=np.int64)
         snap.pods_used = np.zeros(len(infos), dtype=np.int64)
         names = sorted({name for i in infos for name, _ in i.extra})

@@ -1,15 +1,11 @@
-"""Gang scheduling: all of a PodGroup's `minMember` pods bind, or none of them does.
+"""The live side of gang scheduling: PodGroups from the watch, members waiting at Permit,
+their timers and the PodGroup's status.
 
-PreFilter (`check`): the PodGroup must exist, and the members still to be placed must fit
-together right now, on a copy of the snapshot, each placed by the same framework (members that
-are not created yet are assumed to look like this one). A gang that does not fit reserves
-nothing, so two gangs wanting the same GPUs never hold half each: the first whole one wins, the
-other waits unschedulable until an event frees room.
-
-Permit: a member that fits is reserved (assumed in the cache) and waits. When reserved plus
-bound members reach `minMember`, every waiting member is bound. If that does not happen within
-`scheduleTimeoutSeconds` (members missing, or one that stopped fitting), every reservation of the
-gang is released at once, each member gets an Event, and they retry after a backoff.
+The decisions are the `Coscheduling` plugin's (PreFilter: the missing members fit together now;
+Permit: wait until `minMember` are placed) and run the same in the simulator. This keeps what
+only a live cluster has: the `GangBook` kept from PodGroup events, the queue entries of members
+that wait at Permit (assumed in the cache, so the gang's count includes them), the
+`scheduleTimeoutSeconds` timers that withdraw them, and the status written to the PodGroup.
 """
 
 from __future__ import annotations
@@ -18,46 +14,37 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import numpy as np
-
 from alnair.common.kube import Obj
-from alnair.scheduler.framework import Framework
-from alnair.scheduler.framework.status import Status, unschedulable
+from alnair.scheduler.framework import ScheduleResult
 from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.live.queue import QueuedPod
-from alnair.scheduler.snapshot import ClusterSnapshot, Placement
+from alnair.scheduler.plugins.coscheduling import DEFAULT_TIMEOUT_S, GangBook, GangSpec
 
-DEFAULT_TIMEOUT_S = 60.0
-
-
-@dataclass
-class GroupSpec:
-    min_member: int
-    timeout_s: float
-    obj: Obj
+Waiting = tuple[QueuedPod, LivePod, ScheduleResult]
 
 
 @dataclass
 class GangState:
-    waiting: dict[str, tuple[QueuedPod, LivePod, Placement]] = field(default_factory=dict)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     first_wait: float | None = None
     last_status: dict[str, object] = field(default_factory=dict)
 
 
-def group_spec(pg: Obj) -> GroupSpec:
+def group_spec(pg: Obj) -> GangSpec:
     spec = pg.get("spec") or {}
-    return GroupSpec(
+    return GangSpec(
         min_member=max(int(spec.get("minMember") or 1), 1),
         timeout_s=float(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
-        obj=pg,
     )
 
 
 class GangManager:
-    def __init__(self) -> None:
-        self.groups: dict[str, GroupSpec] = {}
+    def __init__(self, book: GangBook) -> None:
+        self.book = book
+        self.groups = book.specs
+        """Gang -> its spec (the book's dict: what the plugins read on the snapshot)."""
         self.state: dict[str, GangState] = {}
 
     def upsert_group(self, pg: Obj) -> None:
@@ -80,54 +67,15 @@ class GangManager:
     def st(self, gang: str) -> GangState:
         return self.state.setdefault(gang, GangState())
 
-    def min_members(self) -> dict[str, int]:
-        return {k: g.min_member for k, g in self.groups.items()}
-
-    def check(
-        self,
-        pod: LivePod,
-        siblings: list[LivePod],
-        snapshot: ClusterSnapshot,
-        framework: Framework,
-        rng: np.random.Generator,
-    ) -> Status:
-        """PreFilter: can the rest of the gang, this pod included, be placed together now?"""
+    def add_waiting(self, entry: QueuedPod, pod: LivePod, result: ScheduleResult) -> None:
+        """Permit said WAIT: `pod` is assumed and waits for its gang."""
         assert pod.gang is not None
-        spec = self.groups.get(pod.gang)
-        if spec is None:
-            return unschedulable(f"PodGroup {pod.gang} not found", "Coscheduling")
         st = self.st(pod.gang)
-        needed = spec.min_member - len(st.bound) - len(st.waiting)
-        if needed <= 0:
-            return Status()  # the gang is complete: extra members schedule on their own
-        others = [s for s in siblings if s.key != pod.key][: needed - 1]
-        trial = [pod, *others]
-        clones = needed - len(trial)
-        trial.extend([pod] * clones)
-        copy = snapshot.copy()
-        for i, member in enumerate(trial):
-            result = framework.schedule(member, copy, rng)
-            if result.placement is None:
-                return unschedulable(
-                    f"gang {pod.gang} needs {needed} more member(s) placed together; "
-                    f"only {i} fit now ({result.message()})",
-                    "Coscheduling",
-                )
-            probe = member if i < len(trial) - clones else clone_member(member, i)
-            copy.assume(probe, result.placement)
-        return Status()
-
-    def add_waiting(self, entry: QueuedPod, pod: LivePod, placement: Placement) -> bool:
-        """Permit: reserve `pod`; True when the gang is now complete and may bind."""
-        assert pod.gang is not None
-        spec = self.groups[pod.gang]
-        st = self.st(pod.gang)
-        st.waiting[pod.key] = (entry, pod, placement)
+        st.waiting[pod.key] = (entry, pod, result)
         if st.first_wait is None:
             st.first_wait = datetime.now(UTC).timestamp()
-        return len(st.waiting) + len(st.bound) >= spec.min_member
 
-    def take_waiting(self, gang: str) -> list[tuple[QueuedPod, LivePod, Placement]]:
+    def take_waiting(self, gang: str) -> list[Waiting]:
         st = self.st(gang)
         out = list(st.waiting.values())
         st.waiting.clear()
@@ -172,22 +120,3 @@ class GangManager:
             "failed": failed,
         }
         return status
-
-
-def clone_member(pod: LivePod, i: int) -> LivePod:
-    """A stand-in for a gang member not created yet (what-if placement)."""
-    return LivePod(
-        name=f"{pod.name}~virtual-{i}",
-        namespace=pod.namespace,
-        uid=f"{pod.key}~virtual-{i}",
-        cpu_milli=pod.cpu_milli,
-        memory_mib=pod.memory_mib,
-        num_gpu=pod.num_gpu,
-        gpu_milli=pod.gpu_milli,
-        gpu_models=pod.gpu_models,
-        priority=pod.priority,
-        gang=pod.gang,
-        tolerations=pod.tolerations,
-        node_selector=pod.node_selector,
-        created=pod.created,
-    )

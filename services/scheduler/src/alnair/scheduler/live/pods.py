@@ -13,16 +13,22 @@ names the field and value; the binder records it as an Event on the pod.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
-from alnair.scheduler.live.selectors import LabelSelector
+from alnair.scheduler.selectors import LabelSelector
 from alnair.scheduler.snapshot import PodRequest
+from alnair.scheduler.terms import (
+    NodeRequirement,
+    NodeSelectorTerm,
+    PodAffinityTerm,
+    SpreadConstraint,
+    Toleration,
+)
 
 MODELLED_RESOURCES = frozenset({"cpu", "memory", r.GPU, r.GPU_MEMORY, r.GPU_COMPUTE})
 """Requests the snapshot accounts itself (GPU fractions as milli-GPU); any other resource a pod
@@ -34,79 +40,12 @@ class InvalidPodError(InvalidValueError):
     """The pod's request cannot be scheduled as written (not a capacity problem)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: Obj) -> bool:
-        if self.effect and self.effect != taint.get("effect"):
-            return False
-        if self.operator == "Exists":
-            return not self.key or self.key == taint.get("key")
-        return self.key == taint.get("key") and self.value == taint.get("value", "")
-
-
-def untolerated(tolerations: Sequence[Toleration], taints: Sequence[Obj]) -> Obj | None:
-    """The first of `taints` that none of `tolerations` tolerates, if any."""
-    return next((x for x in taints if not any(t.tolerates(x) for t in tolerations)), None)
-
-
 NODE_NAME_FIELD = "metadata.name"
 """The one node field `matchFields` may name."""
 
 _SET_OPERATORS = frozenset({"In", "NotIn"})
 _EXISTENCE_OPERATORS = frozenset({"Exists", "DoesNotExist"})
 _NUMERIC_OPERATORS = frozenset({"Gt", "Lt"})
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRequirement:
-    """One `matchExpressions` or `matchFields` entry of a node selector term."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-    on_field: bool = False
-    """True for `matchFields` (the node's name), False for a label."""
-
-    def matches(self, labels: Mapping[str, str], node_name: str) -> bool:
-        value = node_name if self.on_field else labels.get(self.key)
-        if self.operator == "In":
-            return value is not None and value in self.values
-        if self.operator == "NotIn":
-            return value is None or value not in self.values
-        if self.operator == "Exists":
-            return value is not None
-        if self.operator == "DoesNotExist":
-            return value is None
-        # Gt / Lt: the label must hold an integer (checked at parse time for the pod's side).
-        try:
-            number = int(value) if value is not None else None
-        except ValueError:
-            return False
-        if number is None:
-            return False
-        bound = int(self.values[0])
-        return number > bound if self.operator == "Gt" else number < bound
-
-
-NodeSelectorTerm = tuple[NodeRequirement, ...]
-"""Requirements that must all hold (an empty term matches no node, as upstream)."""
-
-
-def node_selector_matches(selector: Sequence[tuple[str, str]], labels: Mapping[str, str]) -> bool:
-    """A `nodeSelector`: every (key, value) must be a label of the node."""
-    return all(labels.get(k) == v for k, v in selector)
-
-
-def node_affinity_matches(
-    terms: tuple[NodeSelectorTerm, ...], labels: Mapping[str, str], node_name: str
-) -> bool:
-    """Upstream's required node affinity: any term whose requirements all hold."""
-    return any(term and all(q.matches(labels, node_name) for q in term) for term in terms)
 
 
 def _requirement(raw: Obj, where: str, on_field: bool) -> NodeRequirement:
@@ -179,22 +118,6 @@ def _preferred_node_affinity(spec: Obj) -> tuple[tuple[int, NodeSelectorTerm], .
     return _preferred(spec, "nodeAffinity", "preference", _term)
 
 
-@dataclass(frozen=True, slots=True)
-class PodAffinityTerm:
-    """An inter-pod (anti-)affinity term, required or preferred: pods matching `selector` in
-    `namespaces`, on nodes sharing the value of the `topology_key` label."""
-
-    selector: LabelSelector
-    namespaces: frozenset[str]
-    """Empty: every namespace (`namespaceSelector: {}`)."""
-    topology_key: str
-
-    def covers(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        """Does the term select a pod with these namespace and labels?"""
-        in_scope = not self.namespaces or namespace in self.namespaces
-        return in_scope and self.selector.matches(labels)
-
-
 def _affinity_term(raw: Obj, where: str, namespace: str) -> PodAffinityTerm:
     topology_key = raw.get("topologyKey") or ""
     if not topology_key:
@@ -239,26 +162,6 @@ def _preferred_pod_affinity_terms(
     return _preferred(
         spec, kind, "podAffinityTerm", lambda raw, where: _affinity_term(raw, where, namespace)
     )
-
-
-@dataclass(frozen=True, slots=True)
-class SpreadConstraint:
-    """One `topologySpreadConstraints` entry: pods matching `selector` (in the pod's own
-    namespace) may differ by at most `max_skew` between the domains of `topology_key`."""
-
-    max_skew: int
-    topology_key: str
-    hard: bool
-    """`whenUnsatisfiable: DoNotSchedule` (a filter); False for `ScheduleAnyway` (a score)."""
-    selector: LabelSelector
-    min_domains: int = 1
-    """Fewer eligible domains than this count the global minimum as 0 (hard only)."""
-    honor_node_affinity: bool = True
-    """`nodeAffinityPolicy: Honor` (default): only nodes the pod's node selector and required
-    node affinity admit count as domains."""
-    honor_node_taints: bool = False
-    """`nodeTaintsPolicy: Honor`: only nodes whose taints the pod tolerates count (default
-    Ignore)."""
 
 
 _WHEN_UNSATISFIABLE = {"DoNotSchedule": True, "ScheduleAnyway": False}
@@ -322,61 +225,9 @@ def _spread_constraints(spec: Obj, labels: Mapping[str, str]) -> tuple[SpreadCon
     return tuple(constraints)
 
 
-@dataclass(frozen=True, slots=True)
-class LivePod(PodRequest):
-    """A PodRequest with what only a live cluster has: priority, gang, placement constraints."""
-
-    priority: int = 0
-    gang: str | None = None
-    """`<namespace>/<podgroup>` when the pod belongs to a gang."""
-    tolerations: tuple[Toleration, ...] = ()
-    node_selector: tuple[tuple[str, str], ...] = ()
-    node_affinity: tuple[NodeSelectorTerm, ...] = ()
-    """Required node affinity terms (any may match); empty when the pod has none."""
-    node_preferences: tuple[tuple[int, NodeSelectorTerm], ...] = ()
-    """Preferred node affinity: (weight, term) pairs."""
-    labels: tuple[tuple[str, str], ...] = ()
-    """The pod's labels (disruption budgets and inter-pod affinity select pods by them)."""
-    pod_affinity: tuple[PodAffinityTerm, ...] = ()
-    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
-    pod_preferences: tuple[tuple[int, PodAffinityTerm], ...] = ()
-    """Preferred pod affinity: (weight, term) pairs that attract."""
-    pod_aversions: tuple[tuple[int, PodAffinityTerm], ...] = ()
-    """Preferred pod anti-affinity: (weight, term) pairs that repel."""
-    spread: tuple[SpreadConstraint, ...] = ()
-    """Topology spread constraints, hard and soft."""
-    created: float = 0.0
-    """Creation time (epoch seconds): queue order and creation-to-bound latency."""
-    extra: tuple[tuple[str, int], ...] = ()
-    """Requests of resources outside `MODELLED_RESOURCES`, in whole units (bytes for sizes)."""
-
-    @property
-    def counts_placements(self) -> bool:
-        """Can another pod's placement make this one fit (required pod affinity, or a hard
-        spread constraint)? Only such pods are worth waking when a pod lands."""
-        return bool(self.pod_affinity) or any(c.hard for c in self.spread)
-
-    def counts_pod(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        """Could a pod with these namespace and labels, newly placed, make this pod fit? Yes
-        when one of its required pod affinity terms or hard spread constraints selects it."""
-        if not self.counts_placements:
-            return False
-        return any(t.covers(namespace, labels) for t in self.pod_affinity) or (
-            namespace == self.namespace
-            and any(c.hard and c.selector.matches(labels) for c in self.spread)
-        )
-
-    def accepts_node(self, labels: Mapping[str, str], name: str) -> bool:
-        """Does the node pass the pod's `nodeSelector` and required node affinity?"""
-        if not node_selector_matches(self.node_selector, labels):
-            return False
-        return not self.node_affinity or node_affinity_matches(self.node_affinity, labels, name)
-
-    @property
-    def has_pod_terms(self) -> bool:
-        """Does the pod carry inter-pod terms that act on pods placed after it?"""
-        required = self.pod_anti_affinity or self.pod_affinity
-        return bool(required or self.pod_preferences or self.pod_aversions)
+LivePod = PodRequest
+"""A parsed pod: the snapshot's `PodRequest` carries priority, gang and every constraint, so
+the simulator's pods and the live binder's are one type (the old name stays for readers)."""
 
 
 def _containers_requests(spec: Obj) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from alnair.scheduler.framework.interface import CycleState, NodeVerdicts
-from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, PodRequest
+from alnair.scheduler.snapshot import TOO_MANY_PODS, ClusterSnapshot, IntArray, PodRequest
 
 
 class NodeResourcesFit:
@@ -66,3 +66,9 @@ class GpuFit:
 
 DEFAULT_FILTERS = (NodeResourcesFit(), GpuModelFilter(), GpuFit())
 """The filters every built-in profile runs, in order."""
+
+
+def for_lack_of_room(why: str) -> bool:
+    """A filter reason that evicting pods can cure: the pod count, or any "Insufficient ..."
+    (cpu, memory, whole GPUs, GPU share, or another resource)."""
+    return why == TOO_MANY_PODS or why.startswith("Insufficient ")

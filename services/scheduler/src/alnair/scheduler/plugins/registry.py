@@ -6,28 +6,64 @@ selector that policy implies. Policies that measure fragmentation need the workl
 pods, so building a profile takes the workload (the trace in the simulator, recent pods live).
 
 Names are case-insensitive and accept the paper's spellings (`DotProd`, `BestFit`, `FGD`).
+
+`build_profile` is the one way to a runnable profile, for the simulator and the live binder
+alike: the policy's plugins plus the cluster plugins (taints, node and pod affinity, topology
+spread, other resources, node reservations, GPU health, utilization, topology-aware GPUs,
+coscheduling, preemption). On a snapshot without labels, taints, terms, gangs or priorities the
+cluster plugins return SKIP from PreFilter/PreScore, so a trace replays as the policy alone.
+`ProfileOptions` carries what differs: the utilization weight, the starvation guard, the
+clock, and plugins a deployment adds (the live Binding, DRA's Reserve and PreBind).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.framework.interface import GpuSelector, PreScorePlugin, ScorePlugin
+from alnair.scheduler.framework.interface import (
+    BindPlugin,
+    FilterPlugin,
+    GpuSelector,
+    PreBindPlugin,
+    PreFilterPlugin,
+    PreScorePlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
 from alnair.scheduler.framework.runtime import Framework, Profile, WeightedScore
 from alnair.scheduler.placement import BestFitGpu, RandomGpu, WorstFitGpu
 from alnair.scheduler.plugins.allocation import BinpackScore, SpreadScore
 from alnair.scheduler.plugins.alnair_policy import AlnairScore
 from alnair.scheduler.plugins.alnair_policy import typical_pods as alnair_typical_pods
 from alnair.scheduler.plugins.best_fit import BestFitScore
+from alnair.scheduler.plugins.constraints import (
+    InterPodAffinity,
+    NodeAffinity,
+    NodeSelector,
+    PodTopologySpread,
+    PreferredInterPodAffinity,
+    PreferredNodeAffinity,
+    TaintToleration,
+)
+from alnair.scheduler.plugins.coscheduling import Coscheduling
 from alnair.scheduler.plugins.dot_product import DotProductScore
 from alnair.scheduler.plugins.fgd import FGDScore
-from alnair.scheduler.plugins.fit import DEFAULT_FILTERS
+from alnair.scheduler.plugins.fit import DEFAULT_FILTERS, GpuFit
 from alnair.scheduler.plugins.fragmentation import TypicalPods
 from alnair.scheduler.plugins.gpu_clustering import GpuClusteringScore
 from alnair.scheduler.plugins.gpu_packing import GpuPackingScore
+from alnair.scheduler.plugins.node_state import (
+    GpuHealth,
+    GpuUtilization,
+    NodeResourcesExtra,
+    TopologyAwareGpus,
+)
+from alnair.scheduler.plugins.preemption import DefaultPreemption
 from alnair.scheduler.plugins.random_score import RandomScore
+from alnair.scheduler.plugins.reservation import NodeReservation
 from alnair.scheduler.snapshot import PodRequest
 
 
@@ -124,6 +160,82 @@ def policy(name: str) -> Policy:
     raise InvalidValueError("policy", name, f"unknown policy (known: {known})")
 
 
-def framework(name: str, workload: Sequence[PodRequest], *, tie_break: str = "random") -> Framework:
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What a profile's user chooses beyond the policy (see `build_profile`)."""
+
+    utilization_weight: float = 0.0
+    """Weight of the measured-GPU-use score (0: not in the profile)."""
+    starvation_after_s: float = 0.0
+    """A pod pending this long reserves a node (0: never)."""
+    max_reserved_nodes: int = 0
+    clock: Callable[[], float] = time.time
+    """Seconds since the epoch, or the simulation's time."""
+    reserve: Sequence[ReservePlugin] = ()
+    pre_bind: Sequence[PreBindPlugin] = ()
+    bind: Sequence[BindPlugin] = ()
+
+
+def build_profile(
+    name: str, workload: Sequence[PodRequest], options: ProfileOptions | None = None
+) -> Profile:
+    """The named policy's profile with every cluster plugin registered (module docstring)."""
+    opts = options or ProfileOptions()
+    base = policy(name).build(workload)
+    gang = Coscheduling()
+    reservation = NodeReservation(opts.starvation_after_s, opts.max_reserved_nodes, opts.clock)
+    spread = PodTopologySpread()
+    health = GpuHealth()
+    extra = NodeResourcesExtra()
+    taints, selector, affinity, pods = (
+        TaintToleration(),
+        NodeSelector(),
+        NodeAffinity(),
+        InterPodAffinity(),
+    )
+    filters: list[FilterPlugin] = [taints, selector, affinity, pods, spread, reservation]
+    for f in base.filter:
+        if isinstance(f, GpuFit):
+            filters.append(health)
+        filters.append(f)
+    filters.append(extra)
+    pre_filters: list[PreFilterPlugin] = [
+        *base.pre_filter,
+        *(taints, selector, affinity, pods, spread, reservation, health, extra, gang),
+    ]
+    node_affinity, pod_affinity = PreferredNodeAffinity(), PreferredInterPodAffinity()
+    scores = [
+        *base.score,
+        WeightedScore(node_affinity),
+        WeightedScore(pod_affinity),
+        WeightedScore(spread),
+    ]
+    pre_scores: list[PreScorePlugin] = [*base.pre_score, node_affinity, pod_affinity, spread]
+    if opts.utilization_weight > 0:
+        utilization = GpuUtilization()
+        scores.append(WeightedScore(utilization, opts.utilization_weight))
+        pre_scores.append(utilization)
+    return Profile(
+        name=base.name,
+        pre_filter=tuple(pre_filters),
+        filter=tuple(filters),
+        post_filter=(*base.post_filter, DefaultPreemption(opts.clock), reservation),
+        pre_score=tuple(pre_scores),
+        score=tuple(scores),
+        gpu_selector=TopologyAwareGpus(base.gpu_selector),
+        reserve=(*base.reserve, reservation, *opts.reserve),
+        permit=(*base.permit, gang),
+        pre_bind=(*base.pre_bind, *opts.pre_bind),
+        bind=(*base.bind, *opts.bind),
+    )
+
+
+def framework(
+    name: str,
+    workload: Sequence[PodRequest],
+    *,
+    tie_break: str = "random",
+    options: ProfileOptions | None = None,
+) -> Framework:
     """A Framework running the named policy, tuned to `workload`'s typical pods."""
-    return Framework(policy(name).build(workload), tie_break=tie_break)
+    return Framework(build_profile(name, workload, options), tie_break=tie_break)

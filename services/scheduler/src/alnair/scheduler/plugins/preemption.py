@@ -21,47 +21,47 @@ candidate of the same budget class, highest ordinal first, given back last, and 
 only surplus goes wins over one where anything else would; they are listed in `graceful` so
 the binder deletes them with their own grace period (SIGTERM, time to commit a checkpoint)
 instead of at once.
+
+`DefaultPreemption` is the PostFilter plugin: for a pod that Filter rejected, victims on one
+node (`select_victims`, and the node is held for it); for a gang that Coscheduling's PreFilter
+rejected, victims for every missing member at once, chosen on one what-if snapshot (each
+member's victims gone and the member placed before the next is considered), so members never
+pick the same victim and the gang fits when they are gone. Nothing is evicted unless the whole
+gang then fits. The plugin only nominates: the live binder deletes the victims through the API
+server, the simulator forgets them from its snapshot.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
 from alnair.common.resources import POD_INDEX_LABEL
-from alnair.scheduler.live.budgets import DisruptionBudgets
-from alnair.scheduler.live.cache import LiveSnapshot
-from alnair.scheduler.live.pods import LivePod
+from alnair.scheduler.budgets import DisruptionBudgets
+from alnair.scheduler.framework.interface import (
+    CycleState,
+    Filtered,
+    Nomination,
+    PostFilterResult,
+)
+from alnair.scheduler.framework.status import unschedulable
+from alnair.scheduler.plugins.coscheduling import clone_member
+from alnair.scheduler.plugins.fit import for_lack_of_room
+from alnair.scheduler.plugins.reservation import hold
 from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
 
 
-@dataclass(frozen=True)
-class Nomination:
-    node_name: str
-    victims: tuple[str, ...]
-    """Keys (uids) of the pods to evict."""
-    highest_priority: int
-    budget_violations: int = 0
-    """How many victims are evicted against a PodDisruptionBudget."""
-    graceful: tuple[str, ...] = ()
-    """Victims that are elastic surplus: deleted with their own grace period."""
-
-    def describe(self) -> str:
-        text = f"preempting {len(self.victims)} pod(s) on {self.node_name}"
-        if self.budget_violations:
-            text += f" ({self.budget_violations} against a PodDisruptionBudget)"
-        return text
-
-
 def _priority(req: PodRequest) -> int:
-    return req.priority if isinstance(req, LivePod) else 0
+    return req.priority
 
 
 def surplus_ordinal(req: PodRequest, gang_min_member: dict[str, int]) -> int | None:
     """The ordinal of a gang member above its PodGroup's minMember, else None."""
-    if not isinstance(req, LivePod) or not req.gang:
+    if not req.gang:
         return None
     raw = dict(req.labels).get(POD_INDEX_LABEL)
     if raw is None or not raw.isdigit():
@@ -71,7 +71,7 @@ def surplus_ordinal(req: PodRequest, gang_min_member: dict[str, int]) -> int | N
 
 
 def select_victims(
-    pod: LivePod,
+    pod: PodRequest,
     snapshot: ClusterSnapshot,
     candidate_nodes: list[int],
     gang_min_member: dict[str, int],
@@ -81,7 +81,7 @@ def select_victims(
     gang_members: dict[str, list[tuple[PodRequest, Placement]]] = defaultdict(list)
     for req, placement in snapshot.placed.values():
         by_node[placement.node].append((req, placement))
-        if isinstance(req, LivePod) and req.gang:
+        if req.gang:
             gang_members[req.gang].append((req, placement))
 
     best: tuple[tuple[int, ...], Nomination] | None = None
@@ -91,7 +91,7 @@ def select_victims(
             continue
         units: dict[str, list[tuple[PodRequest, Placement]]] = {}
         for q, p in lower:
-            gang = q.gang if isinstance(q, LivePod) else None
+            gang = q.gang
             if gang and len(gang_members[gang]) - 1 < gang_min_member.get(gang, 1):
                 members = gang_members[gang]
                 if any(_priority(m) >= pod.priority for m, _ in members):
@@ -166,9 +166,7 @@ def _budget_breakers(
         ((q, unit) for unit, qs in units.items() for q, _ in qs), key=lambda m: -_priority(m[0])
     )
     unit_of = {q.key: unit for q, unit in members}
-    breaking = budgets.violations(
-        (q.key, q.namespace, dict(q.labels) if isinstance(q, LivePod) else {}) for q, _ in members
-    )
+    breaking = budgets.violations((q.key, q.namespace, dict(q.labels)) for q, _ in members)
     return {unit_of[key] for key in breaking}
 
 
@@ -182,7 +180,7 @@ def _fits_without(
     mem = int(snapshot.mem_free[n])
     count = int(snapshot.gpu_count[n])
     gpus = snapshot.gpu_free[n, :count].copy()
-    sick = getattr(snapshot, "unhealthy", None)
+    sick = snapshot.unhealthy if snapshot.unhealthy.size else None
     for q, p in victims:
         if p.node != n:
             continue
@@ -194,10 +192,85 @@ def _fits_without(
                 gpus[g] += q.gpu_milli
     if cpu < pod.cpu_milli or mem < pod.memory_mib:
         return False
-    if isinstance(snapshot, LiveSnapshot):
+    if n < len(snapshot.pods_cap):
         leaving = [q for q, p in victims if p.node == n]
         if snapshot.extra_shortfall(pod, n, leaving) is not None:
             return False
     if pod.num_gpu == 0:
         return True
     return int(np.count_nonzero(gpus >= pod.gpu_milli)) >= pod.num_gpu
+
+
+_NOTHING = PostFilterResult(unschedulable("no preemption helps"))
+
+
+class DefaultPreemption:
+    """PostFilter: evict lower-priority pods so that the pod, or its whole gang, fits."""
+
+    NAME: ClassVar[str] = "DefaultPreemption"
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+
+    def post_filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, filtered: Filtered
+    ) -> PostFilterResult:
+        if pod.priority <= 0:
+            return _NOTHING
+        mins = snapshot.gangs.min_members() if snapshot.gangs is not None else {}
+        if pod.gang and not filtered.by_reason:
+            return self._for_gang(pod, snapshot, state, mins)
+        candidates = filtered.nodes_where(for_lack_of_room)
+        if not candidates:
+            return _NOTHING
+        nomination = select_victims(pod, snapshot, candidates, mins, snapshot.budgets)
+        if nomination is None:
+            return _NOTHING
+        if snapshot.reservations is not None:
+            hold(snapshot.reservations, pod, nomination.node_name, self.clock())
+        return PostFilterResult(unschedulable("preempting"), nomination)
+
+    def _for_gang(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, mins: dict[str, int]
+    ) -> PostFilterResult:
+        gang = pod.gang
+        book = snapshot.gangs
+        if gang is None or book is None or gang not in book.specs or state.handle is None:
+            return _NOTHING
+        needed = book.specs[gang].min_member - snapshot.gang_placed.get(gang, 0)
+        # A gang that can never fit must not evict anyone on its way to failing.
+        if needed <= 0 or needed * pod.num_gpu > int(snapshot.gpu_count.sum()):
+            return _NOTHING
+        siblings = [s for s in book.pending(gang) if s.key != pod.key][: needed - 1]
+        trial = [pod, *siblings]
+        trial += [clone_member(pod, i) for i in range(len(trial), needed)]
+        what_if = snapshot.copy()
+        handle = state.handle
+        victims: dict[str, bool] = {}
+        for member in trial:
+            placed = handle.schedule(member, what_if, state.rng, what_if=True)
+            if placed.placement is None:
+                explained = handle.schedule(member, what_if, state.rng, explain=True)
+                lacking = [n for n, why in explained.node_reasons.items() if for_lack_of_room(why)]
+                nomination = select_victims(member, what_if, lacking, mins, snapshot.budgets)
+                if nomination is None:
+                    return _NOTHING
+                for uid in nomination.victims:
+                    what_if.forget(uid)
+                    victims[uid] = uid in nomination.graceful
+                placed = handle.schedule(member, what_if, state.rng, what_if=True)
+                if placed.placement is None:
+                    return _NOTHING
+            what_if.assume(member, placed.placement)
+        if not victims:
+            return _NOTHING
+        return PostFilterResult(
+            unschedulable("preempting for the gang"),
+            Nomination(
+                victims=tuple(victims),
+                graceful=tuple(uid for uid, graceful in victims.items() if graceful),
+                gang=gang,
+                message=f"gang {gang} preempts {len(victims)} lower-priority pod(s) so that "
+                f"its {needed} missing member(s) fit together.",
+            ),
+        )

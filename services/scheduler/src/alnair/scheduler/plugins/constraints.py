@@ -1,4 +1,9 @@
-"""Plugins that only make sense on a live cluster; pure functions of (pod, LiveSnapshot).
+"""Placement constraints a pod states about nodes and other pods, as upstream's plugins.
+
+Pure functions of (pod, snapshot), run by the simulator and the live binder alike. Each one
+returns SKIP from PreFilter (or PreScore) when the pod states nothing it checks and the
+snapshot holds nothing that acts on the pod (no taints, no placed pod with terms), so a trace
+without labels or terms costs one attribute check per plugin and pod.
 
 - `TaintToleration`: nodes that are not Ready, cordoned, or carry a NoSchedule/NoExecute taint
   the pod does not tolerate are filtered out (upstream's TaintToleration + NodeUnschedulable).
@@ -7,8 +12,7 @@
   `requiredDuringSchedulingIgnoredDuringExecution`, every expression of that term; `matchFields`
   on the node name), as upstream.
 - `PreferredNodeAffinity`: score, the summed weights of the preferred terms a node matches,
-  normalised so the best node scores 100 (upstream's NodeAffinity score); 0 everywhere for a
-  pod without preferences, so it never disturbs the placement policy then.
+  normalised so the best node scores 100 (upstream's NodeAffinity score).
 - `InterPodAffinity`: required pod affinity and anti-affinity, as upstream: a term of the pod
   needs (affinity) or forbids (anti-affinity) a matching placed pod in the node's topology
   domain (nodes sharing the value of `topologyKey`); placed pods' anti-affinity terms keep
@@ -20,19 +24,6 @@
   1) that select the pod count on their own domains.
 - `PodTopologySpread`: topology spread constraints: `DoNotSchedule` ones filter, with
   `minDomains`, `matchLabelKeys` and the node inclusion policies; `ScheduleAnyway` ones score.
-- `NodeResourcesExtra`: the node's pod count and the pod's requests of any resource the
-  snapshot does not model (extended resources, hugepages, ephemeral storage), as upstream's
-  NodeResourcesFit words them.
-- `NodeReservation`: a node reserved for a starving pod (see `reservations`) refuses every pod
-  that does not outrank that pod.
-- `GpuHealth`: a node whose GPUs would fit only by counting unhealthy ones is rejected as
-  "GPU unhealthy" (the cache already withholds unhealthy GPUs; this names the reason).
-- `TopologyAwareGpus`: GPU selector: a pod asking for several whole GPUs gets the
-  best-connected free set of the node (`alnair.common.topology`, the rule the device plugin
-  uses too) when the profiler reported the node's topology; otherwise the policy's own choice.
-- `GpuUtilization`: prefers nodes whose measured GPU use (from the profiler's pod metrics) leaves
-  room, like Alnair's UtilSched: for a fraction, the GPU it would share; for whole GPUs, the
-  node's busiest GPU (hot neighbours share PCIe and power).
 """
 
 from __future__ import annotations
@@ -44,42 +35,30 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from alnair.common.resources import MILLI_PER_GPU
-from alnair.common.topology import best_connected
-from alnair.scheduler.framework.interface import (
-    MAX_NODE_SCORE,
-    CycleState,
-    GpuSelector,
-    NodeVerdicts,
-)
-from alnair.scheduler.live.cache import TOO_MANY_PODS, LiveSnapshot
-from alnair.scheduler.live.pods import (
-    LivePod,
+from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
+from alnair.scheduler.framework.status import SKIP, SUCCESS, Status
+from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
+from alnair.scheduler.terms import (
     PodAffinityTerm,
     SpreadConstraint,
     node_affinity_matches,
     node_selector_matches,
     untolerated,
 )
-from alnair.scheduler.live.reservations import REASON as RESERVED_REASON
-from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
-
-
-def _live(snapshot: ClusterSnapshot) -> LiveSnapshot | None:
-    return snapshot if isinstance(snapshot, LiveSnapshot) else None
 
 
 class TaintToleration:
     NAME: ClassVar[str] = "TaintToleration"
 
+    def pre_filter(self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState) -> Status:
+        return SUCCESS if snapshot.tainted.any() else SKIP
+
     def filter(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> NodeVerdicts:
-        live = _live(snapshot)
+        live = snapshot
         passed = np.ones(nodes.size, dtype=np.bool_)
-        if live is None:
-            return NodeVerdicts(passed=passed)
-        tolerations = pod.tolerations if isinstance(pod, LivePod) else ()
+        tolerations = pod.tolerations
         not_ready = np.zeros(nodes.size, dtype=np.bool_)
         # Most nodes carry no taint: visit only those that do.
         for k in np.flatnonzero(live.tainted[nodes]).tolist():
@@ -100,18 +79,21 @@ class _NodeLabelFilter(ABC):
     REASON: ClassVar[str] = ""
 
     @abstractmethod
-    def constraint(self, pod: LivePod) -> Any:
+    def constraint(self, pod: PodRequest) -> Any:
         """The pod's constraint; falsy when it has none (every node passes)."""
 
     @abstractmethod
     def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool: ...
 
+    def pre_filter(self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState) -> Status:
+        return SUCCESS if self.constraint(pod) else SKIP
+
     def filter(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> NodeVerdicts:
-        live = _live(snapshot)
-        constraint = self.constraint(pod) if isinstance(pod, LivePod) else None
-        if live is None or not constraint:
+        live = snapshot
+        constraint = self.constraint(pod)
+        if not constraint:
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
         passed = np.array(
             [self.admits(constraint, live.labels[int(n)], live.names[int(n)]) for n in nodes],
@@ -124,7 +106,7 @@ class NodeSelector(_NodeLabelFilter):
     NAME: ClassVar[str] = "NodeSelector"
     REASON: ClassVar[str] = "node selector mismatch"
 
-    def constraint(self, pod: LivePod) -> Any:
+    def constraint(self, pod: PodRequest) -> Any:
         return pod.node_selector
 
     def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool:
@@ -135,7 +117,7 @@ class NodeAffinity(_NodeLabelFilter):
     NAME: ClassVar[str] = "NodeAffinity"
     REASON: ClassVar[str] = "node affinity mismatch"
 
-    def constraint(self, pod: LivePod) -> Any:
+    def constraint(self, pod: PodRequest) -> Any:
         return pod.node_affinity
 
     def admits(self, constraint: Any, labels: Mapping[str, str], name: str) -> bool:
@@ -145,12 +127,17 @@ class NodeAffinity(_NodeLabelFilter):
 class PreferredNodeAffinity:
     NAME: ClassVar[str] = "PreferredNodeAffinity"
 
+    def pre_score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> Status:
+        return SUCCESS if pod.node_preferences else SKIP
+
     def score(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> FloatArray:
-        live = _live(snapshot)
-        preferences = pod.node_preferences if isinstance(pod, LivePod) else ()
-        if live is None or not preferences:
+        live = snapshot
+        preferences = pod.node_preferences
+        if not preferences:
             return np.zeros(nodes.size, dtype=np.float64)
         return np.array(
             [
@@ -175,12 +162,14 @@ class PreferredNodeAffinity:
 class InterPodAffinity:
     NAME: ClassVar[str] = "InterPodAffinity"
 
+    def pre_filter(self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState) -> Status:
+        relevant = pod.pod_affinity or pod.pod_anti_affinity or snapshot.pod_termed
+        return SUCCESS if relevant else SKIP
+
     def filter(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> NodeVerdicts:
-        live = _live(snapshot)
-        if live is None or not isinstance(pod, LivePod):
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
+        live = snapshot
         if not (pod.pod_affinity or pod.pod_anti_affinity or live.pod_termed):
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
         own = dict(pod.labels)
@@ -211,11 +200,11 @@ class InterPodAffinity:
         )
 
 
-Placed = list[tuple[LivePod, dict[str, str], int]]
+Placed = list[tuple[PodRequest, dict[str, str], int]]
 """Placed pods with their labels as a dict and their node index (see `_others`)."""
 
 
-def _domains(live: LiveSnapshot, term: PodAffinityTerm, pods: Placed) -> set[str]:
+def _domains(live: ClusterSnapshot, term: PodAffinityTerm, pods: Placed) -> set[str]:
     """The topology values of the nodes holding a pod that `term` selects."""
     found: set[str] = set()
     for other, labels, node in pods:
@@ -226,23 +215,21 @@ def _domains(live: LiveSnapshot, term: PodAffinityTerm, pods: Placed) -> set[str
     return found
 
 
-def _in_domains(live: LiveSnapshot, key: str, domains: set[str]) -> BoolArray:
+def _in_domains(live: ClusterSnapshot, key: str, domains: set[str]) -> BoolArray:
     """Per node: does its `key` label hold one of `domains`?"""
     if not domains:
         return np.zeros(len(live.names), dtype=np.bool_)
     return np.array([labels.get(key) in domains for labels in live.labels], dtype=np.bool_)
 
 
-def _others(live: LiveSnapshot, pod: LivePod) -> Placed:
+def _others(live: ClusterSnapshot, pod: PodRequest) -> Placed:
     """The placed pods other than `pod`, with their labels and node index."""
     return [
-        (q, dict(q.labels), placed.node)
-        for q, placed in live.placed.values()
-        if isinstance(q, LivePod) and q.key != pod.key
+        (q, dict(q.labels), placed.node) for q, placed in live.placed.values() if q.key != pod.key
     ]
 
 
-def _placed_with_terms(live: LiveSnapshot, pod: LivePod) -> list[tuple[LivePod, int]]:
+def _placed_with_terms(live: ClusterSnapshot, pod: PodRequest) -> list[tuple[PodRequest, int]]:
     """The placed pods other than `pod` that carry inter-pod terms, with their node index."""
     found = []
     for key, holder in live.pod_termed.items():
@@ -252,7 +239,7 @@ def _placed_with_terms(live: LiveSnapshot, pod: LivePod) -> list[tuple[LivePod, 
     return found
 
 
-def _admitted(live: LiveSnapshot, pod: LivePod, constraint: SpreadConstraint) -> BoolArray:
+def _admitted(live: ClusterSnapshot, pod: PodRequest, constraint: SpreadConstraint) -> BoolArray:
     """Per node: does it count as a domain for `constraint` (its inclusion policies)?"""
     admitted = np.ones(len(live.names), dtype=np.bool_)
     if constraint.honor_node_affinity and (pod.node_selector or pod.node_affinity):
@@ -265,8 +252,8 @@ def _admitted(live: LiveSnapshot, pod: LivePod, constraint: SpreadConstraint) ->
 
 
 def _spread_counts(
-    live: LiveSnapshot,
-    pod: LivePod,
+    live: ClusterSnapshot,
+    pod: PodRequest,
     constraint: SpreadConstraint,
     keys: set[str],
     others: Placed,
@@ -301,16 +288,22 @@ class PodTopologySpread:
 
     @staticmethod
     def _constraints(pod: PodRequest, hard: bool) -> tuple[SpreadConstraint, ...]:
-        if not isinstance(pod, LivePod):
-            return ()
         return tuple(c for c in pod.spread if c.hard == hard)
+
+    def pre_filter(self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState) -> Status:
+        return SUCCESS if any(c.hard for c in pod.spread) else SKIP
+
+    def pre_score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> Status:
+        return SUCCESS if any(not c.hard for c in pod.spread) else SKIP
 
     def filter(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> NodeVerdicts:
-        live = _live(snapshot)
+        live = snapshot
         constraints = self._constraints(pod, hard=True)
-        if live is None or not constraints or not isinstance(pod, LivePod):
+        if not constraints:
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
         keys = {c.topology_key for c in constraints}
         others = _others(live, pod)
@@ -336,9 +329,9 @@ class PodTopologySpread:
     def score(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> FloatArray:
-        live = _live(snapshot)
+        live = snapshot
         constraints = self._constraints(pod, hard=False)
-        if live is None or not constraints or not isinstance(pod, LivePod):
+        if not constraints:
             return np.zeros(nodes.size, dtype=np.float64)
         keys = {c.topology_key for c in constraints}
         others = _others(live, pod)
@@ -382,13 +375,16 @@ class PreferredInterPodAffinity:
 
     NAME: ClassVar[str] = "PreferredInterPodAffinity"
 
+    def pre_score(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> Status:
+        return SUCCESS if _signed(pod) or snapshot.pod_termed else SKIP
+
     def score(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> FloatArray:
-        live = _live(snapshot)
+        live = snapshot
         zeros = np.zeros(nodes.size, dtype=np.float64)
-        if live is None or not isinstance(pod, LivePod):
-            return zeros
         weighted = _signed(pod)
         if not weighted and not live.pod_termed:
             return zeros
@@ -430,106 +426,8 @@ class PreferredInterPodAffinity:
         return scores
 
 
-def _signed(pod: LivePod) -> list[tuple[float, PodAffinityTerm]]:
+def _signed(pod: PodRequest) -> list[tuple[float, PodAffinityTerm]]:
     """The pod's preferred terms with their weights, negative for anti-affinity."""
     return [(float(w), t) for w, t in pod.pod_preferences] + [
         (-float(w), t) for w, t in pod.pod_aversions
     ]
-
-
-class NodeResourcesExtra:
-    """The rest of upstream's NodeResourcesFit that the snapshot's arrays do not cover: the
-    node's pod count (`Too many pods`) and every other resource the pod requests, such as RDMA
-    devices, MIG slices, hugepages or ephemeral storage (`Insufficient <name>`; a node that
-    does not report the resource has none). Without it the kubelet would refuse the pod at
-    admission and fail it."""
-
-    NAME: ClassVar[str] = "NodeResourcesExtra"
-
-    def filter(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> NodeVerdicts:
-        live = _live(snapshot)
-        if live is None or len(live.pods_cap) != len(live.names):
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        blocked = live.pods_cap[nodes] - live.pods_used[nodes] < 1
-        failures: list[tuple[str, BoolArray]] = [(TOO_MANY_PODS, blocked.copy())]
-        for name, amount in pod.extra if isinstance(pod, LivePod) else ():
-            short = (live.extra_room(name)[nodes] < amount) & ~blocked
-            failures.append((f"Insufficient {name}", short))
-            blocked |= short
-        return NodeVerdicts(passed=~blocked, failures=tuple(failures))
-
-
-class NodeReservation:
-    NAME: ClassVar[str] = "NodeReservation"
-
-    def filter(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> NodeVerdicts:
-        live = _live(snapshot)
-        if live is None or not live.reserved:
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        refused = np.zeros(len(live.names), dtype=np.bool_)
-        for name, holder in live.reserved.items():
-            if name in live._index and not holder.admits(pod):
-                refused[live.node_index(name)] = True
-        blocked = refused[nodes]
-        return NodeVerdicts(passed=~blocked, failures=((RESERVED_REASON, blocked),))
-
-
-class GpuHealth:
-    NAME: ClassVar[str] = "GpuHealth"
-
-    def filter(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> NodeVerdicts:
-        live = _live(snapshot)
-        if live is None or pod.num_gpu == 0 or not live.unhealthy.any():
-            return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        healthy_fit = (live.gpu_free[nodes] >= pod.gpu_milli).sum(axis=1)
-        with_sick = (live.gpu_free[nodes] + live.withheld[nodes] >= pod.gpu_milli).sum(axis=1)
-        sick = (healthy_fit < pod.num_gpu) & (with_sick >= pod.num_gpu)
-        return NodeVerdicts(passed=~sick, failures=(("GPU unhealthy", sick),))
-
-
-class GpuUtilization:
-    """Score: 100 for idle GPUs down to 0 for saturated ones (measured, not requested)."""
-
-    NAME: ClassVar[str] = "GpuUtilization"
-
-    def score(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
-    ) -> FloatArray:
-        live = _live(snapshot)
-        if live is None or pod.num_gpu == 0:
-            return np.zeros(nodes.size, dtype=np.float64)
-        util = live.gpu_util[nodes]
-        if pod.is_fractional:
-            fits = live.gpu_free[nodes] >= pod.gpu_milli
-            busy = np.where(fits, util, np.inf).min(axis=1)
-            busy = np.where(np.isfinite(busy), busy, 100.0)
-        else:
-            busy = util.max(axis=1)
-        scores: FloatArray = np.clip(100.0 - busy, 0.0, 100.0)
-        return scores
-
-
-class TopologyAwareGpus:
-    NAME: ClassVar[str] = "TopologyAwareGpus"
-
-    def __init__(self, base: GpuSelector) -> None:
-        self.base = base
-
-    def select_gpus(
-        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, node: int
-    ) -> tuple[int, ...] | None:
-        live = _live(snapshot)
-        topology = live.topology.get(live.names[node]) if live is not None else None
-        if live is None or not topology or pod.is_fractional or pod.num_gpu < 2:
-            return self.base.select_gpus(pod, snapshot, state, node)
-        count = int(live.gpu_count[node])
-        free = np.flatnonzero(live.gpu_free[node, :count] == MILLI_PER_GPU).tolist()
-        if len(free) < pod.num_gpu:
-            return None
-        return tuple(sorted(best_connected(free, pod.num_gpu, topology)))
