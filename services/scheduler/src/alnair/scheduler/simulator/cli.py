@@ -3,12 +3,14 @@
     alnair simulate --nodes NODES.csv --pods PODS.csv --policy FGD --seed 42 --json
     alnair simulate --policy FGD BestFit alnair --seed 42-51 --plot out/cmp.png
     alnair simulate --variant gen-gpushare60+gpuspec20 --policy FGD alnair --seed 42-44
+    alnair simulate --gangs 400 --policy alnair --seed 42
 
 One policy and one seed: a progress bar and a table (or, with --json, one JSON object with the
 allocation at each whole percent of arrived demand). Several policies or a seed range: the runs
 are compared (mean over seeds, beside the paper's numbers where published) and a PNG plot of
 allocation against arrived demand is written. `--variant` names a shipped trace variant or one
 built from `default` by the published recipe (`simulator.variants`: `gen-gpushare60`, ...).
+`--gangs JOBS` replays the Gavel job trace with gangs and priorities instead (`simulator.gangs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.scheduler.framework.runtime import TIE_BREAKS
 from alnair.scheduler.plugins.registry import POLICIES, policy
 from alnair.scheduler.simulator.engine import RunResult, simulate
+from alnair.scheduler.simulator.gangs import GangReplayConfig, replay_gangs
 from alnair.scheduler.simulator.reference import load_reference, variant_of
 from alnair.scheduler.simulator.report import (
     MAX_WORKERS,
@@ -78,6 +81,19 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=MAX_WORKERS, help=f"processes (at most {MAX_WORKERS})"
     )
     parser.add_argument(
+        "--gangs",
+        type=int,
+        metavar="JOBS",
+        help="replay the first JOBS jobs of the Gavel trace as gangs of 1-GPU pods with seeded "
+        "priorities (coscheduling, preemption, node reservations) and print JSON",
+    )
+    parser.add_argument(
+        "--high-priority-share",
+        type=float,
+        default=0.2,
+        help="with --gangs: share of jobs given a high priority (default 0.2)",
+    )
+    parser.add_argument(
         "--tie-break",
         choices=TIE_BREAKS,
         default="first",
@@ -113,6 +129,21 @@ def main(argv: Sequence[str]) -> int:
     try:
         policies = [policy(name).name for name in args.policy]
         seeds = parse_seeds(args.seed)
+        if args.gangs is not None:
+            runs = [
+                replay_gangs(
+                    GangReplayConfig(
+                        policy=p,
+                        seed=s,
+                        jobs=args.gangs,
+                        high_priority_share=args.high_priority_share,
+                    )
+                ).to_json()
+                for p in policies
+                for s in seeds
+            ]
+            print(json.dumps(runs[0] if len(runs) == 1 else {"runs": runs}))
+            return 0
         nodes = args.nodes or trace_dir() / NODE_FILE
         if args.variant and args.pods:
             raise InvalidValueError("variant", args.variant, "give --variant or --pods, not both")
