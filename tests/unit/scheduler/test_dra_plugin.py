@@ -302,9 +302,79 @@ def test_explain_shows_the_claim_request_and_its_allocation() -> None:
         {"name": "gpu", "device_class": dra.CLASS_SHARED, "count": 1,
          "capacity": {"compute": "30", "memory": str(10 * (1 << 30))}}
     ]  # fmt: skip
-    world.schedule(pod)  # bound: the pod's claims are forgotten with it
-    assert explain_claims(world.cache, req.key) == []
-    world.request(pod)
+    world.schedule(pod)  # bound: explain shows where the claim was allocated
     [item] = explain_claims(world.cache, req.key)
     [allocated] = item["allocation"]
     assert allocated["consumedCapacity"] == {"compute": "30", "memory": "10240Mi"}
+    world.cache.forget_pod(req.key)  # the pod is gone: nothing kept for it
+    assert explain_claims(world.cache, req.key) == []
+    assert req.key not in world.cache.pods
+
+
+def test_a_node_publishing_gpus_only_in_its_slice_gets_gpu_columns_from_it() -> None:
+    seen: list[str] = []
+    cache = ClaimCache(on_node_gpus=seen.append)
+    cache.on_slice(WatchEvent.ADDED, node_slice("dra-only", "uid"), None)
+    gpus = cache.node_gpus("dra-only")
+    assert gpus is not None
+    assert (gpus.count, gpus.model, gpus.memory_mib) == (GPUS, "H100-SXM5-80GB", 81920)
+    assert seen == ["dra-only"]
+    assert cache.node_gpus("other") is None
+    slice_ = node_slice("dra-only", "uid")
+    cache.on_slice(WatchEvent.DELETED, slice_, None)
+    assert cache.node_gpus("dra-only") is None and seen == ["dra-only", "dra-only"]
+
+
+def test_the_live_cache_sizes_a_slice_only_node_from_its_slice() -> None:
+    from alnair.scheduler.live.cache import SchedulerCache
+
+    cache = SchedulerCache()
+    node = {"metadata": {"name": "dra-only", "labels": {}},
+            "status": {"allocatable": {"cpu": "96", "memory": "768Gi"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    cache.upsert_node(node)
+    assert int(cache.snapshot().gpu_count[0]) == 0
+    assert cache.set_slice_gpus("dra-only", (GPUS, "H100-SXM5-80GB", 81920))
+    snap = cache.snapshot()
+    assert int(snap.gpu_count[0]) == GPUS
+    assert snap.models[int(snap.model_id[0])] == "H100-SXM5-80GB"
+    assert cache.gpu_memory_table()["H100-SXM5-80GB"] == 81920
+    assert not cache.set_slice_gpus("dra-only", (GPUS, "H100-SXM5-80GB", 81920))
+    assert cache.set_slice_gpus("dra-only", None)
+    assert int(cache.snapshot().gpu_count[0]) == 0
+
+
+def test_dra_options_register_the_plugin_in_the_built_profile() -> None:
+    from alnair.scheduler.dra.plugin import DraGpus, dra_options
+    from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
+
+    world = World()
+    profile = build_profile("FGD", [PodRequest("t", 100, 256, 1, 300)],
+                            dra_options(ProfileOptions(), world.plugin))  # fmt: skip
+    assert profile.pre_filter[-1] is world.plugin and profile.filter[-1] is world.plugin
+    assert world.plugin in profile.reserve and world.plugin in profile.pre_bind
+    assert isinstance(profile.gpu_selector, DraGpus)
+    # a pod without claims: PreFilter SKIP, so Filter never runs the allocator for it
+    plain = make_pod("plain", "ns").fraction(30, memory_mib=10240).obj()
+    plain["metadata"]["uid"] = "pod-plain"
+    req = parse_pod(plain)
+    result = Framework(profile).schedule(req, world.snapshot, world.rng)
+    assert result.placement is not None and result.state is not None
+    assert "DynamicResources" in result.state.skip_filter
+    assert world.plugin.reserved == {}
+
+
+async def test_pre_bind_without_an_api_server_refuses_and_unreserve_forgets() -> None:
+    world = World()
+    pod = pod_obj("nowhere")
+    world.cache.on_claim(
+        WatchEvent.ADDED, template_claim(pod, {"memory": "10Gi", "compute": "30"}), None
+    )
+    req = world.request(pod)
+    result = world.framework.schedule(req, world.snapshot, world.rng)
+    assert result.placement is not None and result.state is not None
+    status = await world.framework.pre_bind(req, world.snapshot, result)
+    assert not status.ok and "no API server" in status.reason
+    world.framework.unreserve(req, world.snapshot, result)
+    assert world.cache.in_flight == {} and world.plugin.reserved == {}
+    assert world.plugin.undoing == set()

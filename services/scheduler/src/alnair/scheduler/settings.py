@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -47,6 +48,12 @@ class SchedulerSettings(ServiceSettings):
     )
     max_reserved_nodes: int = Field(
         default=16, ge=0, description="most nodes reserved for starving pods at once"
+    )
+    dra: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="allocate ResourceClaims (resource.k8s.io/v1) for our pods: auto = when the "
+        "API server serves DRA and RBAC lets the scheduler list claims, slices and classes; on = "
+        "always (informers retry until allowed; readiness stays false); off = never",
     )
     seed: int | None = Field(default=None, description="random seed for tie-breaking (tests)")
     identity: str = Field(

@@ -15,6 +15,10 @@ annotation the controller writes (the claim's own watch event can arrive before 
 status update). Until it exists the pod waits; the claim's ADDED event wakes it (`on_change`),
 no timer.
 
+A node that publishes its GPUs only through a ResourceSlice (the DRA driver without the device
+plugin: no `nvidia.com/gpu` capacity) gets its snapshot GPU columns from the slice: `node_gpus`
+(count, model, memory per device), and `on_node_gpus(node)` when they may have changed.
+
 `claim_pod` gives a parsed pod the GPUs its claims ask of Alnair's driver as the snapshot's
 request (whole GPUs, or one fraction: the larger of
 compute and memory, memory measured against the smallest GPU the slices publish), so FGD and
@@ -109,13 +113,24 @@ class Resolved:
     """Non-empty: a claim does not exist yet (the pod waits for its event)."""
 
 
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """What a node's slice publishes of Alnair's GPUs, in the snapshot's terms."""
+
+    count: int
+    model: str
+    memory_mib: int
+    """The smallest device's memory (every GPU of a snapshot node has one size)."""
+
+
 class ClaimCache:
     """ResourceClaims, ResourceSlices and DeviceClasses, plus the capacity claims consume."""
 
     def __init__(
         self,
-        on_change: Callable[[], None] | None = None,
+        on_change: Callable[[], object] | None = None,
         on_health: Callable[[str, int, bool], None] | None = None,
+        on_node_gpus: Callable[[str], None] | None = None,
     ) -> None:
         self.claims: dict[str, Obj] = {}
         """`namespace/name` -> claim."""
@@ -132,6 +147,7 @@ class ClaimCache:
         self._devices: dict[str, list[Device]] = {}
         self._on_change = on_change or (lambda: None)
         self._on_health = on_health or (lambda _node, _gpu, _healthy: None)
+        self._on_node_gpus = on_node_gpus or (lambda _node: None)
         self.tainted: dict[str, frozenset[int]] = {}
         """Node -> indices of Alnair GPUs whose device carries the unhealthy taint."""
 
@@ -179,11 +195,14 @@ class ClaimCache:
             self.slices.pop(name, None)
         else:
             self.slices[name] = slice_
-        if old is not None:
-            self._devices.pop((old.get("spec") or {}).get("nodeName") or "", None)
+        before = ((old.get("spec") or {}).get("nodeName") or "") if old is not None else ""
+        self._devices.pop(before, None)
         self._devices.pop(node, None)
+        if before and before != node:
+            self._on_node_gpus(before)
         if node:
             self._follow_taints(node)
+            self._on_node_gpus(node)
         if event is not WatchEvent.DELETED:
             self._on_change()
 
@@ -222,6 +241,29 @@ class ClaimCache:
             found = node_devices(self.slices.values(), node)
             self._devices[node] = found
         return found
+
+    def node_gpus(self, node: str) -> NodeGpus | None:
+        """The node's GPUs as Alnair's driver publishes them (None: it publishes none)."""
+        ours = [d for d in self.devices(node) if d.driver == dra.DRIVER]
+        indices = []
+        for d in ours:
+            try:
+                indices.append(dra.gpu_index_of(d.name))
+            except InvalidValueError:
+                continue  # not one of the driver's GPU devices
+        if not indices:
+            return None
+        sizes = [
+            int(cap.value / dra.MIB)
+            for d in ours
+            if (cap := d.capacity.get(dra.CAPACITY_MEMORY)) is not None
+        ]
+        models = sorted({str(m) for d in ours if (m := d.view.attributes.get(dra.ATTR_MODEL))})
+        return NodeGpus(
+            count=max(indices) + 1,
+            model=models[0] if models else "",
+            memory_mib=min(sizes) if sizes else 0,
+        )
 
     def nodes_with_devices(self) -> set[str]:
         return {n for s in self.slices.values() if (n := (s.get("spec") or {}).get("nodeName"))}

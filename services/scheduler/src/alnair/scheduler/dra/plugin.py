@@ -12,9 +12,17 @@ Extension points (the framework's protocols, plus the two live-only steps around
   pod's fractional request (`claims.claim_pod`), so FGD and Alnair's policies pick the GPU as for
   `alnair.io/gpu-memory`; GPUs whose device cannot hold the claim are hidden from them.
 - Reserve: allocate on exactly the chosen GPUs (devices `gpu-<index>` of driver
-  `gpu.alnair.io`) and count it in flight; Unreserve forgets it.
-- `pre_bind` (live only, before the Binding): write `status.allocation` and `reservedFor` (the
-  pod's real UID) to each claim; `unbind` after a failed Binding clears them again.
+  `gpu.alnair.io`) and count it in flight.
+- PreBind (live only, before the Binding): write `status.allocation` and `reservedFor` (the
+  pod's real UID) to each claim.
+- Unreserve (a Reserve undone, a failed PreBind or Binding): forget the in-flight usage and, for
+  claims PreBind already wrote, take the pod's reservation and this scheduler's allocation off
+  them on the API server (`unbind`, started as a task since Unreserve is synchronous).
+- `bound` after a successful Binding ends the pod's bookkeeping; the claims' watch events make
+  the written allocations facts of the cache.
+
+`dra_options` registers the plugin in a `ProfileOptions` (the live binder's path); `with_dra`
+adds it to an already built profile (tests of the plugin alone).
 
 Alnair is the only allocator of its DeviceClasses for pods with `schedulerName: alnair`; pods on
 kube-scheduler use upstream's allocator on the same slices, and both see each other's claims
@@ -23,6 +31,7 @@ through the claims' `status.allocation`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections import defaultdict
@@ -56,6 +65,7 @@ from alnair.scheduler.framework.status import (
     unresolvable,
     unschedulable,
 )
+from alnair.scheduler.plugins.registry import ProfileOptions
 from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, Placement, PodRequest
 
 log = logging.getLogger(__name__)
@@ -104,6 +114,9 @@ class Written:
     claim: Obj
     results: tuple[Obj, ...] | None
     node: str
+    pod_uid: str = ""
+    written: bool = False
+    """PreBind wrote it to the API server (a failed bind must take it back there)."""
 
 
 def allocation_nodes(claim: Obj) -> frozenset[str] | None:
@@ -127,15 +140,25 @@ def _usage_by_pool(usage: Usage) -> dict[str, Usage]:
 
 
 class DynamicResources:
-    """PreFilter, Filter, Reserve/Unreserve over `ClaimCache`; `pre_bind`/`unbind` live."""
+    """PreFilter, Filter, Reserve/Unreserve over `ClaimCache`; PreBind through `kube`."""
 
     NAME: ClassVar[str] = "DynamicResources"
 
-    def __init__(self, cache: ClaimCache, *, share_id: Callable[[], object] = uuid.uuid4) -> None:
+    def __init__(
+        self,
+        cache: ClaimCache,
+        kube: KubeClient | None = None,
+        *,
+        share_id: Callable[[], object] = uuid.uuid4,
+    ) -> None:
         self.cache = cache
+        self.kube = kube
+        """The API server PreBind writes to (None: a simulation, which writes nothing)."""
         self.share_id = share_id
         self.reserved: dict[str, list[Written]] = {}
         """Pod key -> claims Reserve allocated or reserved for it (until bound or undone)."""
+        self.undoing: set[asyncio.Task[None]] = set()
+        """`unbind` tasks started by Unreserve (awaited by `drain`)."""
 
     # --- PreFilter -----------------------------------------------------------------------
 
@@ -291,8 +314,8 @@ class DynamicResources:
         if why:
             where = f" on GPUs {placement.annotation_indices()}" if placement.gpu_indices else ""
             return unschedulable(f"{why}{where}", self.NAME)
-        written = [Written(item.claim, results, node) for item, results in done]
-        written += [Written(c.claim, None, node) for c in cycle.claims if c.allocated]
+        written = [Written(item.claim, results, node, pod.uid) for item, results in done]
+        written += [Written(c.claim, None, node, pod.uid) for c in cycle.claims if c.allocated]
         for item, results in done:
             self.cache.assume(item.uid, results)
         self.reserved[pod.key] = written
@@ -304,19 +327,37 @@ class DynamicResources:
         self.release(pod.key)
 
     def release(self, key: str) -> None:
-        """Forget what Reserve counted for pod `key` (a failed bind, a released gang)."""
-        for w in self.reserved.pop(key, ()):
+        """Forget what Reserve counted for pod `key` (a failed bind, a released gang, a pod
+        deleted); claims PreBind already wrote are taken back on the API server."""
+        written = self.reserved.pop(key, [])
+        for w in written:
             if w.results is not None:
                 self.cache.forget(w.claim["metadata"]["uid"])
+        undo = [w for w in written if w.written]
+        if undo and self.kube is not None:
+            task = asyncio.get_running_loop().create_task(self._take_back(self.kube, undo))
+            self.undoing.add(task)
+            task.add_done_callback(self.undoing.discard)
+
+    async def drain(self) -> None:
+        """Wait for the `unbind` writes Unreserve started (shutdown, tests)."""
+        while self.undoing:
+            await asyncio.gather(*self.undoing, return_exceptions=True)
 
     # --- live: around the Binding ------------------------------------------------------
 
-    async def pre_bind(self, kube: KubeClient, pod: PodRequest) -> Status:
+    async def pre_bind(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, placement: Placement
+    ) -> Status:
         """Write each reserved claim's allocation and the pod's reservation before the Binding
         (the kubelet prepares only claims reserved for the pod)."""
-        for w in self.reserved.get(pod.key, ()):
+        written = self.reserved.get(pod.key, ())
+        if written and self.kube is None:
+            return error("no API server to write the pod's ResourceClaims to", self.NAME)
+        for w in written:
+            assert self.kube is not None
             try:
-                await self._write(kube, w, pod)
+                await self._write(self.kube, w, pod)
             except (ApiError, MalformedClaim) as exc:
                 return error(
                     f"writing ResourceClaim {w.claim['metadata']['name']}: {exc}", self.NAME
@@ -355,6 +396,7 @@ class DynamicResources:
                     dra.RESOURCECLAIMS, {**claim, "status": status}, sub="status"
                 )
                 w.claim = written
+                w.written = True
                 return
             except Conflict:
                 if attempt:
@@ -364,30 +406,39 @@ class DynamicResources:
     def bound(self, key: str) -> None:
         """The Binding succeeded: the claims' writes are facts now (the watch confirms them)."""
         self.reserved.pop(key, None)
-        self.cache.forget_pod(key)
 
-    async def unbind(self, kube: KubeClient, pod: PodRequest) -> None:
-        """The Binding failed after `pre_bind`: take the pod off its claims and deallocate
-        those this scheduler allocated and nobody else uses, then forget the in-flight usage."""
-        for w in self.reserved.get(pod.key, ()):
+    async def _take_back(self, kube: KubeClient, written: Sequence[Written]) -> None:
+        """After a failed bind: take the pod off its claims and deallocate those this scheduler
+        allocated and nobody else uses (upstream's Unreserve)."""
+        for w in written:
             meta = w.claim["metadata"]
-            try:
-                claim = await kube.get(dra.RESOURCECLAIMS, meta["name"], meta["namespace"])
-                status = dict(claim.get("status") or {})
-                reserved = [x for x in status.get("reservedFor") or [] if x.get("uid") != pod.uid]
-                status["reservedFor"] = reserved
-                if w.results is not None and not reserved:
-                    status.pop("allocation", None)
-                    status.pop("reservedFor", None)
-                await kube.replace(dra.RESOURCECLAIMS, {**claim, "status": status}, sub="status")
-            except NotFound:
-                continue
-            except ApiError as exc:
-                log.warning(
-                    "claim not released after a failed bind",
-                    extra={"claim": meta["name"], "error": str(exc)},
-                )
-        self.release(pod.key)
+            for attempt in range(2):
+                try:
+                    claim = await kube.get(dra.RESOURCECLAIMS, meta["name"], meta["namespace"])
+                    status = dict(claim.get("status") or {})
+                    reserved = [
+                        x for x in status.get("reservedFor") or [] if x.get("uid") != w.pod_uid
+                    ]
+                    status["reservedFor"] = reserved
+                    if w.results is not None and not reserved:
+                        status.pop("allocation", None)
+                        status.pop("reservedFor", None)
+                    await kube.replace(
+                        dra.RESOURCECLAIMS, {**claim, "status": status}, sub="status"
+                    )
+                    break
+                except NotFound:
+                    break
+                except Conflict:
+                    if attempt:
+                        log.warning("claim not released after a failed bind (conflicts)",
+                                    extra={"claim": meta["name"]})  # fmt: skip
+                except Exception as exc:  # a task of its own: log, never lose it silently
+                    log.warning(
+                        "claim not released after a failed bind",
+                        extra={"claim": meta["name"], "error": repr(exc)},
+                    )
+                    break
 
 
 class DraGpus:
@@ -421,11 +472,25 @@ class DraGpus:
 
 def with_dra(profile: Profile, plugin: DynamicResources) -> Profile:
     """`profile` with DynamicResources at PreFilter, Filter (last: the cheapest filters have
-    narrowed the nodes) and Reserve, and its GPU selector restricted to devices that fit."""
+    narrowed the nodes), Reserve and PreBind, and its GPU selector restricted to devices that
+    fit."""
     return replace(
         profile,
         pre_filter=(*profile.pre_filter, plugin),
         filter=(*profile.filter, plugin),
         reserve=(*profile.reserve, plugin),
+        pre_bind=(*profile.pre_bind, plugin),
         gpu_selector=DraGpus(profile.gpu_selector, plugin),
+    )
+
+
+def dra_options(options: ProfileOptions, plugin: DynamicResources) -> ProfileOptions:
+    """`options` with DynamicResources registered at the same points as `with_dra`."""
+    return replace(
+        options,
+        pre_filter=(*options.pre_filter, plugin),
+        filter=(*options.filter, plugin),
+        reserve=(*options.reserve, plugin),
+        pre_bind=(*options.pre_bind, plugin),
+        gpu_selector=lambda base: DraGpus(base, plugin),
     )

@@ -15,6 +15,12 @@ reservation), many bindings in flight at once. A cycle:
    or tell the pod a node is held for it; write the reason ("0/40 nodes are available: 32
    Insufficient whole GPUs, 8 GPU unhealthy.") into the PodScheduled condition and a
    FailedScheduling Event, and park the pod until an event can change the answer.
+
+DRA (`settings.dra`, see `dra.live`): when on, the claim, slice and class informers sync before
+the pods informer; a pod with `spec.resourceClaims` gets its claims' GPU request at the start
+of its cycle (one dict lookup for pods without claims), waits without a cycle while a claim is
+missing (the claim's event wakes it), and DynamicResources allocates at Reserve and writes the
+claims at PreBind; a failed bind's Unreserve takes them back.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from alnair.common.kube import (
 )
 from alnair.common.tasks import spawn
 from alnair.common.topology import Topology
+from alnair.scheduler.dra.claims import MalformedClaim
+from alnair.scheduler.dra.live import DraSupport, unavailable
 from alnair.scheduler.framework import Framework, Nomination, ScheduleResult
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.binding import KubeBinder
@@ -126,6 +134,8 @@ class Scheduler:
         self.scheduling = asyncio.Event()
         self.died = asyncio.Event()
         """Set when one of the scheduler's long-lived tasks died: the process must exit."""
+        self.dra: DraSupport | None = None
+        """ResourceClaim allocation, when `start_watching` turned it on (`settings.dra`)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -133,19 +143,49 @@ class Scheduler:
         self.died.set()
 
     def informers(self) -> list[Informer]:
-        """The caches scheduling decisions are made from (readiness checks each)."""
-        return [self.nodes, self.podgroups, self.pdbs, self.pods]
+        """The caches scheduling decisions are made from (readiness checks each); pods last."""
+        dra = self.dra.informers() if self.dra is not None else []
+        return [self.nodes, self.podgroups, self.pdbs, *dra, self.pods]
 
     async def start_watching(self) -> None:
-        """Start the informers and wait for the first complete view."""
-        for inf in self.informers():
+        """Turn DRA on if wanted, start the informers and wait for the first complete view
+        (the pods informer starts once the others have synced, so a bound pod's node and
+        claims are known when it is counted)."""
+        await self._enable_dra()
+        *first, pods = self.informers()
+        for inf in first:
             self._tasks.append(
                 spawn(inf.run(), name=f"scheduler.informer.{inf.name}", on_death=self._on_death)
             )
-        await asyncio.gather(
-            self.nodes.synced.wait(), self.podgroups.synced.wait(), self.pdbs.synced.wait()
+        await asyncio.gather(*(inf.synced.wait() for inf in first))
+        self._tasks.append(
+            spawn(pods.run(), name=f"scheduler.informer.{pods.name}", on_death=self._on_death)
         )
-        await self.pods.synced.wait()
+        await pods.synced.wait()
+
+    async def _enable_dra(self) -> None:
+        if self.settings.dra == "off" or self.dra is not None:
+            return
+        if self.settings.dra == "auto":
+            why = await unavailable(self.kube)
+            if why:
+                log.warning("scheduling without DRA", extra={"reason": why})
+                return
+        self.dra = DraSupport(
+            self.kube,
+            on_change=self.queue.move_all_to_active,
+            on_health=self.on_gpu_health,
+            on_node_gpus=self._on_slice_gpus,
+        )
+        self.cache.claims = self.dra
+        self.options = self.dra.options(self.options)
+        self._framework = None
+        log.info("DRA scheduling on", extra={"mode": self.settings.dra})
+
+    def _on_slice_gpus(self, node: str) -> None:
+        assert self.dra is not None
+        if self.cache.set_slice_gpus(node, self.dra.node_gpus(node)):
+            self.queue.move_all_to_active()
 
     async def run(self) -> None:
         """Schedule until cancelled (call `start_watching` first; only the leader runs this)."""
@@ -174,6 +214,8 @@ class Scheduler:
         for t in list(self._binds):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.dra is not None:
+            await self.dra.drain()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
@@ -217,6 +259,8 @@ class Scheduler:
         if event is WatchEvent.DELETED or is_terminal(pod):
             freed = self.cache.remove_pod(uid)
             self.queue.remove(uid)
+            if self.dra is not None:
+                self.dra.forget_pod(uid)
             self.last_result.pop(uid, None)  # bounded: nothing kept for pods that are gone
             self._release_reservation(uid)
             if gang_key:
@@ -267,8 +311,8 @@ class Scheduler:
             self.queue.pods[uid] = QueuedPod(uid=uid, obj=pod, request=None, last_message=str(exc))
             self.queue.unschedulable.add(uid)
             return
-        if old is None and req is not None:
-            self._workload.append(req)
+        if old is None and req is not None and not spec.get("resourceClaims"):
+            self._workload.append(req)  # a claim pod joins once its claims are read
         self.queue.add(uid, pod, req, changed=_scheduling_relevant_change(old, pod))
 
     def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
@@ -308,6 +352,11 @@ class Scheduler:
         if self.cache.is_placed(entry.uid):
             self.queue.release(entry)
             return
+        if self.dra is not None and entry.obj["spec"].get("resourceClaims"):
+            claimed = self._with_claims(entry, req)
+            if claimed is None:
+                return
+            req = claimed
         t0 = time.perf_counter()
         framework = self.framework()
         result = framework.schedule(req, self.cache.snapshot(), self.rng)
@@ -341,6 +390,25 @@ class Scheduler:
             self._podgroup_status(req.gang)
             return
         self._start_bind(entry, req, result, framework)
+
+    def _with_claims(self, entry: QueuedPod, req: LivePod) -> LivePod | None:
+        """The pod's request with its claims' GPUs; None (and the pod parked with the reason)
+        while a claim is missing or cannot be read."""
+        assert self.dra is not None
+        try:
+            claimed, waiting = self.dra.resolve(entry.obj, req)
+        except MalformedClaim as exc:
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self._unschedulable(entry, str(exc))
+            return None
+        if waiting:  # the claim's ADDED event wakes the pod (on_change)
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self._unschedulable(entry, waiting)
+            return None
+        if claimed.num_gpu and entry.uid not in self.dra.typical:
+            self.dra.typical.add(entry.uid)
+            self._workload.append(claimed)
+        return claimed
 
     def _pending_members(self, gang: str) -> list[PodRequest]:
         """The gang's members in the queue and not placed (what Coscheduling plans with)."""
@@ -394,6 +462,8 @@ class Scheduler:
             finally:
                 self.metrics.binds_in_flight.dec()
         self.metrics.binds.labels(result="bound").inc()
+        if self.dra is not None:
+            self.dra.bound(entry.uid)
         if req.created:
             self.metrics.e2e_seconds.observe(max(time.time() - req.created, 0.0))
         self.queue.done(entry.uid)

@@ -8,6 +8,10 @@ bound by someone else get the first free GPUs, as the device plugin would hand t
 the pods this scheduler has assumed while their Binding is in flight ("assumed pods", as in
 upstream's cache, so two cycles never give away the same GPU).
 
+Pods with ResourceClaims (DRA) get their GPU request from the claims through `claims`, and a
+bound one sits on the GPUs its claims' allocation names; a node that publishes its GPUs only in
+a ResourceSlice (no `nvidia.com/gpu`) gets its GPU columns from the slice (`set_slice_gpus`).
+
 A change in the set of nodes or their capacity rebuilds the snapshot (rare); everything else is
 an incremental assume/forget. Unhealthy GPUs are withheld: their free milli-GPU is parked in
 `withheld` so no plugin can place on them, and returned when the GPU is healthy again.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -103,6 +107,18 @@ def node_info(node: Obj) -> NodeInfo:
     )
 
 
+class ClaimView(Protocol):
+    """What the cache asks of DRA about a bound pod with ResourceClaims (`dra.live`)."""
+
+    def request(self, pod: Obj, req: LivePod) -> LivePod:
+        """`req` with the GPUs the pod's claims ask for (MalformedClaim names a bad claim)."""
+        ...
+
+    def allocated_gpus(self, pod: Obj, node: str) -> tuple[int, ...] | None:
+        """The GPU indices the pod's claims are allocated on `node` (None: not known)."""
+        ...
+
+
 class SchedulerCache:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeInfo] = {}
@@ -119,6 +135,11 @@ class SchedulerCache:
         self.budgets = DisruptionBudgets()
         self.topology: dict[str, Topology] = {}
         """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
+        self.claims: ClaimView | None = None
+        """DRA, when enabled: requests and GPUs of bound pods with ResourceClaims."""
+        self.slice_gpus: dict[str, tuple[int, str, int]] = {}
+        """Node -> (GPUs, model, memory MiB) its ResourceSlice publishes (used for a node
+        without `nvidia.com/gpu` capacity)."""
 
     # --- reading -------------------------------------------------------------------------
 
@@ -132,6 +153,9 @@ class SchedulerCache:
         if self._memory_table is not None:
             return self._memory_table
         table = dict(r.GPU_MODEL_MEMORY_MIB)
+        for _count, model, mib in self.slice_gpus.values():
+            if model and mib:
+                table.setdefault(model, mib)
         for info in self.nodes.values():
             mem = info.labels.get(r.LABEL_GPU_MEMORY_MIB)
             if info.spec.gpu_model and mem and mem.isdigit():
@@ -164,6 +188,35 @@ class SchedulerCache:
             return len(info.taints) < len(old.taints) or old.labels != info.labels
         return False
 
+    def set_slice_gpus(self, node: str, gpus: tuple[int, str, int] | None) -> bool:
+        """The GPUs `node`'s ResourceSlice publishes (None: no slice); True when a node
+        without `nvidia.com/gpu` changed its GPU columns (pods may now fit)."""
+        old = self.slice_gpus.get(node)
+        if gpus is None:
+            self.slice_gpus.pop(node, None)
+        else:
+            self.slice_gpus[node] = gpus
+        if old == gpus:
+            return False
+        self._memory_table = None
+        info = self.nodes.get(node)
+        if info is None or info.spec.gpu_count:
+            return False
+        self._snap = None
+        return True
+
+    def _spec(self, info: NodeInfo) -> NodeSpec:
+        """The node's row: its own GPU capacity, else what its ResourceSlice publishes."""
+        got = self.slice_gpus.get(info.spec.name)
+        if info.spec.gpu_count or got is None:
+            return info.spec
+        count, model, _mib = got
+        return replace(
+            info.spec,
+            gpu_count=min(count, MAX_GPUS_PER_NODE),
+            gpu_model=info.labels.get(r.LABEL_GPU_MODEL) or model,
+        )
+
     def delete_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
             self._snap = None
@@ -194,6 +247,11 @@ class SchedulerCache:
         except InvalidValueError:
             # Bound by someone else with a request we cannot read: count CPU/memory only.
             req = LivePod(name=pod["metadata"]["name"], cpu_milli=0, memory_mib=0, uid=uid)
+        if self.claims is not None and pod["spec"].get("resourceClaims"):
+            try:
+                req = self.claims.request(pod, req)
+            except InvalidValueError as exc:
+                log.warning("bound pod's claims unreadable", extra={"pod": uid, "error": str(exc)})
         assumed = self.assumed.pop(uid, None)
         self.bound[uid] = (req, node, pod)
         if assumed is not None and assumed[1].node_name == node:
@@ -277,8 +335,13 @@ class SchedulerCache:
         milli = req.gpu_milli
         ann = placement_annotations(pod)
         if req.num_gpu:
+            claimed = None
+            if ann is None and self.claims is not None and pod["spec"].get("resourceClaims"):
+                claimed = self.claims.allocated_gpus(pod, node)
             if ann is not None and len(ann[0]) == req.num_gpu:
                 gpus = tuple(ann[0])
+            elif claimed is not None and len(claimed) == req.num_gpu:
+                gpus = claimed
             else:
                 gpus = self._first_fit(snap, req, i)
         placement = Placement(node=i, node_name=node, gpu_indices=gpus, gpu_milli=milli)
@@ -313,7 +376,7 @@ class SchedulerCache:
 
     def _build(self) -> ClusterSnapshot:
         infos = sorted(self.nodes.values(), key=lambda i: i.spec.name)
-        snap = ClusterSnapshot.build([i.spec for i in infos])
+        snap = ClusterSnapshot.build([self._spec(i) for i in infos])
         width = snap.gpu_free.shape[1]
         snap.taints = [i.taints for i in infos]
         snap.tainted = np.array([bool(i.taints) for i in infos], dtype=np.bool_)

@@ -1,6 +1,8 @@
 """Why a pod is where it is, or pending: its request, queue state, the Filter reason per node
 and the scores of the best nodes, from a what-if run of the live framework (nothing is
-reserved or evicted: an `explain` cycle runs no PostFilter, Reserve or Permit)."""
+reserved or evicted: an `explain` cycle runs no PostFilter, Reserve or Permit). A pod with
+ResourceClaims also shows each claim's requests and allocation, and the allocator's reason
+reaches `message`/`filtered` through DynamicResources."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from alnair.common import resources as r
 from alnair.common.kube import NotFound
+from alnair.scheduler.dra.claims import MalformedClaim
 from alnair.scheduler.live.pods import InvalidPodError, parse_pod
 
 if TYPE_CHECKING:
@@ -35,6 +38,12 @@ def explain_pod(scheduler: Scheduler, namespace: str, name: str) -> dict[str, An
     except InvalidPodError as exc:
         out["error"] = str(exc)
         return out
+    if scheduler.dra is not None and (pod.get("spec") or {}).get("resourceClaims"):
+        try:
+            req = scheduler.dra.request(pod, req)
+        except MalformedClaim as exc:
+            out["error"] = str(exc)
+        out["claims"] = scheduler.dra.explain(req.key)
     out["request"] = {
         "cpu_milli": req.cpu_milli,
         "memory_mib": req.memory_mib,

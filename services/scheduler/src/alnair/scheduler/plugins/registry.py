@@ -13,7 +13,8 @@ spread, other resources, node reservations, GPU health, utilization, topology-aw
 coscheduling, preemption). On a snapshot without labels, taints, terms, gangs or priorities the
 cluster plugins return SKIP from PreFilter/PreScore, so a trace replays as the policy alone.
 `ProfileOptions` carries what differs: the utilization weight, the starvation guard, the
-clock, and plugins a deployment adds (the live Binding, DRA's Reserve and PreBind).
+clock, and plugins a deployment adds (the live Binding; DRA's DynamicResources at PreFilter,
+Filter, GPU choice, Reserve and PreBind).
 """
 
 from __future__ import annotations
@@ -171,6 +172,12 @@ class ProfileOptions:
     max_reserved_nodes: int = 0
     clock: Callable[[], float] = time.time
     """Seconds since the epoch, or the simulation's time."""
+    pre_filter: Sequence[PreFilterPlugin] = ()
+    """Run after the cluster PreFilters (DRA's DynamicResources)."""
+    filter: Sequence[FilterPlugin] = ()
+    """Run after every other Filter, once the cheaper ones have narrowed the nodes."""
+    gpu_selector: Callable[[GpuSelector], GpuSelector] | None = None
+    """Wraps the profile's GPU choice (DRA holds it to the devices that can take the claim)."""
     reserve: Sequence[ReservePlugin] = ()
     pre_bind: Sequence[PreBindPlugin] = ()
     bind: Sequence[BindPlugin] = ()
@@ -199,9 +206,11 @@ def build_profile(
             filters.append(health)
         filters.append(f)
     filters.append(extra)
+    filters.extend(opts.filter)
     pre_filters: list[PreFilterPlugin] = [
         *base.pre_filter,
         *(taints, selector, affinity, pods, spread, reservation, health, extra, gang),
+        *opts.pre_filter,
     ]
     node_affinity, pod_affinity = PreferredNodeAffinity(), PreferredInterPodAffinity()
     scores = [
@@ -215,6 +224,9 @@ def build_profile(
         utilization = GpuUtilization()
         scores.append(WeightedScore(utilization, opts.utilization_weight))
         pre_scores.append(utilization)
+    gpus: GpuSelector = TopologyAwareGpus(base.gpu_selector)
+    if opts.gpu_selector is not None:
+        gpus = opts.gpu_selector(gpus)
     return Profile(
         name=base.name,
         pre_filter=tuple(pre_filters),
@@ -222,7 +234,7 @@ def build_profile(
         post_filter=(*base.post_filter, DefaultPreemption(opts.clock), reservation),
         pre_score=tuple(pre_scores),
         score=tuple(scores),
-        gpu_selector=TopologyAwareGpus(base.gpu_selector),
+        gpu_selector=gpus,
         reserve=(*base.reserve, reservation, *opts.reserve),
         permit=(*base.permit, gang),
         pre_bind=(*base.pre_bind, *opts.pre_bind),
