@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -62,6 +63,7 @@ from alnair.common.kube import (
     PODS,
     PRIORITYCLASSES,
     Conflict,
+    Gone,
     KubeClient,
     Obj,
     Unavailable,
@@ -224,7 +226,12 @@ class Scheduler:
     proc: ManagedProcess
 
 
-def schedulers(cp: ControlPlane, work: Path, workload: str, policy: str) -> list[Scheduler]:
+_PROFILES = itertools.count()
+
+
+def schedulers(
+    cp: ControlPlane, work: Path, workload: str, policy: str, profile: str | None = None
+) -> list[Scheduler]:
     logs = work / "logs"
     alnair_env = {
         "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
@@ -235,9 +242,11 @@ def schedulers(cp: ControlPlane, work: Path, workload: str, policy: str) -> list
         "ALNAIR_SCHEDULER_POLICY": policy,
         "ALNAIR_LOG_LEVEL": "warning",
     }
-    alnair = ManagedProcess(
-        "alnair-scheduler", [sys.executable, "-m", "alnair.scheduler"], logs, env=alnair_env
-    )
+    argv = [sys.executable, "-m", "alnair.scheduler"]
+    if profile:
+        # cProfile writes when the process exits (SIGTERM stops the scheduler cleanly)
+        argv[1:1] = ["-m", "cProfile", "-o", f"{profile}.{workload}.{next(_PROFILES)}"]
+    alnair = ManagedProcess("alnair-scheduler", argv, logs, env=alnair_env)
     config = work / f"kube-scheduler-{workload}.yaml"
     text = (
         "apiVersion: kubescheduler.config.k8s.io/v1\n"
@@ -296,19 +305,36 @@ class Binds:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def follow(self, kube: KubeClient, ns: str, rv: str) -> None:
+        selector = f"{MEASURED}=true"
         while True:
-            async for _t, obj in kube.watch(
-                PODS, ns, resource_version=rv, label_selector=f"{MEASURED}=true", timeout_s=300
-            ):
-                rv = obj["metadata"]["resourceVersion"]
-                name = obj["metadata"]["name"]
-                if obj["spec"].get("nodeName") and name not in self.at:
-                    self.at[name] = time.monotonic()
-                    self.changed.set()
+            try:
+                async for kind, obj in kube.watch(
+                    PODS, ns, resource_version=rv, label_selector=selector, timeout_s=300
+                ):
+                    rv = obj["metadata"]["resourceVersion"]
+                    if kind != "BOOKMARK":
+                        self.seen(obj)
+            except (Gone, Unavailable):
+                # resume from a fresh list; binds it reveals are timed now (late, never missed)
+                listing = await kube.list(PODS, ns, label_selector=selector)
+                for obj in listing["items"]:
+                    self.seen(obj)
+                rv = listing["metadata"]["resourceVersion"]
 
-    async def wait_for(self, names: set[str] | int, sched: Scheduler, timeout_s: float) -> None:
+    def seen(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        if obj["spec"].get("nodeName") and name not in self.at:
+            self.at[name] = time.monotonic()
+            self.changed.set()
+
+    async def wait_for(
+        self, names: set[str] | int, sched: Scheduler, watcher: asyncio.Task[None], timeout_s: float
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
+            if watcher.done():
+                watcher.result()  # the watch's error, if it died
+                raise RuntimeError("bind watch ended")
             done = (
                 len(self.at) >= names if isinstance(names, int) else names.issubset(self.at.keys())
             )
@@ -449,7 +475,7 @@ async def trial(
     t_start = time.monotonic()
     sched.proc.start()
     try:
-        await binds.wait_for(args.pods, sched, args.timeout_s)
+        await binds.wait_for(args.pods, sched, watcher, args.timeout_s)
         batch_bound = len(binds.at)
         times = sorted(binds.at.values())
         sent: dict[str, float] = {}
@@ -466,7 +492,7 @@ async def trial(
                 obj = make_pod(workload, ns, name, i, sched.name)
                 steady.append(asyncio.create_task(create_all(kube, [(PODS, obj)], 1)))
             await asyncio.gather(*steady)
-            await binds.wait_for(set(sent), sched, args.timeout_s)
+            await binds.wait_for(set(sent), sched, watcher, args.timeout_s)
     finally:
         sched.proc.stop()
         watcher.cancel()
@@ -594,13 +620,19 @@ async def main_async(args: argparse.Namespace, cp: ControlPlane, work: Path) -> 
             check_capacity(workload, args.nodes, args.pods + steady_pods)
             runs: list[dict[str, Any]] = []
             for rep in range(args.repeats):
-                pair = schedulers(cp, work, workload, args.policy)
+                pair = schedulers(cp, work, workload, args.policy, args.alnair_profile)
                 if (rep + w_index) % 2:
                     pair.reverse()
                 for sched in pair:  # one at a time: they share the cluster
                     runs.append(await trial(kube, cluster, args, workload, sched, rep, steady_pods))  # noqa: PERF401
             report["workloads"][workload] = summarise(workload, args, steady_pods, runs)
             report["workloads"][workload]["trials"] = runs
+    gang, basic = report["workloads"].get("gang"), report["workloads"].get("basic")
+    if gang and basic and coscheduling_binary() is None and basic["alnair_pods_per_s"]:
+        # no gang-aware kube-scheduler to compare with: what gangs cost Alnair itself
+        gang["alnair_gang_vs_own_basic"] = round(
+            (gang["alnair_pods_per_s"] or 0) / basic["alnair_pods_per_s"], 3
+        )
     report.update(
         {
             "benchmark": "scheduler",
@@ -632,6 +664,9 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument(
         "--no-ceiling", dest="ceiling", action="store_false", help="skip the no-op binder run"
+    )
+    parser.add_argument(
+        "--alnair-profile", default=None, help="run Alnair under cProfile: PATH.<workload>.<n>"
     )
     parser.add_argument("--keep-trials", action="store_true", help="keep every trial in the JSON")
     args = parser.parse_args()
