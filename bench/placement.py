@@ -43,11 +43,9 @@ BUILT = (
     "gen-gpuspec33",
     "gen-multigpu50",
     "gen-gpushare60+gpuspec20",
-    "gen-gpushare80+gpuspec33",
-    "gen-multigpu50+gpuspec33",
 )
-"""The built variants the table covers: the paper's shares the trace does not ship, and
-combinations (the two constraints that hurt FGD most together, and big pods with models)."""
+"""The built variants the table covers: the paper's shares the trace does not ship, and one
+combination (more fractional pods, some of them bound to GPU models)."""
 
 POINTS = ("90", "100", "110", "130")
 """Arrived demand (% of GPU capacity) at which allocation is reported; 100 is the headline."""

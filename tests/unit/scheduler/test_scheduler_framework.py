@@ -177,3 +177,15 @@ def test_policy_names_are_case_insensitive_and_unknown_names_listed() -> None:
     assert policy("fgd").name == "FGD"
     with pytest.raises(InvalidValueError, match="known: Random"):
         policy("tetris")
+
+
+@pytest.mark.parametrize(("name", "expected"), [("FGD", 0), ("alnair", 2)])
+def test_fractional_ties_inside_a_node(pod: PodF, node: NodeF, name: str, expected: int) -> None:
+    # Every typical pod asks for 100 milli, so a 300-milli pod on any of these GPUs leaves the
+    # fragmentation the same: FGD takes the lowest index, alnair the fullest GPU that fits.
+    snap = ClusterSnapshot.build([node("n").gpus(4).obj()])
+    snap.gpu_free[0, :4] = [1000, 1000, 400, 700]
+    fw = framework(name, [pod().share(100).obj()] * 5, tie_break="first")
+    result = fw.schedule(pod().share(300).obj(), snap, rng())
+    assert result.placement is not None
+    assert result.placement.gpu_indices == (expected,)
