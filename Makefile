@@ -73,8 +73,8 @@ dev-down: down
 
 bench: bench-placement
 
-bench-placement: setup-python
-	@$(BIN)/python bench/placement.py
+bench-placement: setup-python ## per-policy speed on one trace; PLACEMENT_ARGS=--table: alnair vs FGD on the shipped and built trace variants, seeds 42-51 (JSON)
+	@$(BIN)/python bench/placement.py $(PLACEMENT_ARGS)
 
 bench-scheduler: setup
 	@$(BIN)/python bench/scheduler.py
