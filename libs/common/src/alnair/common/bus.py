@@ -12,6 +12,7 @@ Design:
 - Idempotence: an event id already handled by this durable is acknowledged without calling the
   handler again. Handled ids live in a JetStream KV bucket (`alnair-handled`, one key per
   durable+id, with a TTL), so this survives restarts; an in-memory LRU saves the round trip.
+  Only JetStream consumers keep them: core NATS delivers at most once, with nothing to repeat.
 - Concurrency per consumer is bounded by a semaphore; ordering per subject is the caller's
   choice (max_in_flight=1 gives strict order).
 - Request-reply (`request`/`serve`) for queries such as `alnair.predict`.
@@ -409,6 +410,12 @@ class Bus:
         except DecodeError as exc:
             await self._dead_letter(msg, durable, str(exc), sub, jetstream)
             return
+        if not jetstream:
+            # Core NATS delivers at most once and nothing redelivers, so there is no copy to
+            # recognise: keeping every sample's id (a KV entry per sample, kept a week) only
+            # grew the handled-id bucket without bound (found by the soak, issue 16).
+            await self._handle(msg, env, handler, durable, sub, max_deliver, "", jetstream)
+            return
         key = f"{subject_token(durable)}.{subject_token(env.id)}"
         # A copy of an event still being handled waits for that outcome instead of racing it.
         while (running := self._inflight.get(key)) is not None:
@@ -465,7 +472,8 @@ class Bus:
             else:
                 await self._dead_letter(msg, durable, f"handler error: {exc!r}", sub, jetstream)
             return
-        await self._mark_handled(key)
+        if jetstream:
+            await self._mark_handled(key)
         sub.handled += 1
         if jetstream:
             await msg.ack()
