@@ -76,8 +76,9 @@ bench: bench-placement
 bench-placement: setup-python ## per-policy speed on one trace; PLACEMENT_ARGS=--table: alnair vs FGD on the shipped and built trace variants, seeds 42-51 (JSON)
 	@$(BIN)/python bench/placement.py $(PLACEMENT_ARGS)
 
-bench-scheduler: setup
-	@$(BIN)/python bench/scheduler.py
+bench-scheduler: setup ## Alnair vs kube-scheduler as scheduler_perf measures, 7 workloads (JSON; SCHEDULER_BENCH_ARGS)
+	@bash hack/build-coscheduling.sh || echo "coscheduling kube-scheduler not built: gang runs against plain kube-scheduler" >&2
+	@$(BIN)/python bench/scheduler.py $(SCHEDULER_BENCH_ARGS)
 
 bench-predictor: setup-python ## where the predictor's held-out error comes from (JSON)
 	@$(BIN)/python bench/predictor_error_split.py
@@ -97,9 +98,9 @@ bench-elastic-flap: setup ## anti-flap: GPUs freed and reclaimed every 20 s for 
 chaos: setup ## kill -9 every service 20x, restart nats and the API server, during 1,000 jobs; invariants (JSON)
 	@$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
-clean:
 soak: setup ## 30 minutes of job churn on 1,000 KWOK nodes: RSS per service and queue depths (JSON)
 	@$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
+clean:
 	@$(MAKE) -s -C native/intercept clean || true
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

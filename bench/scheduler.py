@@ -565,6 +565,16 @@ def summarise(
         out[f"{label}_p99_s_range"] = [p99["min"], p99["max"]]
         out[f"{label}_p50_s"] = spread([t["p50_s"] for t in by[label]])["median"]
         out[f"{label}_startup_s"] = spread([t["startup_s"] for t in by[label]])["median"]
+    # each repetition's pair ran back to back: their ratio cancels slow drifts in machine load
+    paired = [
+        a_t["pods_per_s"] / k_t["pods_per_s"]
+        for a_t in by["alnair"]
+        for k_t in by["kube_scheduler"]
+        if a_t["rep"] == k_t["rep"] and a_t["pods_per_s"] and k_t["pods_per_s"]
+    ]
+    out["ratio_per_repetition_range"] = (
+        [round(min(paired), 3), round(max(paired), 3)] if paired else None
+    )
     out["valid"] = all(not t["violations"] for t in runs)
     if not out["valid"]:
         out["violations"] = sorted({v for t in runs for v in t["violations"]})[:10]
