@@ -6,7 +6,8 @@ redis-server, the control plane with many KWOK GPU nodes, and the scheduler, the
 (sim agent and aggregator), the predictor and the dispatcher as processes. Jobs
 (`chaos_support.job_body`, deleted a little after they finish so the cluster itself stays the
 same size) arrive at a steady rate for `minutes`. Every `sample_interval_s` the soak reads
-- each service's resident memory (VmRSS from /proc/<pid>/status),
+- each service's resident memory (VmRSS from /proc/<pid>/status), and nats-server's and
+  redis-server's (what services store there, such as handled-event ids, counts too),
 - the scheduler's pending queue (`GET /v1/queue`: active + backoff + unschedulable),
 - pods of the soak not yet bound (from the API server),
 - JetStream consumers' pending counts (unprocessed + unacknowledged, per consumer, summed),
@@ -35,6 +36,8 @@ from alnair.common.natsauth import ADMIN_USER
 from chaos_support import job_body, job_complete
 
 NAMESPACE = "soak"
+INFRA = ("nats-server", "redis-server")
+"""Infrastructure whose memory is sampled too (what the services keep there counts)."""
 
 
 @dataclass
@@ -160,6 +163,13 @@ class Soak:
                 self.died.add(name)
                 continue
             self.rss.setdefault(name, Series()).add(t, value)
+        for proc in state.infra:
+            if proc.name in INFRA:
+                value = rss_mib(proc.pid) if proc.alive() else None
+                if value is None:
+                    self.died.add(proc.name)
+                else:
+                    self.rss.setdefault(proc.name, Series()).add(t, value)
         sched = state.services.get("scheduler")
         if sched is not None and sched.port:
             with contextlib.suppress(httpx.HTTPError, ValueError):

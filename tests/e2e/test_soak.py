@@ -29,11 +29,12 @@ def test_short_soak_reports_flat_memory_and_queues(tmp_path: Path) -> None:
     assert done.stdout.strip(), done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["nodes"] == 20 and report["samples"] >= 6
-    assert set(report["rss_mib"]) == set(report["services"]) >= {
+    assert set(report["rss_mib"]) == {*report["services"], "nats-server", "redis-server"}
+    assert set(report["services"]) >= {
         "profiler-agent", "aggregator", "predictor", "scheduler",
     }  # fmt: skip
     for name, rss in report["rss_mib"].items():
-        assert 10 < rss["start"] <= rss["max"] < 2048, (name, rss)
+        assert 0 < rss["start"] <= rss["max"] < 2048, (name, rss)
         assert rss["end"] - rss["start"] < 64 + 0.25 * rss["start"], (name, rss)
     assert set(report["queues"]) == {"scheduler_pending", "pods_unbound", "nats_consumer_pending"}
     for name, queue in report["queues"].items():
