@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from alnair.common import dra
 from alnair.common import resources as res
 from alnair.common.kube import (
     JOBS,
@@ -34,6 +35,8 @@ from alnair.common.kube import (
 )
 from alnair.common.localstack import ControlPlane
 from alnair.profiler.aggregator import resolve_owner
+from alnair.scheduler.dra.live import unavailable
+from dra_support import node_slice
 
 pytestmark = pytest.mark.e2e
 
@@ -99,9 +102,19 @@ EXPECTATIONS = [
             Access("get", "leases", "coordination.k8s.io", namespace=NS),
             Access("create", "leases", "coordination.k8s.io", namespace=NS),
             Access("update", "leases", "coordination.k8s.io", namespace=NS),
+            Access("watch", "resourceslices", "resource.k8s.io"),
+            Access("list", "deviceclasses", "resource.k8s.io"),
+            Access("watch", "resourceclaims", "resource.k8s.io"),
+            Access("get", "resourceclaims", "resource.k8s.io", namespace="team-a"),
+            Access("update", "resourceclaims", "resource.k8s.io", sub="status", namespace="team-a"),
         ],
         denied=[
             Access("create", "pods", namespace="team-a"),
+            # DRA: it writes only a claim's status, never the claim, a slice or a class.
+            Access("update", "resourceclaims", "resource.k8s.io", namespace="team-a"),
+            Access("delete", "resourceclaims", "resource.k8s.io", namespace="team-a"),
+            Access("create", "resourceslices", "resource.k8s.io"),
+            Access("update", "deviceclasses", "resource.k8s.io"),
             Access("patch", "pods", namespace="team-a"),
             Access("patch", "nodes"),
             Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
@@ -424,6 +437,10 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
     if account == "alnair-scheduler":
         assert (await limited.list(NODES))["items"]
         await forbidden(limited.patch(NODES, gpu_node, {"metadata": {"labels": {"x": "y"}}}))
+        # DRA: what `dra.live.unavailable` asks answers, so ALNAIR_SCHEDULER_DRA=auto turns on;
+        # publishing a slice (the driver's job) is refused.
+        assert await unavailable(limited) == ""
+        await forbidden(limited.create(dra.RESOURCESLICES, node_slice(gpu_node, "uid")))
     elif account == "alnair-dispatcher":
         assert "items" in await limited.list(JOBS)
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))

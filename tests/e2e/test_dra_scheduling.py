@@ -17,23 +17,30 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+import yaml
 
 from alnair.common import dra
-from alnair.common.kube import NODES, PODS, KubeClient
+from alnair.common import resources as r
+from alnair.common.kube import NODES, PODS, SERVICEACCOUNTS, KubeClient, KubeConfig, Resource
 from alnair.common.localstack import ControlPlane, ManagedProcess
-from alnair.common.localstack.controlplane import binary
-from alnair.scheduler.dra.claims import MalformedClaim
-from alnair.scheduler.dra.live import DraSupport
-from alnair.scheduler.framework import Framework
-from alnair.scheduler.plugins.registry import policy
-from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, Placement, PodRequest
+from alnair.common.localstack.controlplane import (
+    GpuNodeSpec,
+    binary,
+    gpu_node_manifest,
+    wait_nodes_ready,
+)
+from alnair.scheduler.dra.live import unavailable
+from alnair.scheduler.framework.status import SKIP, Status, error
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.snapshot import Placement, PodRequest
 from dra_support import (
     GPUS,
+    KUSTOMIZE,
     SHARES_PER_GPU,
     TAINTED_GPU,
     check_allocations,
@@ -43,6 +50,8 @@ from dra_support import (
     wait_pods,
 )
 from e2e.test_dra import ensure_device_classes, render_with_dra
+from e2e.test_scheduler_live import events_for, settings, wait_for
+from kube_builders import make_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -120,163 +129,233 @@ async def test_kube_scheduler_allocates_alnair_shares_within_capacity(
     )
 
 
-class FrameworkDriver:
-    """Alnair's framework with the DynamicResources plugin, over the real API server.
+class AlnairRun:
+    """Alnair's real `Scheduler` loop (informers, queue, framework, binding cycle) in this
+    process, DRA on, FGD with a fixed seed; stopped when the test ends."""
 
-    `DraSupport` runs its real informers (claims, slices, classes), claims come from the
-    resourceclaim controller, `pre_bind` writes them and a real Binding follows. The cycle
-    itself is driven here, one pod at a time, as the live binder drives it (the binder's own
-    wiring is left to the framework refactor: see docs/notes/issue-17.md).
-    """
+    def __init__(self, kube: KubeClient, **kw: Any) -> None:
+        base: dict[str, Any] = {"policy": "FGD", "seed": 3, "dra": "on", "utilization_weight": 0}
+        self.scheduler = Scheduler(kube, settings(**{**base, **kw}))
+        self.task: asyncio.Task[None] | None = None
 
-    def __init__(self, kube: KubeClient, node: str) -> None:
-        self.kube = kube
-        self.node = node
-        self.changed = asyncio.Event()
-        self.unhealthy: set[int] = set()
-        self.support = DraSupport(kube, on_change=self.changed.set, on_health=self._health)
-        workload = [PodRequest("typical", 100, 256, 1, 300)]
-        self.framework = Framework(self.support.profile(policy("FGD").build(workload)))
-        self.placed: list[tuple[PodRequest, Placement]] = []
-        self.tasks: list[asyncio.Task[None]] = []
-        self.rng = np.random.default_rng(3)
-
-    def _health(self, node: str, gpu: int, healthy: bool) -> None:
-        if node == self.node:
-            (self.unhealthy.discard if healthy else self.unhealthy.add)(gpu)
-
-    async def start(self) -> None:
-        for inf in self.support.informers():
-            self.tasks.append(asyncio.create_task(inf.run()))
-        await asyncio.gather(*(inf.synced.wait() for inf in self.support.informers()))
+    async def start(self, *, bind_first: Any = None) -> Scheduler:
+        sched = self.scheduler
+        await sched.start_watching()
+        if bind_first is not None:  # a Bind plugin ahead of the real Binding (failure tests)
+            sched.options = replace(sched.options, bind=(bind_first, *sched.options.bind))
+        self.task = asyncio.create_task(sched.run())
+        return sched
 
     async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
+        if self.task is not None:
+            self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await t
+                await self.task
+        await self.scheduler.stop()
 
-    def snapshot(self) -> ClusterSnapshot:
-        """The node as the live cache shows it: GPUs tainted unhealthy are withheld."""
-        snap = ClusterSnapshot.build(
-            [NodeSpec(self.node, 96_000, 768 * 1024, GPUS, "H100")], self.placed
-        )
-        for g in self.unhealthy:
-            snap.gpu_free[0, g] = 0
-        return snap
 
-    async def schedule(self, name: str, namespace: str) -> str | None:
-        """Place one pod; returns None when bound, else the FailedScheduling message."""
-        while True:
-            self.changed.clear()
-            pod = await self.kube.get(PODS, name, namespace)
-            base = PodRequest(name, 100, 256, namespace=namespace, uid=pod["metadata"]["uid"])
-            try:
-                req = self.support.request(pod, base)
-            except MalformedClaim as exc:
-                return str(exc)
-            result = self.framework.schedule(req, self.snapshot(), self.rng)
-            if result.placement is not None:
-                break
-            if "waiting for ResourceClaim" not in result.message():
-                return result.message()
-            async with asyncio.timeout(30):  # the claim's event wakes us, not a timer
-                await self.changed.wait()
-        status = await self.support.pre_bind(req)
-        assert status.ok, status
-        await self.kube.bind(namespace, name, self.node, uid=req.uid)
-        self.support.bound(req.key)
-        self.placed.append((req, result.placement))
+@pytest.fixture
+async def alnair(kube: KubeClient) -> AsyncIterator[AlnairRun]:
+    run = AlnairRun(kube)
+    yield run
+    await run.stop()
+
+
+async def failed_scheduling(kube: KubeClient, namespace: str, pod: str, *needles: str) -> str:
+    """The FailedScheduling Event on `pod` whose message has every one of `needles`."""
+
+    async def found() -> str | None:
+        for e in await events_for(kube, namespace, pod, "FailedScheduling"):
+            if all(n in e["message"] for n in needles):
+                return str(e["message"])
         return None
+
+    message: str = await wait_for(found, 30)
+    return message
 
 
 async def test_alnair_allocates_the_same_workload_within_capacity(
-    kube: KubeClient, namespace: str, dra_node: str
+    kube: KubeClient, namespace: str, dra_node: str, alnair: AlnairRun
 ) -> None:
-    driver = FrameworkDriver(kube, dra_node)
-    await driver.start()
-    try:
-        await kube.create(dra.RESOURCECLAIMTEMPLATES, claim_template(namespace))
-        names = [f"share-{i:02d}" for i in range(FIRST + SECOND)]
-        for name in names[:FIRST]:
-            await kube.create(PODS, claim_pod(name, namespace, "alnair"))
-        refused = [m for n in names[:FIRST] if (m := await driver.schedule(n, namespace))]
-        assert refused == []
-        pods = (await kube.list(PODS, namespace))["items"]
-        claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
-        partial = check_allocations(claims, pods, dra_node)
-        # a claim no device can satisfy (90 GiB of an 80 GiB GPU): the reason names it
-        await kube.create(
-            dra.RESOURCECLAIMTEMPLATES, claim_template(namespace, name="huge", memory="90Gi")
-        )
-        await kube.create(PODS, claim_pod("huge", namespace, "alnair", template="huge"))
-        unsatisfiable = await driver.schedule("huge", namespace)
-        assert unsatisfiable is not None
-        assert "ResourceClaim huge-gpu" in unsatisfiable and "request gpu" in unsatisfiable
-        assert "without room for compute 30, memory 92160Mi" in unsatisfiable
-        for name in names[FIRST:]:
-            await kube.create(PODS, claim_pod(name, namespace, "alnair"))
-        refused = [m for n in names[FIRST:] if (m := await driver.schedule(n, namespace))]
-        pods = (await kube.list(PODS, namespace))["items"]
-        claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
-        full = check_allocations(claims, pods, dra_node)
-        assert full["claims_placed"] == FITS
-        assert len(refused) == FIRST + SECOND - FITS
-        # the snapshot counts claim shares and withholds the tainted GPU, so the full node is
-        # refused the way a pod asking alnair.io/gpu-memory is
-        assert all("Insufficient GPU share" in m for m in refused), refused
-        assert driver.unhealthy == {TAINTED_GPU}
+    sched = await alnair.start()
+    assert sched.dra is not None
+    assert {"resourceclaims", "resourceslices", "deviceclasses"} <= {
+        inf.name for inf in sched.informers()
+    }
+    # a claim no device can satisfy (90 GiB of an 80 GiB GPU), asked while
+    # every GPU is free: the Event names the request, the explain API shows it
+    await kube.create(
+        dra.RESOURCECLAIMTEMPLATES, claim_template(namespace, name="huge", memory="90Gi")
+    )
+    await kube.create(PODS, claim_pod("huge", namespace, "alnair", template="huge"))
+    unsatisfiable = await failed_scheduling(
+        kube, namespace, "huge", "ResourceClaim huge-gpu", "request gpu",
+        "without room for compute 30, memory 92160Mi",
+    )  # fmt: skip
+    why = sched.explain(namespace, "huge")
+    [claim] = why["claims"]
+    assert claim["requests"][0]["capacity"] == {"compute": "30", "memory": str(90 << 30)}
+    assert "without room for compute 30, memory 92160Mi" in why["filtered"][dra_node]
 
-        # a claim outside what the allocator does is refused with its reason, and the next
-        # pod is still placed
-        bad = claim_template(namespace, name="odd")
-        bad["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
-            {"cel": {"expression": 'device.attributes["gpu.alnair.io"].model.startsWith("H")'}}
-        ]
-        await kube.create(dra.RESOURCECLAIMTEMPLATES, bad)
-        odd = claim_pod("odd", namespace, "alnair", template="odd")
-        await kube.create(PODS, odd)
-        message = await driver.schedule("odd", namespace)
-        assert message is not None and "ResourceClaim odd-gpu" in message
-        assert "startsWith" in message
-        print(json.dumps({"scheduler": "alnair (FGD + DynamicResources)", "after_10": partial,
-                          "after_24": full, "unsatisfiable": unsatisfiable, "malformed": message}))  # fmt: skip
-    finally:
-        await driver.stop()
+    await kube.create(dra.RESOURCECLAIMTEMPLATES, claim_template(namespace))
+    names = [f"share-{i:02d}" for i in range(FIRST + SECOND)]
+    for name in names[:FIRST]:
+        await kube.create(PODS, claim_pod(name, namespace, "alnair"))
+    pods = await wait_pods(kube, namespace, bound=FIRST)
+    pods = [p for p in pods if p["spec"].get("nodeName")]
+    claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+    partial = check_allocations(claims, pods, dra_node)
+    assert partial["claims_placed"] == FIRST
+    # the binder's annotations name the GPU each claim was allocated on
+    by_pod = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in claims}
+    for p in pods:
+        [result] = by_pod[p["metadata"]["uid"]]["status"]["allocation"]["devices"]["results"]
+        gpus = p["metadata"]["annotations"][r.ANN_GPU_INDICES]
+        assert result["device"] == dra.device_name(int(gpus)), (p["metadata"]["name"], result)
+
+    # a claim outside what the allocator does gets an Event with its reason; the scheduler
+    # goes on with the next pods
+    odd = claim_template(namespace, name="odd")
+    odd["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": 'device.attributes["gpu.alnair.io"].model.startsWith("H")'}}
+    ]
+    await kube.create(dra.RESOURCECLAIMTEMPLATES, odd)
+    await kube.create(PODS, claim_pod("odd", namespace, "alnair", template="odd"))
+    malformed = await failed_scheduling(
+        kube, namespace, "odd", "ResourceClaim odd-gpu", "startsWith"
+    )
+
+    for name in names[FIRST:]:
+        await kube.create(PODS, claim_pod(name, namespace, "alnair"))
+    refused = FIRST + SECOND - FITS
+    pods = await wait_pods(kube, namespace, bound=FITS, unschedulable=refused + 2)
+    claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+    full = check_allocations(claims, pods, dra_node)
+    assert full["claims_placed"] == FITS
+    assert full["gpus_used"] == GPUS - 1
+    assert (dra_node, TAINTED_GPU) in sched.cache.unhealthy  # the slice's taint, as health
+    left = {p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")}
+    assert {"huge", "odd"} <= left and len(left) == refused + 2
+    print(json.dumps({"scheduler": "alnair (Scheduler loop, FGD + DynamicResources)",
+                      "after_10": partial, "after_24": full, "unsatisfiable": unsatisfiable,
+                      "malformed": malformed}))  # fmt: skip
 
 
-async def test_a_failed_binding_takes_the_allocation_back(
-    kube: KubeClient, namespace: str, dra_node: str
+class FailFirstBind:
+    """A Bind plugin ahead of the real one: the first Binding fails after PreBind wrote the
+    claim (what it saw is kept), later ones pass to the real Binding."""
+
+    NAME = "FailFirstBind"
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.seen: list[Any] = []
+        self.failed = asyncio.Event()
+
+    async def bind(self, pod: PodRequest, state: Any, placement: Placement) -> Status:
+        if self.failed.is_set() or pod.namespace != self.namespace:
+            return SKIP  # (pods of earlier tests may still be pending in their namespaces)
+        self.seen = (await self.kube.list(dra.RESOURCECLAIMS, self.namespace))["items"]
+        self.failed.set()
+        return error("the API server refused the Binding (injected)")
+
+
+async def test_a_failed_bind_takes_the_claim_back_on_a_node_known_only_by_its_slice(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
-    """pre_bind writes the allocation and the pod's reservation; when the Binding then fails,
-    unbind clears both on the API server and the share is free again in the cache."""
-    driver = FrameworkDriver(kube, dra_node)
-    await driver.start()
+    """The node publishes its GPUs only in a ResourceSlice (no nvidia.com/gpu): the snapshot
+    sizes it from the slice. The first Binding fails after PreBind: Unreserve takes the
+    allocation and the reservation off the claim; the retry binds with a valid allocation."""
+    await ensure_device_classes(kube, render_with_dra(tmp_path))
+    name = f"draonly{uuid.uuid4().hex[:4]}"
+    node = gpu_node_manifest(name, GpuNodeSpec(1, "H100", GPUS))
+    for where in ("capacity", "allocatable"):
+        for key in (r.GPU, r.GPU_MEMORY, r.GPU_COMPUTE):
+            node["status"][where].pop(key)
+    for label in (r.LABEL_GPU_MODEL, r.LABEL_GPU_MEMORY_MIB, r.LABEL_GPU_COUNT):
+        node["metadata"]["labels"].pop(label, None)
+    created = await kube.create(NODES, node)
+    run = AlnairRun(kube, initial_backoff_s=3.0, max_backoff_s=3.0)
     try:
+        await wait_nodes_ready(kube, {name})
+        await kube.create(dra.RESOURCESLICES, node_slice(name, created["metadata"]["uid"]))
+        failing = FailFirstBind(kube, namespace)
+        sched = await run.start(bind_first=failing)
+        assert sched.cache.slice_gpus[name] == (GPUS, "H100-SXM5-80GB", 81920)
         await kube.create(dra.RESOURCECLAIMTEMPLATES, claim_template(namespace, compute="100"))
         pod = await kube.create(PODS, claim_pod("rollback", namespace, "alnair"))
         uid = pod["metadata"]["uid"]
-        base = PodRequest("rollback", 100, 256, namespace=namespace, uid=uid)
-        while True:  # until the resourceclaim controller's claim arrives (its event wakes us)
-            driver.changed.clear()
-            req = driver.support.request(await kube.get(PODS, "rollback", namespace), base)
-            if req.num_gpu:
-                break
-            async with asyncio.timeout(30):
-                await driver.changed.wait()
-        result = driver.framework.schedule(req, driver.snapshot(), driver.rng)
-        assert result.placement is not None
-        assert (await driver.support.pre_bind(req)).ok
-        [claim] = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        async with asyncio.timeout(30):
+            await failing.failed.wait()
+        [claim] = failing.seen
         assert claim["status"]["reservedFor"] == [
             {"resource": "pods", "name": "rollback", "uid": uid}
         ]
         [share] = claim["status"]["allocation"]["devices"]["results"]
-        assert share["device"] == dra.device_name(result.placement.gpu_indices[0])
-        await driver.support.unbind(req)
-        [claim] = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
-        assert "allocation" not in claim.get("status", {})
-        assert claim["metadata"]["uid"] not in driver.support.cache.in_flight
+        assert share["pool"] == name
+
+        async def taken_back() -> bool:
+            [c] = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+            return not (c.get("status") or {}).get("allocation")
+
+        await wait_for(taken_back, 3.0, interval_s=0.05)  # within the pod's 3 s backoff
+        pods = await wait_pods(kube, namespace, bound=1)
+        claims = (await kube.list(dra.RESOURCECLAIMS, namespace))["items"]
+        after = check_allocations(claims, pods, name)
+        assert after["claims_placed"] == 1
+        assert pods[0]["spec"]["nodeName"] == name
     finally:
-        await driver.stop()
+        await run.stop()
+        with contextlib.suppress(Exception):
+            await kube.delete(dra.RESOURCESLICES, dra.slice_name(name))
+        await kube.delete(NODES, name)
+
+
+CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", namespaced=False)
+CLUSTERROLEBINDINGS = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", namespaced=False
+)
+
+
+async def test_without_rbac_for_dra_the_scheduler_turns_it_off_and_goes_on(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """The scheduler's own ClusterRole (deploy/) without its resource.k8s.io rules: with
+    dra=auto it schedules without DRA, every informer healthy."""
+    rbac = yaml.safe_load_all((KUSTOMIZE / "base" / "scheduler" / "rbac.yaml").read_text())
+    [role] = [d for d in rbac if d["kind"] == "ClusterRole"]
+    rules = [x for x in role["rules"] if "resource.k8s.io" not in x["apiGroups"]]
+    assert len(rules) < len(role["rules"])
+    who = f"nodra-{namespace}"
+    await kube.create(SERVICEACCOUNTS, {"metadata": {"name": who}}, namespace)
+    await kube.create(CLUSTERROLES, {"metadata": {"name": who}, "rules": rules})
+    await kube.create(CLUSTERROLEBINDINGS, {
+        "metadata": {"name": who},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": who},
+        "subjects": [{"kind": "ServiceAccount", "name": who, "namespace": namespace}],
+    })  # fmt: skip
+    assert control_plane.pki is not None
+    token = await kube.service_account_token(namespace, who, expiration_s=600)
+    config = KubeConfig(
+        server=control_plane.server, ca_file=str(control_plane.pki.ca_cert), token=token
+    )
+    try:
+        await control_plane.create_gpu_nodes(
+            "1x T4:2", kube=kube, prefix=namespace, labels={"alnair.io/test-pool": namespace}
+        )
+        async with KubeClient(config) as limited:
+            assert "listing deviceclasses refused" in await unavailable(limited)
+            run = AlnairRun(limited, dra="auto")
+            try:
+                sched = await run.start()
+                assert sched.dra is None
+                await kube.create(PODS, make_pod("plain", namespace).pool(namespace).gpus(1).obj())
+                pods = await wait_pods(kube, namespace, bound=1)
+                assert pods[0]["metadata"]["annotations"][r.ANN_GPU_INDICES] in {"0", "1"}
+                assert all(inf.healthy for inf in sched.informers())
+            finally:
+                await run.stop()
+    finally:
+        await kube.delete(CLUSTERROLEBINDINGS, who)
+        await kube.delete(CLUSTERROLES, who)

@@ -309,6 +309,10 @@ class ClaimCache:
         self.in_flight[claim_uid] = kept
         self.usage.set_claim(claim_uid, kept)
 
+    def changed(self) -> None:
+        """Something the cache does not see changed (a claim released): wake waiting pods."""
+        self._on_change()
+
     def forget(self, claim_uid: str) -> None:
         """Undo `assume`: usage goes back to what the API server shows for the claim."""
         if self.in_flight.pop(claim_uid, None) is None:

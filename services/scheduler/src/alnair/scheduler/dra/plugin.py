@@ -131,6 +131,14 @@ def allocation_nodes(claim: Obj) -> frozenset[str] | None:
     return frozenset(names) if names else None
 
 
+def _identity(results: Sequence[Obj]) -> list[tuple[str, str, str]]:
+    """An allocation's devices and share IDs (the API server rewrites quantities, so results
+    read back are not equal to those written)."""
+    return sorted(
+        (str(r.get("pool")), str(r.get("device")), str(r.get("shareID"))) for r in results
+    )
+
+
 def _usage_by_pool(usage: Usage) -> dict[str, Usage]:
     pools: dict[str, Usage] = defaultdict(Usage)
     for uid, results in usage.by_claim.items():
@@ -159,6 +167,8 @@ class DynamicResources:
         """Pod key -> claims Reserve allocated or reserved for it (until bound or undone)."""
         self.undoing: set[asyncio.Task[None]] = set()
         """`unbind` tasks started by Unreserve (awaited by `drain`)."""
+        self.taking_back: set[str] = set()
+        """Claim uids an `unbind` task is writing (no new cycle allocates them until done)."""
 
     # --- PreFilter -----------------------------------------------------------------------
 
@@ -179,6 +189,8 @@ class DynamicResources:
                 return unresolvable(f"ResourceClaim {name} is being deleted", self.NAME)
             if claim["metadata"]["uid"] in self.cache.in_flight and not claim_results(claim):
                 return unschedulable(f"ResourceClaim {name} is being allocated", self.NAME)
+            if claim["metadata"]["uid"] in self.taking_back:
+                return unschedulable(f"ResourceClaim {name} is being released", self.NAME)
             item = _Claim(ref, claim)
             if item.allocated:
                 item.nodes = allocation_nodes(claim)
@@ -335,6 +347,7 @@ class DynamicResources:
                 self.cache.forget(w.claim["metadata"]["uid"])
         undo = [w for w in written if w.written]
         if undo and self.kube is not None:
+            self.taking_back.update(w.claim["metadata"]["uid"] for w in undo)
             task = asyncio.get_running_loop().create_task(self._take_back(self.kube, undo))
             self.undoing.add(task)
             task.add_done_callback(self.undoing.discard)
@@ -409,36 +422,44 @@ class DynamicResources:
 
     async def _take_back(self, kube: KubeClient, written: Sequence[Written]) -> None:
         """After a failed bind: take the pod off its claims and deallocate those this scheduler
-        allocated and nobody else uses (upstream's Unreserve)."""
-        for w in written:
-            meta = w.claim["metadata"]
-            for attempt in range(2):
-                try:
-                    claim = await kube.get(dra.RESOURCECLAIMS, meta["name"], meta["namespace"])
-                    status = dict(claim.get("status") or {})
-                    reserved = [
-                        x for x in status.get("reservedFor") or [] if x.get("uid") != w.pod_uid
-                    ]
-                    status["reservedFor"] = reserved
-                    if w.results is not None and not reserved:
-                        status.pop("allocation", None)
-                        status.pop("reservedFor", None)
-                    await kube.replace(
-                        dra.RESOURCECLAIMS, {**claim, "status": status}, sub="status"
-                    )
-                    break
-                except NotFound:
-                    break
-                except Conflict:
-                    if attempt:
-                        log.warning("claim not released after a failed bind (conflicts)",
-                                    extra={"claim": meta["name"]})  # fmt: skip
-                except Exception as exc:  # a task of its own: log, never lose it silently
-                    log.warning(
-                        "claim not released after a failed bind",
-                        extra={"claim": meta["name"], "error": repr(exc)},
-                    )
-                    break
+        allocated and nobody else uses (upstream's Unreserve). A claim whose allocation is no
+        longer the one written here is left alone. The claims' pods wake when it is done."""
+        try:
+            for w in written:
+                await self._take_back_one(kube, w)
+        finally:
+            self.taking_back.difference_update(w.claim["metadata"]["uid"] for w in written)
+            self.cache.changed()
+
+    async def _take_back_one(self, kube: KubeClient, w: Written) -> None:
+        meta = w.claim["metadata"]
+        for attempt in range(2):
+            try:
+                claim = await kube.get(dra.RESOURCECLAIMS, meta["name"], meta["namespace"])
+                if w.results is not None and _identity(claim_results(claim)) != _identity(
+                    w.results
+                ):
+                    return  # allocated anew since (or already taken back)
+                status = dict(claim.get("status") or {})
+                reserved = [x for x in status.get("reservedFor") or [] if x.get("uid") != w.pod_uid]
+                status["reservedFor"] = reserved
+                if w.results is not None and not reserved:
+                    status.pop("allocation", None)
+                    status.pop("reservedFor", None)
+                await kube.replace(dra.RESOURCECLAIMS, {**claim, "status": status}, sub="status")
+                break
+            except NotFound:
+                break
+            except Conflict:
+                if attempt:
+                    log.warning("claim not released after a failed bind (conflicts)",
+                                extra={"claim": meta["name"]})  # fmt: skip
+            except Exception as exc:  # a task of its own: log, never lose it silently
+                log.warning(
+                    "claim not released after a failed bind",
+                    extra={"claim": meta["name"], "error": repr(exc)},
+                )
+                break
 
 
 class DraGpus:

@@ -336,9 +336,10 @@ class Scheduler:
 
     def framework(self) -> Framework:
         n = len(self._workload)
-        if self._framework is None or n >= max(
-            2 * self._workload_at_build, 100 + self._workload_at_build
-        ):
+        built = self._workload_at_build
+        # A profile built before any pod shape was known (claim pods join the workload once
+        # placed) is rebuilt as soon as one is.
+        if self._framework is None or built <= 0 < n or n >= max(2 * built, 100 + built):
             recent = self._workload[-self.settings.workload_window :]
             self._framework = Framework(build_profile(self.settings.policy, recent, self.options))
             self._workload_at_build = n
@@ -375,6 +376,9 @@ class Scheduler:
             return
         self.cache.assume(req, result.placement)
         self.metrics.attempts.labels(result="scheduled").inc()
+        if req is not entry.request and self.dra is not None and entry.uid not in self.dra.typical:
+            self.dra.typical.add(entry.uid)  # a claim pod's shape joins once it is placed
+            self._workload.append(req)
         if result.status.code is Code.WAIT and req.gang:
             self.gangs.add_waiting(entry, req, result)
             self.queue.release(entry)
@@ -405,9 +409,6 @@ class Scheduler:
             self.metrics.attempts.labels(result="unschedulable").inc()
             self._unschedulable(entry, waiting)
             return None
-        if claimed.num_gpu and entry.uid not in self.dra.typical:
-            self.dra.typical.add(entry.uid)
-            self._workload.append(claimed)
         return claimed
 
     def _pending_members(self, gang: str) -> list[PodRequest]:
