@@ -769,6 +769,9 @@ class Aggregator:
         for pod_key, by_gpu in list(self.latest.items()):
             if any(m.pod_uid in pod_uids for m in by_gpu.values()):
                 self.metrics.forget_pod(*pod_key)
+                # The live view is of running pods: a finished job's last samples only filled
+                # the cache up to its bound (the soak saw the aggregator grow by them).
+                del self.latest[pod_key]
         for pod_uid in pod_uids:
             self._owners.pop(pod_uid, None)
         for follower in self.on_finalized:
