@@ -11,13 +11,15 @@ import asyncio
 import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from alnair.profiler.agent import inventory_event
 from alnair.profiler.aggregation import pod_shares
-from alnair.profiler.gpu import BackendUnavailableError, GpuBackend
-from alnair.profiler.nvml import APPLICATION_XIDS, NvmlBackend, load_nvml
+from alnair.profiler.gpu import BackendUnavailableError, GpuBackend, GpuInfo, NodeInventory
+from alnair.profiler.nvml import APPLICATION_XIDS, NvmlBackend, load_nvml, pcie_root_from_sysfs
 
 
 def _real_nvml_or_reason() -> str | None:
@@ -180,3 +182,48 @@ async def test_critical_xid_marks_unhealthy_application_xid_does_not() -> None:
     backend.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(signals), timeout=10)
+
+
+def _fake_sysfs(root: Path) -> Path:
+    """A sysfs tree like a two-socket server's: one GPU behind a switch under root complex
+    pci0000:3a, one directly under pci0001:00 (a second PCI domain)."""
+    devices = root / "devices"
+    behind_switch = devices / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    direct = devices / "pci0001:00" / "0001:00:02.0"
+    for d in (behind_switch, direct, devices / "platform" / "0000:7f:00.0"):
+        d.mkdir(parents=True)
+    bus = root / "bus" / "pci" / "devices"
+    bus.mkdir(parents=True)
+    (bus / "0000:3b:00.0").symlink_to(behind_switch)
+    (bus / "0001:00:02.0").symlink_to(direct)
+    (bus / "0000:7f:00.0").symlink_to(devices / "platform" / "0000:7f:00.0")
+    (bus / "0000:80:00.0").symlink_to(root / "elsewhere")  # dangling
+    return root
+
+
+def test_pcie_root_is_the_first_component_under_sys_devices(tmp_path: Path) -> None:
+    sysfs = _fake_sysfs(tmp_path)
+    # NVML's 8-digit upper-case domain and sysfs's 4-digit lower-case name are the same device
+    assert pcie_root_from_sysfs("00000000:3B:00.0", sysfs) == "pci0000:3a"
+    assert pcie_root_from_sysfs("0000:3b:00.0", sysfs) == "pci0000:3a"
+    assert pcie_root_from_sysfs("00000001:00:02.0", sysfs) == "pci0001:00"
+
+
+@pytest.mark.parametrize(
+    "bus_id",
+    [
+        "00000000:7F:00.0",  # not under a pci root complex
+        "00000000:80:00.0",  # a dangling link
+        "00000000:99:00.0",  # no such device
+        "not-a-bus-id",
+        "",
+    ],
+)
+def test_pcie_root_unknown_is_empty(tmp_path: Path, bus_id: str) -> None:
+    assert pcie_root_from_sysfs(bus_id, _fake_sysfs(tmp_path)) == ""
+
+
+def test_the_inventory_event_carries_the_pcie_root() -> None:
+    gpu = GpuInfo(0, "GPU-0", "H100", 81559, "9.0", numa_node=0, pcie_root="pci0000:3a")
+    event = inventory_event(NodeInventory("n1", (gpu,), (("X",),)))
+    assert event.gpus[0].pcie_root == "pci0000:3a"

@@ -91,6 +91,7 @@ def inventory_event(inv: NodeInventory) -> GpuInventory:
                 compute_capability=g.compute_capability,
                 numa_node=g.numa_node,
                 healthy=g.healthy,
+                pcie_root=g.pcie_root,
             )
             for g in inv.gpus
         ],

@@ -31,6 +31,8 @@ class GpuInfo:
     compute_capability: str
     numa_node: int | None = None
     healthy: bool = True
+    pcie_root: str = ""
+    """PCIe root complex (`pci0000:00`), "" when unknown."""
 
 
 @dataclass(frozen=True)

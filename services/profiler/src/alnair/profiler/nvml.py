@@ -1,10 +1,10 @@
 """The `nvml` GPU backend: real NVIDIA GPUs through NVML (the nvidia-ml-py bindings).
 
 One agent per GPU node (DaemonSet) runs this backend for its own node. NVML answers:
-devices (UUID, name, memory, compute capability, NUMA node via the PCI device in sysfs),
-the pairwise topology (NVLink counts, else the PCIe common ancestor, in `nvidia-smi topo`
-words), device utilization and memory, and per-process memory and SM samples, which is
-what lets the agent split a shared GPU correctly between pods.
+devices (UUID, name, memory, compute capability; NUMA node and PCIe root complex from the PCI
+device in sysfs), the pairwise topology (NVLink counts, else the PCIe common ancestor, in
+`nvidia-smi topo` words), device utilization and memory, and per-process memory and SM
+samples, which is what lets the agent split a shared GPU correctly between pods.
 
 Health: NVML pushes XID and ECC events to an event set; a worker thread blocks in
 `nvmlEventSetWait` (the wait has a timeout only so the thread can notice shutdown) and
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -64,10 +65,40 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _numa_from_sysfs(bus_id: str, sysfs: Path = Path("/sys/bus/pci/devices")) -> int | None:
+def _sysfs_name(bus_id: str) -> str:
     # NVML writes an 8-digit domain ("00000000:3B:00.0"); sysfs uses 4 and lower case.
     domain, _, rest = bus_id.partition(":")
-    name = f"{domain[-4:]}:{rest}".lower()
+    return f"{domain[-4:]}:{rest}".lower()
+
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def pcie_root_from_sysfs(bus_id: str, sysfs: Path = Path("/sys")) -> str:
+    """The PCIe root complex of the device at `bus_id`, as `pci<domain>:<bus>` ("pci0000:00"),
+    or "" when it cannot be told.
+
+    `/sys/bus/pci/devices/<bdf>` is a link into `/sys/devices`, whose tree follows the hardware:
+    `/sys/devices/pci0000:00/0000:00:01.0/.../0000:3b:00.0`. Its first component is the root
+    complex, the value upstream's `resource.kubernetes.io/pcieRoot` attribute carries, so two
+    drivers on one node name the same root alike.
+    """
+    name = _sysfs_name(bus_id)
+    if not _BDF.match(name):
+        return ""
+    devices = (sysfs / "devices").resolve()
+    try:
+        target = (sysfs / "bus" / "pci" / "devices" / name).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return ""
+    if not target.is_relative_to(devices) or target == devices:
+        return ""
+    root = target.relative_to(devices).parts[0]
+    return root if root.startswith("pci") else ""
+
+
+def _numa_from_sysfs(bus_id: str, sysfs: Path = Path("/sys/bus/pci/devices")) -> int | None:
+    name = _sysfs_name(bus_id)
     try:
         value = int((sysfs / name / "numa_node").read_text().strip())
     except (OSError, ValueError):
@@ -111,6 +142,7 @@ class NvmlBackend:
                     memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // _MIB),
                     compute_capability=f"{major}.{minor}",
                     numa_node=_numa_from_sysfs(bus_id),
+                    pcie_root=pcie_root_from_sysfs(bus_id),
                     healthy=i not in self._unhealthy,
                 )
             )
