@@ -4,6 +4,7 @@
     alnair simulate --policy FGD BestFit alnair --seed 42-51 --plot out/cmp.png
     alnair simulate --variant gen-gpushare60+gpuspec20 --policy FGD alnair --seed 42-44
     alnair simulate --gangs 400 --policy alnair --seed 42
+    alnair simulate --requests claims --policy FGD --seed 42 --json
 
 One policy and one seed: a progress bar and a table (or, with --json, one JSON object with the
 allocation at each whole percent of arrived demand). Several policies or a seed range: the runs
@@ -11,6 +12,9 @@ are compared (mean over seeds, beside the paper's numbers where published) and a
 allocation against arrived demand is written. `--variant` names a shipped trace variant or one
 built from `default` by the published recipe (`simulator.variants`: `gen-gpushare60`, ...).
 `--gangs JOBS` replays the Gavel job trace with gangs and priorities instead (`simulator.gangs`).
+`--requests claims` writes each pod's GPU request as a ResourceClaim of Alnair's DeviceClasses
+(`resources`: as `alnair.io/gpu-memory`/`gpu-compute`) and replays what the scheduler reads back
+(`simulator.claims`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.scheduler.framework.runtime import TIE_BREAKS
 from alnair.scheduler.plugins.registry import POLICIES, policy
+from alnair.scheduler.simulator.claims import FORMS
 from alnair.scheduler.simulator.engine import RunResult, simulate
 from alnair.scheduler.simulator.gangs import GangReplayConfig, replay_gangs
 from alnair.scheduler.simulator.reference import load_reference, variant_of
@@ -94,6 +99,14 @@ def _parser() -> argparse.ArgumentParser:
         help="with --gangs: share of jobs given a high priority (default 0.2)",
     )
     parser.add_argument(
+        "--requests",
+        choices=FORMS,
+        default="trace",
+        help="how each pod asks for GPUs: the trace's milli-GPU, Kubernetes resources "
+        "(alnair.io/gpu-memory, gpu-compute, nvidia.com/gpu) or a ResourceClaim of Alnair's "
+        "DeviceClasses, read back by the scheduler's own parsers",
+    )
+    parser.add_argument(
         "--tie-break",
         choices=TIE_BREAKS,
         default="first",
@@ -157,13 +170,22 @@ def main(argv: Sequence[str]) -> int:
         if len(policies) == 1 and len(seeds) == 1:
             progress = None if args.json else _bar
             result = simulate(
-                policies[0], nodes, pods, seeds[0], args.tune, progress, tie_break=args.tie_break
+                policies[0],
+                nodes,
+                pods,
+                seeds[0],
+                args.tune,
+                progress,
+                tie_break=args.tie_break,
+                requests=args.requests,
             )
             print(json.dumps(result.to_json()) if args.json else _single_table(result))
             return 0
 
         specs = [
-            RunSpec(p, nodes, pods, s, args.tune, args.tie_break) for p in policies for s in seeds
+            RunSpec(p, nodes, pods, s, args.tune, args.tie_break, args.requests)
+            for p in policies
+            for s in seeds
         ]
         results = run_batch(specs, args.workers, None if args.json else lambda d, t, _: _bar(d, t))
         try:

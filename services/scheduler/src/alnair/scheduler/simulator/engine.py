@@ -7,6 +7,10 @@ not exceed that percent, which is how the paper's figures and `fgd_reference.csv
 
 Everything random (tuning, shuffling, tie-breaks, the Random policy) comes from one generator
 seeded with the run's seed, so a run replays exactly.
+
+`requests` says how each pod's GPU request reaches the policy: the trace's milli-GPU as is, or
+written as Kubernetes resources or as a ResourceClaim and read back by the scheduler's parsers
+(`simulator.claims`). The result keeps every placement, so two forms can be compared pod by pod.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from alnair.scheduler.plugins.registry import framework
+from alnair.scheduler.simulator.claims import written_as
 from alnair.scheduler.simulator.trace import DEFAULT_TUNE, load_nodes, load_pods, tune_and_shuffle
 from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray
 
@@ -39,6 +44,9 @@ class RunResult:
     alloc_pct: FloatArray
     wall_s: float
     alloc_pct_by_demand: dict[str, float] = field(default_factory=dict)
+    requests: str = "trace"
+    placements: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Each placed pod's node and GPUs."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -47,6 +55,7 @@ class RunResult:
             "nodes": self.nodes_file,
             "pods_file": self.pods_file,
             "tune": self.tune,
+            "requests": self.requests,
             "total_milli_gpu": self.total_milli_gpu,
             "pods": self.pods,
             "placed": self.placed,
@@ -73,11 +82,13 @@ def simulate(
     tune: float = DEFAULT_TUNE,
     progress: Progress | None = None,
     tie_break: str = "first",
+    requests: str = "trace",
 ) -> RunResult:
-    """Replay the trace under `policy` with `seed`."""
+    """Replay the trace under `policy` with `seed`, each pod's GPU request written as `requests`
+    (`trace`, `resources` or `claims`)."""
     started = time.perf_counter()
     nodes = load_nodes(nodes_path)
-    original = load_pods(pods_path)
+    original = written_as(requests, load_pods(pods_path))
     rng = np.random.default_rng(seed)
     # The node order is a seeded permutation: with first-node tie-breaking it decides which of
     # equally good nodes fill first, as the random name prefixes do in the paper's simulator.
@@ -94,6 +105,7 @@ def simulate(
     arrived = 0
     allocated = 0
     placed = 0
+    placements: dict[str, tuple[str, tuple[int, ...]]] = {}
     step = max(count // 100, 1)
     for i, pod in enumerate(workload.pods, start=1):
         arrived += pod.total_milli_gpu
@@ -102,6 +114,7 @@ def simulate(
             snapshot.assume(pod, result.placement)
             allocated += pod.total_milli_gpu
             placed += 1
+            placements[pod.name] = (result.placement.node_name, result.placement.gpu_indices)
         demand[i] = arrived
         alloc[i] = allocated
         if progress is not None and (i % step == 0 or i == count):
@@ -123,4 +136,6 @@ def simulate(
         alloc_pct=alloc_pct,
         wall_s=time.perf_counter() - started,
         alloc_pct_by_demand=alloc_by_demand(demand_pct, alloc_pct, top),
+        requests=requests,
+        placements=placements,
     )

@@ -29,11 +29,18 @@ class RunSpec:
     seed: int
     tune: float
     tie_break: str = "first"
+    requests: str = "trace"
 
 
 def _run(spec: RunSpec) -> RunResult:
     return simulate(
-        spec.policy, spec.nodes, spec.pods, spec.seed, spec.tune, tie_break=spec.tie_break
+        spec.policy,
+        spec.nodes,
+        spec.pods,
+        spec.seed,
+        spec.tune,
+        tie_break=spec.tie_break,
+        requests=spec.requests,
     )
 
 
