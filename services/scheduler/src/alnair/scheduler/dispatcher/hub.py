@@ -270,9 +270,10 @@ class Hub(ReconcileLoop):
         self.predictor = predictor
         if policy is None:
             # The hub places and never preempts across clusters (a remote restart would pay the
-            # transfer again), so `alnair` is asked not to reclaim: no decision goes unapplied.
+            # transfer again), so `alnair` is asked not to reclaim nor preempt for order: no
+            # decision goes unapplied.
             options: dict[str, Any] = (
-                {"max_wait_s": settings.max_wait_s, "reclaim": False}
+                {"max_wait_s": settings.max_wait_s, "reclaim": False, "preempt": False}
                 if settings.policy == "alnair"
                 else {}
             )

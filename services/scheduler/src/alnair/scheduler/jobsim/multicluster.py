@@ -234,7 +234,10 @@ def simulate_multicluster(
     if len({s.name for s in sites}) != len(sites) or not sites:
         raise InvalidValueError("sites", [s.name for s in sites], "distinct names, at least one")
     started = perf_counter()
-    chooser: QueuePolicy = queue_policy(policy, **(policy_options or {}))
+    # As the live hub: it places and never preempts across clusters (a remote restart pays
+    # the transfer again), so `alnair`'s shortest-remaining-time preemption is off here.
+    defaults: dict[str, Any] = {"preempt": False} if policy == "alnair" else {}
+    chooser: QueuePolicy = queue_policy(policy, **(defaults | dict(policy_options or {})))
     by_name = {s.name: s for s in sites}
     teams = sorted({j.team for j in jobs})
     hub_queues = open_queues(

@@ -258,9 +258,24 @@ class Alnair:
             else:
                 plan.wait(job, WaitReason("capacity", "waiting for a faster GPU type"))
         if self.preempt:
+            # Who may be preempted at all, longest remaining first per type (a few dozen runs
+            # per type, against hundreds of waiting jobs at a burst: computed once).
+            victims: dict[str, list[tuple[float, RunningJob]]] = {t: [] for t in types}
+            for run in snapshot.running:
+                remaining = run.expected_end_s(now) - now
+                if (
+                    run.gpu_type in victims
+                    and remaining < INF
+                    and run.job.preemptions < self.max_preemptions
+                    and now - run.job.arrival_s < self.max_wait_s
+                ):
+                    victims[run.gpu_type].append((remaining, run))
+            for listed in victims.values():
+                listed.sort(key=lambda v: (-v[0], v[1].job.id))
             for job in order:
-                if job.id in plan.waiting and plan.waiting[job.id].kind in ("capacity", "quota"):
-                    self._displace(job, plan, releases, shadows, safe_types(job))
+                reason = plan.waiting.get(job.id)
+                if reason is not None and reason.kind in ("capacity", "quota"):
+                    self._displace(job, plan, releases, shadows, safe_types(job), victims)
         return plan.decisions()
 
     def _displace(
@@ -270,32 +285,29 @@ class Alnair:
         releases: dict[str, list[tuple[float, int]]],
         shadows: dict[str, _Shadow],
         safe: list[str],
+        eligible: dict[str, list[tuple[float, RunningJob]]],
     ) -> bool:
-        """Rule 6: preempt running jobs predicted to need longer than `job` (plus restart)."""
-        snapshot = plan.snapshot
-        now = snapshot.now_s
+        """Rule 6: preempt running jobs predicted to need longer than `job` (plus restart).
+        `eligible`: per type, the runs rule 6 allows to preempt, longest remaining first."""
+        now = plan.snapshot.now_s
         taken = {p.job_id for p in plan.preemptions}
         known = sorted(
             (job.runtime[t].expected_s, t) for t in safe if t in job.runtime and t not in shadows
         )
         for runtime, gpu_type in known:
-            natural = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
+            listed = eligible[gpu_type]
+            if not listed or listed[0][0] <= runtime:
+                continue
             victims: list[tuple[float, RunningJob]] = []
-            for run in snapshot.running:
-                if run.gpu_type != gpu_type or run.job.id in taken:
-                    continue
-                if run.job.preemptions >= self.max_preemptions:
-                    continue
-                if now - run.job.arrival_s >= self.max_wait_s:
+            for remaining, run in listed:
+                if remaining <= runtime:
+                    break
+                if run.job.id in taken or remaining <= runtime + run.job.restart_cost_s:
                     continue
                 if run.job.queue != job.queue and not run.borrowing:
                     continue
-                remaining = run.expected_end_s(now) - now
-                if remaining == INF or remaining <= runtime + run.job.restart_cost_s:
-                    continue
                 victims.append((remaining, run))
-            # Longest remaining first: each exchange then saves the most.
-            victims.sort(key=lambda v: (-v[0], v[1].job.id))
+            # Longest remaining first (as listed): each exchange then saves the most.
             chosen: list[RunningJob] = []
             freed = 0
             for _, run in victims:
@@ -312,6 +324,7 @@ class Alnair:
                 and plan.ledger.check(job.queue, gpu_type, job.gpus).ok
             )
             cost = max((run.job.restart_cost_s for run in chosen), default=0.0)
+            natural = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
             if not chosen or not enough or natural - now <= cost:
                 for run in chosen:
                     plan.ledger.take(run.job.queue, gpu_type, run.gpus)
