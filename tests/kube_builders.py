@@ -37,11 +37,15 @@ class PodBuilder:
         self._res["limits"][r.GPU] = str(n)
         return self
 
-    def fraction(self, compute_pct: int, memory_mib: int | None = None) -> PodBuilder:
+    def fraction(
+        self, compute_pct: int, memory_mib: int | None = None, *, memory_gib: int | None = None
+    ) -> PodBuilder:
         for part in ("requests", "limits"):
             self._res[part][r.GPU_COMPUTE] = str(compute_pct)
             if memory_mib is not None:
                 self._res[part][r.GPU_MEMORY] = str(memory_mib)
+            if memory_gib is not None:
+                self._res[part][r.GPU_MEMORY_GIB] = str(memory_gib)
         return self
 
     def cpu(self, q: str) -> PodBuilder:

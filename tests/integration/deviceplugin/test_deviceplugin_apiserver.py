@@ -17,7 +17,7 @@ from alnair.common import resources
 from alnair.common.events import GpuDevice
 from alnair.common.kube import PODS, KubeClient
 from alnair.deviceplugin.app import start
-from alnair.deviceplugin.devices import MEMORY
+from alnair.deviceplugin.devices import MEMORY_GIB
 from alnair.deviceplugin.settings import DevicePluginSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -65,20 +65,21 @@ async def test_allocate_uses_the_api_server_and_releases_on_deletion(
                         {
                             "name": "main",
                             "image": "example.com/infer:1",
-                            "resources": {"limits": {resources.GPU_MEMORY: "128"}},
+                            # the default memory resource: GiB units
+                            "resources": {"limits": {resources.GPU_MEMORY_GIB: "1"}},
                         }
                     ],
                 },
             },
             namespace=namespace,
         )
-        client = connect(running.plugins[MEMORY].socket_path)
-        rep = await client.allocate([f"mem-0-{k}" for k in range(128)])
+        client = connect(running.plugins[MEMORY_GIB].socket_path)
+        rep = await client.allocate(["gib-0-0"])
         envs = dict(rep.container_responses[0].envs)
         assert envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"  # the scheduler's GPU, not the units'
-        assert envs["ALNAIR_GPU_MEMORY_LIMIT_MIB"] == "128"
+        assert envs["ALNAIR_GPU_MEMORY_LIMIT_MIB"] == "1024"  # the exact MiB granted
         pod = await kube.get(PODS, "infer", namespace)
-        assert pod["metadata"]["annotations"]["alnair.io/allocated-gpu-memory"] == "main"
+        assert pod["metadata"]["annotations"]["alnair.io/allocated-gpu-memory-gib"] == "main"
         (rec,) = running.vgpus.records()
         assert (rec.pod, rec.pod_uid) == ("infer", pod["metadata"]["uid"])
         host_dir = Path(running.vgpus.layout.vgpu_host_dir(rec.vgpu_id))

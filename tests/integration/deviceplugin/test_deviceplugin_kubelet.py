@@ -18,7 +18,7 @@ from alnair.common import resources
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink
 from alnair.common.tasks import cancel_all, spawn
 from alnair.deviceplugin.allocation import Layout
-from alnair.deviceplugin.devices import COMPUTE, MEMORY, RESOURCES, WHOLE
+from alnair.deviceplugin.devices import COMPUTE, MEMORY, MEMORY_GIB, RESOURCES, WHOLE
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.plugin import PluginConfig, PluginServer, ResourcePlugin
 from alnair.deviceplugin.pods import PodSource, StaticPods
@@ -62,7 +62,7 @@ async def start_node(kubelet: Any, layout: Layout) -> AsyncIterator[Callable[...
         state.set_inventory(GpuInventory(node="n1", gpus=GPUS, topology=TOPOLOGY))
         vgpus = VgpuRegistry(layout)
         metrics = DevicePluginMetrics()
-        config = PluginConfig(memory_unit_mib=1, layout=layout)
+        config = PluginConfig(layout=layout)
         servers: dict[str, PluginServer] = {}
         tasks = []
         for resource in RESOURCES:
@@ -74,7 +74,7 @@ async def start_node(kubelet: Any, layout: Layout) -> AsyncIterator[Callable[...
             tasks.append(spawn(srv.run(), name=f"test.plugin.{resource}"))
         node = Node(state, servers, vgpus, layout, tasks)
         nodes.append(node)
-        await kubelet.wait_registrations(3)
+        await kubelet.wait_registrations(len(RESOURCES))
         return node
 
     yield start
@@ -86,7 +86,7 @@ async def test_each_resource_registers_and_lists_its_devices(
     kubelet: Any, start_node: Any, connect: Any
 ) -> None:
     node = await start_node()
-    requests = await kubelet.wait_registrations(3)
+    requests = await kubelet.wait_registrations(len(RESOURCES))
     assert {r.resource_name for r in requests} == set(RESOURCES)
     assert {r.version for r in requests} == {"v1beta1"}
     assert all(r.options.get_preferred_allocation_available for r in requests)
@@ -106,6 +106,9 @@ async def test_each_resource_registers_and_lists_its_devices(
     memory = connect(node.servers[MEMORY].socket_path)
     async with memory.watch() as watch:
         assert len(await watch.next()) == 4 * 1024
+    gib = connect(node.servers[MEMORY_GIB].socket_path)
+    async with gib.watch() as watch:
+        assert sorted(await watch.next()) == [f"gib-{g}-0" for g in range(4)]
 
 
 async def test_list_and_watch_follows_health_down_and_back_up(
@@ -184,7 +187,9 @@ async def test_allocate_a_fraction_without_a_scheduler_decision(
     assert (rec.vgpu_id, rec.gpu_index, rec.memory_mib) == (vgpu, 1, 512)
 
 
-def fractional_pod(gpu: int, memory: int, compute: int) -> dict[str, Any]:
+def fractional_pod(
+    gpu: int, memory: int, compute: int, memory_resource: str = resources.GPU_MEMORY
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": "infer",
@@ -200,7 +205,7 @@ def fractional_pod(gpu: int, memory: int, compute: int) -> dict[str, Any]:
                     "name": "server",
                     "resources": {
                         "limits": {
-                            resources.GPU_MEMORY: str(memory),
+                            memory_resource: str(memory),
                             resources.GPU_COMPUTE: str(compute),
                         }
                     },
@@ -238,6 +243,25 @@ async def test_allocate_honours_the_scheduler_and_agrees_across_resources(
     assert ann["alnair.io/allocated-gpu-compute"] == "server"
 
 
+async def test_a_gib_request_gets_the_exact_mib_granted_as_its_limit(
+    start_node: Any, connect: Any
+) -> None:
+    """`alnair.io/gpu-memory-gib` units are GiB: the shim's limit is the MiB they make."""
+    pods = StaticPods("n1", [fractional_pod(2, 1, 30, resources.GPU_MEMORY_GIB)])
+    node = await start_node(pods)
+    memory = connect(node.servers[MEMORY_GIB].socket_path)
+    compute = connect(node.servers[COMPUTE].socket_path)
+    mem_rep = await memory.allocate(["gib-0-0"])
+    cpu_rep = await compute.allocate([f"sm-0-{k}" for k in range(30)])
+    mem_env = dict(mem_rep.container_responses[0].envs)
+    assert mem_env["NVIDIA_VISIBLE_DEVICES"] == "GPU-2"
+    assert mem_env["ALNAIR_GPU_MEMORY_LIMIT_MIB"] == "1024"
+    assert mem_env == dict(cpu_rep.container_responses[0].envs)
+    (rec,) = node.vgpus.records()
+    assert (rec.memory_mib, rec.compute_pct, rec.gpu_index) == (1024, 30, 2)
+    assert pods.pods[0]["metadata"]["annotations"]["alnair.io/allocated-gpu-memory-gib"] == "server"
+
+
 async def test_allocate_refuses_foreign_device_ids(start_node: Any, connect: Any) -> None:
     node = await start_node()
     client = connect(node.servers[MEMORY].socket_path)
@@ -263,8 +287,8 @@ async def test_registers_again_after_the_kubelet_restarts(
     for call in watches:
         await call.__aexit__(None, None, None)
     await kubelet.start()
-    requests = await kubelet.wait_registrations(6, timeout_s=15)
-    assert {r.resource_name for r in requests[3:]} == set(RESOURCES)
+    requests = await kubelet.wait_registrations(2 * len(RESOURCES), timeout_s=15)
+    assert {r.resource_name for r in requests[len(RESOURCES) :]} == set(RESOURCES)
     client = connect(node.servers[WHOLE].socket_path)
     async with client.watch() as watch:
         assert len(await watch.next()) == 4
@@ -280,18 +304,18 @@ async def test_a_kubelet_restart_without_any_stream_is_noticed_from_the_director
     await asyncio.wait_for(
         asyncio.gather(*(srv.registered.wait() for srv in node.servers.values())), 5
     )
-    assert [srv.registrations for srv in node.servers.values()] == [1, 1, 1]
+    assert [srv.registrations for srv in node.servers.values()] == [1] * len(RESOURCES)
     await kubelet.stop(clear=True)
     await kubelet.start()
-    requests = await kubelet.wait_registrations(6, timeout_s=10)
-    assert {r.resource_name for r in requests[3:]} == set(RESOURCES)
+    requests = await kubelet.wait_registrations(2 * len(RESOURCES), timeout_s=10)
+    assert {r.resource_name for r in requests[len(RESOURCES) :]} == set(RESOURCES)
     async with asyncio.timeout(5):  # the plugin counts once the kubelet's answer is back
-        while [srv.registrations for srv in node.servers.values()] != [2, 2, 2]:
+        while [srv.registrations for srv in node.servers.values()] != [2] * len(RESOURCES):
             await asyncio.sleep(0.01)
     assert all(srv.socket_path.exists() for srv in node.servers.values())
     # The plugins' own socket churn (each recreated its socket) does not loop re-registration.
     await asyncio.sleep(0.5)
-    assert len(kubelet.requests) == 6
+    assert len(kubelet.requests) == 2 * len(RESOURCES)
 
 
 async def test_preferred_whole_gpus_follow_the_scheduler(start_node: Any, connect: Any) -> None:

@@ -12,11 +12,15 @@ from alnair.deviceplugin.cli import main
 
 
 def test_devices_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["devices", "--gpus", "GPU-a:1024:0,GPU-b:2048", "--memory-unit-mib", "256"])
+    code = main(["devices", "--gpus", "GPU-a:1024:0,GPU-b:2560"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["nvidia.com/gpu"]["count"] == 2
-    assert out["alnair.io/gpu-memory"]["count"] == 4 + 8
+    assert out["alnair.io/gpu-memory-gib"]["count"] == 1 + 2
+    assert out["alnair.io/gpu-memory-gib"]["first"] == ["gib-0-0", "gib-1-0", "gib-1-1"]
+    assert out["alnair.io/gpu-memory"]["count"] == 1024 + 2560
+    assert out["alnair.io/gpu-memory"]["fits_kubelet"] is True
+    assert 0 < out["alnair.io/gpu-memory-gib"]["message_bytes"] < 200
     assert out["alnair.io/gpu-compute"]["first"] == ["sm-0-0", "sm-0-1", "sm-0-2"]
 
 

@@ -78,6 +78,12 @@ def test_gpu_requests_count_every_parallel_pod() -> None:
     }
     request = gpu_request(frac)
     assert (request.gpus, request.memory_mib_per_pod) == (1, 4096)
+    resources = frac["spec"]["template"]["spec"]["containers"][0]["resources"]
+    resources["limits"] = {r.GPU_MEMORY_GIB: "10"}  # the name carries the unit
+    assert gpu_request(frac).memory_mib_per_pod == 10 * 1024
+    resources["limits"] = {r.GPU_MEMORY_GIB: "10", r.GPU_MEMORY: "512"}
+    with pytest.raises(InvalidValueError, match="one unit"):
+        gpu_request(frac)
     with pytest.raises(InvalidValueError, match=r.GPU):
         gpu_request(job(None))
     with pytest.raises(InvalidValueError, match="parallelism"):

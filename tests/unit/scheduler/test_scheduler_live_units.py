@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -75,6 +76,15 @@ def test_parse_whole_fraction_and_errors() -> None:
     pod = make_pod("c", "ns").fraction(10, memory_mib=7680).obj()
     pod["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "T4|V100M32"
     assert parse_pod(pod).gpu_milli == 500
+    # alnair.io/gpu-memory-gib: the same 7.5 GiB in the unit the device plugin serves by default
+    gib = make_pod("g", "ns").fraction(10, memory_gib=8).obj()
+    gib["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "T4"
+    assert parse_pod(gib).gpu_milli == math.ceil(8 * 1024 * 1000 / 15360)
+    both = make_pod("h", "ns").fraction(10, memory_mib=512, memory_gib=1).obj()
+    with pytest.raises(InvalidPodError, match="one unit"):
+        parse_pod(both)
+    with pytest.raises(InvalidPodError, match="gpu-memory-gib='100': 102400 MiB is more than"):
+        parse_pod(make_pod("i", "ns").fraction(10, memory_gib=100).obj())
     with pytest.raises(InvalidPodError, match="not both"):
         parse_pod(make_pod("d", "ns").gpus(1).fraction(20).obj())
     with pytest.raises(InvalidPodError, match="gpu-compute"):

@@ -1,15 +1,19 @@
 """The resource model: the names Alnair reads and writes on Kubernetes objects.
 
-Pods ask for whole GPUs with `nvidia.com/gpu`, or for a fraction with `alnair.io/gpu-memory`
-(MiB) and `alnair.io/gpu-compute` (percent of one GPU's SMs); `alnair.io/gpu-model` restricts the
-GPU type. Nodes carry the GPU facts as labels (written by the profiler, as GPU feature discovery
-does). The scheduler writes its decision as pod annotations before binding, and the device
-plugin honours them. Keeping every name here means a typo is an import error, not a silent miss.
+Pods ask for whole GPUs with `nvidia.com/gpu`, or for a fraction with `alnair.io/gpu-memory-gib`
+(GiB) or `alnair.io/gpu-memory` (MiB) and `alnair.io/gpu-compute` (percent of one GPU's SMs);
+`alnair.io/gpu-model` restricts the GPU type. The memory resource's name carries its unit
+(`GPU_MEMORY_UNIT_MIB`): the device plugin advertises one kubelet device per unit, so a pod, the
+kubelet and the scheduler read one number one way whatever node it lands on. Nodes carry the
+GPU facts as labels (written by the profiler, as GPU feature discovery does). The scheduler
+writes its decision as pod annotations before binding, and the device plugin honours them.
+Keeping every name here means a typo is an import error, not a silent miss.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Final
 
@@ -22,7 +26,12 @@ DOMAIN: Final = "alnair.io"
 GPU: Final = "nvidia.com/gpu"
 """Whole GPUs, an integer count."""
 GPU_MEMORY: Final = "alnair.io/gpu-memory"
-"""Fractional GPU: memory in MiB on one GPU."""
+"""Fractional GPU: memory in MiB on one GPU (one kubelet device per MiB: only for nodes whose
+GPU memory in all stays under ~140,000 MiB, the kubelet's 4 MiB message limit)."""
+GPU_MEMORY_GIB: Final = "alnair.io/gpu-memory-gib"
+"""Fractional GPU: memory in GiB on one GPU; what the device plugin serves by default."""
+GPU_MEMORY_UNIT_MIB: Final[dict[str, int]] = {GPU_MEMORY: 1, GPU_MEMORY_GIB: 1024}
+"""MiB per unit of each GPU memory resource."""
 GPU_COMPUTE: Final = "alnair.io/gpu-compute"
 """Fractional GPU: percent of one GPU's streaming multiprocessors (1-100)."""
 GPU_MODEL_REQUEST: Final = "alnair.io/gpu-model"
@@ -132,6 +141,22 @@ def parse_quantity(value: str | int | float, field: str = "quantity") -> Decimal
     if m.group(2):
         number *= Decimal(10) ** int(m.group(2)[1:])
     return number * _SUFFIX[m.group(3) or ""]
+
+
+def gpu_memory_mib(amounts: Mapping[str, Decimal | int], field: str = "resources") -> Decimal:
+    """MiB of GPU memory that `amounts` (resource name -> quantity) ask for, from whichever of
+    the memory resources they name; InvalidValueError when they name more than one."""
+    named = [name for name in GPU_MEMORY_UNIT_MIB if amounts.get(name)]
+    if len(named) > 1:
+        raise InvalidValueError(field, " and ".join(named), "ask for GPU memory in one unit")
+    if not named:
+        return Decimal(0)
+    return Decimal(amounts[named[0]]) * GPU_MEMORY_UNIT_MIB[named[0]]
+
+
+def gpu_memory_resource(amounts: Mapping[str, object]) -> str:
+    """The GPU memory resource `amounts` names (GPU_MEMORY when none: for messages)."""
+    return next((name for name in GPU_MEMORY_UNIT_MIB if amounts.get(name)), GPU_MEMORY)
 
 
 def cpu_milli(value: str | int | float) -> int:

@@ -23,7 +23,6 @@ def create_app(
     vgpus: VgpuRegistry,
     metrics: DevicePluginMetrics,
     resources: list[str],
-    memory_unit_mib: int,
 ) -> FastAPI:
     app = FastAPI(title="alnair-deviceplugin")
     install_problem_handlers(app)
@@ -41,7 +40,7 @@ def create_app(
         snap = state.snapshot
         out: dict[str, Any] = {"node": snap.node, "resources": {}}
         for resource in resources:
-            devices = snap.devices(resource, memory_unit_mib)
+            devices = snap.devices(resource)
             out["resources"][resource] = {
                 "total": len(devices),
                 "healthy": sum(d.healthy for d in devices),

@@ -26,6 +26,7 @@ from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.informer import Informer
 from alnair.common.kube import PODS, KubeClient
 from alnair.common.logs import setup_logging
+from alnair.common.resources import GPU_MEMORY, GPU_MEMORY_GIB
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.deviceplugin.api import create_app
 from alnair.deviceplugin.devices import RESOURCES
@@ -100,6 +101,13 @@ async def start(
         raise ConfigError(
             "the device plugin needs its node name (ALNAIR_DEVICEPLUGIN_NODE_NAME or NODE_NAME)"
         )
+    if settings.memory_unit_mib is not None:
+        raise ConfigError(
+            f"ALNAIR_DEVICEPLUGIN_MEMORY_UNIT_MIB={settings.memory_unit_mib} is no longer read: "
+            f"the unit is the resource's name; serve {GPU_MEMORY_GIB} (GiB, the default) or "
+            f"{GPU_MEMORY} (MiB) through ALNAIR_DEVICEPLUGIN_RESOURCES",
+            memory_unit_mib=settings.memory_unit_mib,
+        )
     unknown = [r for r in settings.resources if r not in RESOURCES]
     if unknown:
         raise ConfigError(
@@ -150,7 +158,6 @@ async def start(
         await subscribe_utilization(bus, settings.node_name, vgpus, metrics)
 
     config = PluginConfig(
-        memory_unit_mib=settings.memory_unit_mib,
         mode=settings.sharing_mode,
         layout=settings.layout(),
     )
@@ -194,7 +201,7 @@ async def start(
 
     server: uvicorn.Server | None = None
     if http:
-        app = create_app(state, vgpus, metrics, settings.resources, settings.memory_unit_mib)
+        app = create_app(state, vgpus, metrics, settings.resources)
         server, http_task = await start_http(
             app, settings.http_host, settings.http_port, name="deviceplugin.http", on_death=on_death
         )

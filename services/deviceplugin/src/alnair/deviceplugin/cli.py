@@ -1,8 +1,9 @@
 """`alnair deviceplugin ...` and `python -m alnair.deviceplugin ...`.
 
 - `run`: the device plugin (settings from the environment).
-- `devices --gpus 'UUID:MiB[:numa],...' [--resource R] [--memory-unit-mib N]`: print what the
-  plugin would advertise for such GPUs (a dry run for operators sizing memory units).
+- `devices --gpus 'UUID:MiB[:numa],...' [--resource R]`: print what the plugin would advertise
+  for such GPUs, with the size of the kubelet's ListAndWatch message against its 4 MiB limit
+  (a dry run for operators choosing between `alnair.io/gpu-memory-gib` and the MiB resource).
 - `region PATH`: decode a container's accounting region written by the intercept shim.
 """
 
@@ -20,6 +21,7 @@ from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.events import GpuDevice
 from alnair.deviceplugin import region
 from alnair.deviceplugin.devices import RESOURCES, build_devices
+from alnair.deviceplugin.plugin import KUBELET_MAX_MESSAGE_BYTES, list_message_bytes
 
 
 def parse_gpus(text: str) -> list[GpuDevice]:
@@ -42,7 +44,6 @@ def main(argv: Sequence[str]) -> int:
     dv = sub.add_parser("devices", help="print the devices the plugin would advertise")
     dv.add_argument("--gpus", required=True, help="UUID:MiB[:NUMA],... in index order")
     dv.add_argument("--resource", choices=RESOURCES, default=None)
-    dv.add_argument("--memory-unit-mib", type=int, default=1)
     rg = sub.add_parser("region", help="decode a vGPU accounting region")
     rg.add_argument("path", type=Path)
     args = parser.parse_args(list(argv))
@@ -56,8 +57,14 @@ def main(argv: Sequence[str]) -> int:
             gpus = parse_gpus(args.gpus)
             out = {}
             for resource in [args.resource] if args.resource else list(RESOURCES):
-                devs = build_devices(resource, gpus, memory_unit_mib=args.memory_unit_mib)
-                out[resource] = {"count": len(devs), "first": [d.id for d in devs[:3]]}
+                devs = build_devices(resource, gpus)
+                size = list_message_bytes(devs)
+                out[resource] = {
+                    "count": len(devs),
+                    "first": [d.id for d in devs[:3]],
+                    "message_bytes": size,
+                    "fits_kubelet": size <= KUBELET_MAX_MESSAGE_BYTES,
+                }
             print(json.dumps(out, indent=2))
             return 0
         snap = region.read(args.path)

@@ -1,15 +1,18 @@
 """What the plugin advertises to the kubelet: devices made from the node's GPU inventory.
 
-Three resources, each its own plugin endpoint:
+Four resources, each its own plugin endpoint:
 - `nvidia.com/gpu`: one device per physical GPU, named by its UUID (as NVIDIA's plugin does,
   so existing tooling reading the kubelet's checkpoint still recognises them).
-- `alnair.io/gpu-memory`: synthetic devices, one per `memory_unit_mib` of each GPU's memory,
-  so a pod asking for N units of the resource is granted N units.
+- `alnair.io/gpu-memory-gib` and `alnair.io/gpu-memory`: synthetic devices, one per GiB (or MiB)
+  of each GPU's memory, so a pod asking for N of the resource is granted N units. The unit is
+  the resource name's (`resources.GPU_MEMORY_UNIT_MIB`), never a setting: a node cannot advertise
+  a number the scheduler reads in another unit. GiB is the default; MiB devices exceed the
+  kubelet's 4 MiB ListAndWatch message on nodes past ~140,000 MiB of GPU memory (2 x 80 GB).
 - `alnair.io/gpu-compute`: synthetic devices, one per percent of each GPU's SMs.
 
-Synthetic ids carry their GPU (`mem-<gpu>-<k>`, `sm-<gpu>-<k>`), kept short because the
-kubelet receives the whole list in one message. Every device carries its GPU's NUMA node, so
-the kubelet's topology manager can align it with CPUs. Pure functions of the inventory.
+Synthetic ids carry their GPU (`gib-<gpu>-<k>`, `mem-<gpu>-<k>`, `sm-<gpu>-<k>`), kept short
+because the kubelet receives the whole list in one message. Every device carries its GPU's NUMA
+node, so the kubelet's topology manager can align it with CPUs. Pure functions of the inventory.
 """
 
 from __future__ import annotations
@@ -24,14 +27,23 @@ from alnair.common.events import GpuDevice
 
 WHOLE: Final = resources.GPU
 MEMORY: Final = resources.GPU_MEMORY
+MEMORY_GIB: Final = resources.GPU_MEMORY_GIB
 COMPUTE: Final = resources.GPU_COMPUTE
-RESOURCES: Final = (WHOLE, MEMORY, COMPUTE)
-FRACTIONAL: Final = frozenset({MEMORY, COMPUTE})
+RESOURCES: Final = (WHOLE, MEMORY_GIB, MEMORY, COMPUTE)
+DEFAULT_RESOURCES: Final = (WHOLE, MEMORY_GIB, COMPUTE)
+"""What a node serves unless told otherwise: memory in GiB, which fits the kubelet's message."""
+MEMORY_UNIT_MIB: Final = resources.GPU_MEMORY_UNIT_MIB
+FRACTIONAL: Final = frozenset({MEMORY_GIB, MEMORY, COMPUTE})
 COMPUTE_UNITS_PER_GPU: Final = 100
 """Percent of one GPU's SMs: one synthetic compute device each."""
 
-_PREFIX: Final = {MEMORY: "mem", COMPUTE: "sm"}
-SHORT_NAMES: Final = {WHOLE: "gpu", MEMORY: "gpu-memory", COMPUTE: "gpu-compute"}
+_PREFIX: Final = {MEMORY_GIB: "gib", MEMORY: "mem", COMPUTE: "sm"}
+SHORT_NAMES: Final = {
+    WHOLE: "gpu",
+    MEMORY_GIB: "gpu-memory-gib",
+    MEMORY: "gpu-memory",
+    COMPUTE: "gpu-compute",
+}
 """Used for socket file names and metric labels."""
 
 
@@ -45,12 +57,12 @@ class Device:
     numa_node: int | None
 
 
-def units_per_gpu(resource: str, gpu: GpuDevice, memory_unit_mib: int) -> int:
-    """How many devices of `resource` one GPU provides."""
+def units_per_gpu(resource: str, gpu: GpuDevice) -> int:
+    """How many devices of `resource` one GPU provides (memory rounded down to whole units)."""
     if resource == WHOLE:
         return 1
-    if resource == MEMORY:
-        return gpu.memory_mib // memory_unit_mib
+    if resource in MEMORY_UNIT_MIB:
+        return gpu.memory_mib // MEMORY_UNIT_MIB[resource]
     if resource == COMPUTE:
         return COMPUTE_UNITS_PER_GPU
     raise InvalidValueError("resource", resource, f"not one of {', '.join(RESOURCES)}")
@@ -60,12 +72,8 @@ def build_devices(
     resource: str,
     gpus: Sequence[GpuDevice],
     healthy: Iterable[bool] | None = None,
-    *,
-    memory_unit_mib: int = 1,
 ) -> list[Device]:
     """All devices of `resource` on a node with `gpus`; `healthy` overrides each GPU's flag."""
-    if memory_unit_mib < 1:
-        raise InvalidValueError("memory_unit_mib", memory_unit_mib, "must be at least 1")
     flags = list(healthy) if healthy is not None else [g.healthy for g in gpus]
     out: list[Device] = []
     for gpu, ok in zip(gpus, flags, strict=True):
@@ -75,7 +83,7 @@ def build_devices(
         prefix = _PREFIX.get(resource)
         if prefix is None:
             raise InvalidValueError("resource", resource, f"not one of {', '.join(RESOURCES)}")
-        count = units_per_gpu(resource, gpu, memory_unit_mib)
+        count = units_per_gpu(resource, gpu)
         out.extend(
             Device(f"{prefix}-{gpu.index}-{k}", gpu.index, ok, gpu.numa_node) for k in range(count)
         )

@@ -29,6 +29,7 @@ import grpc.aio
 
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import GpuDevice
+from alnair.common.resources import gpu_memory_mib as memory_mib
 from alnair.common.tasks import first_of
 from alnair.deviceplugin import devices as dev
 from alnair.deviceplugin import fswatch
@@ -61,7 +62,6 @@ KUBELET_MAX_MESSAGE_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class PluginConfig:
-    memory_unit_mib: int = 1
     mode: SharingMode = "intercept"
     layout: Layout = field(default_factory=Layout)
 
@@ -73,6 +73,12 @@ def _to_proto(devices: list[dev.Device]) -> pb.ListAndWatchResponse:
         if d.numa_node is not None:
             item.topology.nodes.add(ID=d.numa_node)
     return out
+
+
+def list_message_bytes(devices: list[dev.Device]) -> int:
+    """Size of the ListAndWatch message that carries `devices` (the kubelet refuses more than
+    KUBELET_MAX_MESSAGE_BYTES)."""
+    return int(_to_proto(devices).ByteSize())
 
 
 def _grant_to_proto(grant: Grant) -> pb.ContainerAllocateResponse:
@@ -118,7 +124,7 @@ class ResourcePlugin:
         )
 
     def devices(self, snap: NodeSnapshot) -> list[dev.Device]:
-        return snap.devices(self.resource, self.config.memory_unit_mib)
+        return snap.devices(self.resource)
 
     async def list_and_watch(
         self, request: pb.Empty, context: Any
@@ -139,7 +145,8 @@ class ResourcePlugin:
                 size = message.ByteSize()
                 if size > KUBELET_MAX_MESSAGE_BYTES:
                     log.error(
-                        "device list too large for the kubelet: raise memory_unit_mib",
+                        "device list too large for the kubelet: serve alnair.io/gpu-memory-gib "
+                        "instead of alnair.io/gpu-memory",
                         extra={"resource": self.resource, "bytes": size, "devices": len(devices)},
                     )
                 yield message
@@ -231,7 +238,6 @@ class ResourcePlugin:
     async def _grant_fraction(
         self, snap: NodeSnapshot, ids: list[str], gpus: list[int], found: PodMatch | None
     ) -> Grant:
-        unit = self.config.memory_unit_mib
         if found and found.gpu_indices:
             gpu_index = found.gpu_indices[0]
             placement = "scheduler"
@@ -246,13 +252,14 @@ class ResourcePlugin:
         gpu = self._gpu(snap, gpu_index)
         if len(set(gpus)) > 1 and placement == "kubelet":
             log.warning("fractional units span GPUs", extra={"gpus": sorted(set(gpus))})
-        memory = requests.get(dev.MEMORY)
+        # the exact MiB the pod was granted, in whichever unit its memory resource names
+        memory = int(memory_mib(requests, "container resources"))
         compute = requests.get(dev.COMPUTE)
         grant = grant_fraction(
             uuid=gpu.uuid,
             gpu_index=gpu.index,
             vgpu_id=vgpu_id,
-            memory_mib=memory * unit if memory else None,
+            memory_mib=memory or None,
             compute_pct=compute if compute else None,
             layout=self.config.layout,
             mode=self.config.mode,
@@ -263,7 +270,7 @@ class ResourcePlugin:
                     vgpu_id=vgpu_id,
                     gpu_index=gpu.index,
                     gpu_uuid=gpu.uuid,
-                    memory_mib=memory * unit if memory else None,
+                    memory_mib=memory or None,
                     compute_pct=compute if compute else None,
                     namespace=found.namespace if found else "",
                     pod=found.name if found else "",

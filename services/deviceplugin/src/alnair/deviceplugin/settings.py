@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 
 from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 from alnair.deviceplugin.allocation import Layout
-from alnair.deviceplugin.devices import RESOURCES
+from alnair.deviceplugin.devices import DEFAULT_RESOURCES
 
 
 class DevicePluginSettings(ServiceSettings):
@@ -42,15 +42,16 @@ class DevicePluginSettings(ServiceSettings):
         default="kubelet.sock", description="file name of the kubelet's registration socket"
     )
     resources: list[str] = Field(
-        default_factory=lambda: list(RESOURCES),
-        description="resources to serve, out of nvidia.com/gpu, alnair.io/gpu-memory, "
-        "alnair.io/gpu-compute",
+        default_factory=lambda: list(DEFAULT_RESOURCES),
+        description="resources to serve, out of nvidia.com/gpu, alnair.io/gpu-memory-gib (one "
+        "device per GiB), alnair.io/gpu-memory (one per MiB: only nodes under ~140,000 MiB of "
+        "GPU memory fit the kubelet's message), alnair.io/gpu-compute",
     )
-    memory_unit_mib: int = Field(
-        default=1,
-        ge=1,
-        description="MiB per alnair.io/gpu-memory device; 1 keeps the resource in MiB as the "
-        "scheduler reads it, larger units keep the kubelet's device list small on big nodes",
+    memory_unit_mib: int | None = Field(
+        default=None,
+        description="removed: the memory unit is the resource's name (alnair.io/gpu-memory-gib "
+        "or alnair.io/gpu-memory); setting it is an error so no node advertises units the "
+        "scheduler reads otherwise",
     )
     sharing_mode: Literal["intercept", "mps"] = Field(
         default="intercept",

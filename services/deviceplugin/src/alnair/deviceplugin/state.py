@@ -25,9 +25,9 @@ class NodeSnapshot:
     health: HealthBook = field(default_factory=lambda: HealthBook(""))
     version: int = 0
 
-    def devices(self, resource: str, memory_unit_mib: int = 1) -> list[Device]:
+    def devices(self, resource: str) -> list[Device]:
         flags = [self.health.healthy(g.uuid) for g in self.gpus]
-        return build_devices(resource, self.gpus, flags, memory_unit_mib=memory_unit_mib)
+        return build_devices(resource, self.gpus, flags)
 
     def gpu(self, index: int) -> GpuDevice | None:
         return next((g for g in self.gpus if g.index == index), None)

@@ -201,7 +201,10 @@ def sim_pod(pod: Mapping[str, Any], table: ThroughputTable | None, now: float) -
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
         gpus += _int(limits.get(res.GPU, requests.get(res.GPU)))
-        gpu_mem_req += _quantity(limits.get(res.GPU_MEMORY, requests.get(res.GPU_MEMORY)))
+        gpu_mem_req += sum(
+            _quantity(limits.get(name, requests.get(name))) * unit
+            for name, unit in res.GPU_MEMORY_UNIT_MIB.items()
+        )
         cpu += _quantity(requests.get("cpu", limits.get("cpu", "0")))
         mem += _quantity(requests.get("memory", limits.get("memory", "0"))) / 2**20
     indices = tuple(sorted(parse_index_list(ann.get(res.ANN_GPU_INDICES, ""))))

@@ -113,6 +113,7 @@ def gpu_node_manifest(
         "memory": f"{mem_gib}Gi",
         "pods": "256",
         r.GPU: str(spec.gpus),
+        r.GPU_MEMORY_GIB: str(mem_per_gpu // r.GPU_MEMORY_UNIT_MIB[r.GPU_MEMORY_GIB] * spec.gpus),
         r.GPU_MEMORY: str(mem_per_gpu * spec.gpus),
         r.GPU_COMPUTE: str(100 * spec.gpus),
     }

@@ -110,7 +110,8 @@ class GpuRequest:
     pods: int
     gpus_per_pod: int
     memory_mib_per_pod: int | None = None
-    """Fractional GPU pods: the GPU memory each asks for (`alnair.io/gpu-memory`)."""
+    """Fractional GPU pods: the GPU memory each asks for in MiB (`alnair.io/gpu-memory-gib` x 1024
+    or `alnair.io/gpu-memory`)."""
 
 
 def gpu_request(job: Obj) -> GpuRequest:
@@ -125,18 +126,20 @@ def gpu_request(job: Obj) -> GpuRequest:
     for c, container in enumerate(containers):
         reqs = container.get("resources") or {}
         amounts = {**(reqs.get("requests") or {}), **(reqs.get("limits") or {})}
+        where = f"spec.template.spec.containers[{c}].resources"
         if GPU in amounts:
-            whole += _int(amounts[GPU], f"spec.template.spec.containers[{c}].resources.{GPU}")
-        if res.GPU_MEMORY in amounts:
-            memory += _int(
-                amounts[res.GPU_MEMORY],
-                f"spec.template.spec.containers[{c}].resources.{res.GPU_MEMORY}",
-                minimum=1,
-            )
+            whole += _int(amounts[GPU], f"{where}.{GPU}")
+        # the resource's name is its unit (GiB or MiB)
+        units = {
+            name: _int(amounts[name], f"{where}.{name}", minimum=1)
+            for name in res.GPU_MEMORY_UNIT_MIB
+            if name in amounts
+        }
+        memory += int(res.gpu_memory_mib(units, where))
     if whole and memory:
         raise InvalidValueError(
             "spec.template.spec.containers[].resources",
-            f"{GPU} and {res.GPU_MEMORY}",
+            f"{GPU} and GPU memory",
             "ask for whole GPUs or a fraction, not both",
         )
     if memory:
@@ -146,7 +149,7 @@ def gpu_request(job: Obj) -> GpuRequest:
         raise InvalidValueError(
             "spec.template.spec.containers[].resources",
             0,
-            f"a queued Job must ask for {GPU} or {res.GPU_MEMORY}",
+            f"a queued Job must ask for {GPU}, {res.GPU_MEMORY_GIB} or {res.GPU_MEMORY}",
         )
     return GpuRequest(gpus=pods * whole, pods=pods, gpus_per_pod=whole)
 

@@ -2,7 +2,8 @@
 
 Requests are summed over containers (init containers count with their maximum, as upstream).
 Whole GPUs come from `nvidia.com/gpu`. A fraction comes from `alnair.io/gpu-compute` (percent of
-one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory` (MiB): memory is converted into
+one GPU, 10 milli-GPU per percent) and/or `alnair.io/gpu-memory-gib` (GiB) or `alnair.io/gpu-memory`
+(MiB; the resource's name is its unit, as the device plugin advertises it): memory is converted into
 milli-GPU against the smallest GPU memory among the models the pod accepts, so a fraction never
 asks for less than its memory needs on any GPU it may land on. Asking for both whole and
 fractional GPUs, a fraction over one GPU, an unknown GPU model, a malformed node or pod affinity
@@ -30,7 +31,7 @@ from alnair.scheduler.terms import (
     Toleration,
 )
 
-MODELLED_RESOURCES = frozenset({"cpu", "memory", r.GPU, r.GPU_MEMORY, r.GPU_COMPUTE})
+MODELLED_RESOURCES = frozenset({"cpu", "memory", r.GPU, r.GPU_COMPUTE, *r.GPU_MEMORY_UNIT_MIB})
 """Requests the snapshot accounts itself (GPU fractions as milli-GPU); any other resource a pod
 requests (extended resources, hugepages, ephemeral storage) is an `extra`, checked against
 what the node reports."""
@@ -276,7 +277,11 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
 
     whole = req.get(r.GPU, 0)
     compute = req.get(r.GPU_COMPUTE, 0)
-    memory = req.get(r.GPU_MEMORY, 0)
+    memory_resource = r.gpu_memory_resource(req)
+    try:
+        memory = r.gpu_memory_mib(req, "resources")
+    except InvalidValueError as exc:
+        raise InvalidPodError(exc.field, exc.value, exc.reason) from exc
     if whole != int(whole) or whole < 0:
         raise InvalidPodError(r.GPU, str(whole), "whole GPUs must be a non-negative integer")
     num_gpu, gpu_milli = int(whole), (r.MILLI_PER_GPU if whole else 0)
@@ -291,7 +296,9 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
         smallest = min(candidates)
         if memory > max(candidates):
             raise InvalidPodError(
-                r.GPU_MEMORY, f"{memory}", f"more than one GPU holds ({max(candidates)} MiB)"
+                memory_resource,
+                f"{req[memory_resource]}",
+                f"{memory} MiB is more than one GPU holds ({max(candidates)} MiB)",
             )
         from_memory = math.ceil(float(memory) * r.MILLI_PER_GPU / smallest)
         num_gpu = 1
