@@ -271,7 +271,7 @@ async def test_a_failed_bind_takes_the_claim_back_on_a_node_known_only_by_its_sl
     name = f"draonly{uuid.uuid4().hex[:4]}"
     node = gpu_node_manifest(name, GpuNodeSpec(1, "H100", GPUS))
     for where in ("capacity", "allocatable"):
-        for key in (r.GPU, r.GPU_MEMORY, r.GPU_COMPUTE):
+        for key in (r.GPU, r.GPU_COMPUTE, *r.GPU_MEMORY_UNIT_MIB):
             node["status"][where].pop(key)
     for label in (r.LABEL_GPU_MODEL, r.LABEL_GPU_MEMORY_MIB, r.LABEL_GPU_COUNT):
         node["metadata"]["labels"].pop(label, None)
