@@ -320,3 +320,15 @@ def test_seed_spelled_model_annotations_pick_the_same_workload(table: Throughput
     assert a is not None and b is not None
     assert a.job is not None
     assert b.job == a.job == table.resolve("ResNet-50", 64)
+
+
+@pytest.mark.parametrize("resource", list(res.GPU_MEMORY_UNIT_MIB))
+def test_a_fraction_asked_in_either_memory_unit_sits_on_one_gpu(resource: str) -> None:
+    pod = PodBuilder("frac")
+    pod.obj["spec"]["containers"][0]["resources"]["limits"][resource] = "4"
+    found = sim_pod(pod.obj, None, NOW)
+    assert found is not None
+    assert found.gpus_wanted == 1
+    cpu_only = sim_pod(PodBuilder("cpu").obj, None, NOW)
+    assert cpu_only is not None
+    assert cpu_only.gpus_wanted == 0
