@@ -69,7 +69,12 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.localstack import ControlPlane, ManagedProcess, free_port
-from alnair.common.localstack.controlplane import K8S_VERSION, binary, cache_dir
+from alnair.common.localstack.controlplane import (
+    K8S_VERSION,
+    binary,
+    cache_dir,
+    wait_nodes_ready,
+)
 
 WORKLOADS = (
     "basic",
@@ -602,8 +607,11 @@ async def main_async(args: argparse.Namespace, cp: ControlPlane, work: Path) -> 
                     kube=kube,
                     prefix=f"z{z}",
                     labels={ZONE: f"zone-{z}"},
+                    wait_ready=False,
                 )
                 nodes.update(dict.fromkeys(names, f"zone-{z}"))
+        # KWOK turns thousands of nodes Ready slowly on a busy machine: a timeout that scales
+        await wait_nodes_ready(kube, set(nodes), timeout_s=max(180.0, 0.3 * args.nodes))
         cluster = Cluster(nodes, r.GPU_MODEL_MEMORY_MIB["V100M32"])
         nodes_s = time.monotonic() - t
         for name, value in ((LOW, 100), (HIGH, 100000)):
