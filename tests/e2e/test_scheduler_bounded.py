@@ -1,6 +1,7 @@
 """The scheduler keeps nothing for objects that are gone (issue 16): per-pod decisions of
 deleted pending pods, gang state of deleted PodGroups and measured use of deleted nodes are
-dropped with them, so its memory follows the cluster, not its history.
+dropped with them, so its memory follows the cluster, not its history; the pod shapes that
+tune the placement policy are a window, not every pod ever seen.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -27,8 +29,8 @@ async def eventually(check, timeout_s: float = 30.0) -> None:  # type: ignore[no
             await asyncio.sleep(0.1)
 
 
-@pytest.fixture
-async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+@contextlib.asynccontextmanager
+async def running(kube: KubeClient, **settings: Any) -> AsyncIterator[Scheduler]:
     sched = Scheduler(
         kube,
         SchedulerSettings(
@@ -37,15 +39,24 @@ async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
             initial_backoff_s=0.2,
             max_backoff_s=1.0,
             identity=f"bounded-{uuid.uuid4().hex[:6]}",
+            **settings,
         ),
     )
     await sched.start_watching()
     loop = asyncio.create_task(sched.run())
-    yield sched
-    loop.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await loop
-    await sched.stop()
+    try:
+        yield sched
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        await sched.stop()
+
+
+@pytest.fixture
+async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+    async with running(kube) as sched:
+        yield sched
 
 
 async def test_state_of_deleted_objects_is_dropped(
@@ -86,3 +97,22 @@ async def test_state_of_deleted_objects_is_dropped(
     assert gang not in scheduler.gangs.state and gang not in scheduler.gangs.groups
     await eventually(lambda: not any(k[0] in nodes for k in scheduler.cache.util))
     assert not (uids & set(scheduler.queue.pods))
+
+
+async def test_workload_shapes_are_a_window(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """Every new pending pod's shape tunes the fragmentation-aware policy; only the latest
+    `workload_window` are kept (the soak's scheduler kept all of them: one per job, forever)."""
+    pool = f"w{uuid.uuid4().hex[:5]}"
+    await control_plane.create_gpu_nodes(
+        "1x V100M32:2", kube=kube, prefix=pool, labels={"alnair.io/test-pool": pool}
+    )
+    async with running(kube, workload_window=4) as sched:
+        names = [f"shape-{i}" for i in range(10)]
+        for name in names:
+            # pending for good (8 GPUs on 2-GPU nodes): only the ADDED event counts
+            await kube.create(PODS, make_pod(name, namespace).gpus(8).pool(pool).obj(), namespace)
+        await eventually(lambda: sched._workload_seen >= len(names))
+        assert len(sched._workload) == 4
+        assert [req.name for req in sched._workload] == names[-4:]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 from alnair.common.bus import Bus
 from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
+from alnair.common.memtrace import install as trace_memory
 from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
@@ -32,6 +34,8 @@ async def serve(settings: SchedulerSettings) -> int:
     kube = KubeClient.from_config(
         settings.kubeconfig, max_connections=settings.max_binds_in_flight + 32
     )
+    if settings.tracemalloc_dir:
+        trace_memory(Path(settings.tracemalloc_dir), settings.tracemalloc_frames, "scheduler")
     metrics = SchedulerMetrics()
     scheduler = Scheduler(kube, settings, metrics)
     died = scheduler.died

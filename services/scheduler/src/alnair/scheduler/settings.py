@@ -68,3 +68,12 @@ class SchedulerSettings(ServiceSettings):
     nats_enabled: bool = Field(
         default=True, description="subscribe to GPU health, pod metrics and job events on NATS"
     )
+    tracemalloc_dir: str = Field(
+        default="",
+        description="debug, off when empty: write memory figures (RSS, malloc, objects) here at "
+        "start and on each SIGUSR1, and tracemalloc snapshots when tracemalloc_frames > 0 "
+        "(`python -m alnair.common.memtrace OLD NEW` compares two)",
+    )
+    tracemalloc_frames: int = Field(
+        default=16, ge=0, description="frames kept per traced allocation (0: figures only)"
+    )

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any, Literal
 
 import numpy as np
@@ -125,7 +126,10 @@ class Scheduler:
         self._bind_slots = asyncio.Semaphore(settings.max_binds_in_flight)
         self._binds: set[asyncio.Task[None]] = set()
         self._events: asyncio.Queue[tuple[Obj, EventType, str, str]] = asyncio.Queue(10000)
-        self._workload: list[LivePod] = []
+        self._workload: deque[LivePod] = deque(maxlen=settings.workload_window)
+        """The latest pod shapes, for the fragmentation-aware policies (bounded: the window)."""
+        self._workload_seen = 0
+        """Shapes ever added (the window forgets, the rebuild rule counts)."""
         self._workload_at_build = -1
         self._framework: Framework | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -312,7 +316,7 @@ class Scheduler:
             self.queue.unschedulable.add(uid)
             return
         if old is None and req is not None and not spec.get("resourceClaims"):
-            self._workload.append(req)  # a claim pod joins once its claims are read
+            self._add_shape(req)  # a claim pod joins once its claims are read
         self.queue.add(uid, pod, req, changed=_scheduling_relevant_change(old, pod))
 
     def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
@@ -335,15 +339,19 @@ class Scheduler:
     # --- the cycle -----------------------------------------------------------------------
 
     def framework(self) -> Framework:
-        n = len(self._workload)
+        n = self._workload_seen
         built = self._workload_at_build
         # A profile built before any pod shape was known (claim pods join the workload once
         # placed) is rebuilt as soon as one is.
         if self._framework is None or built <= 0 < n or n >= max(2 * built, 100 + built):
-            recent = self._workload[-self.settings.workload_window :]
+            recent = list(self._workload)
             self._framework = Framework(build_profile(self.settings.policy, recent, self.options))
             self._workload_at_build = n
         return self._framework
+
+    def _add_shape(self, req: LivePod) -> None:
+        self._workload.append(req)
+        self._workload_seen += 1
 
     async def schedule_one(self, entry: QueuedPod) -> None:
         req = entry.request
@@ -378,7 +386,7 @@ class Scheduler:
         self.metrics.attempts.labels(result="scheduled").inc()
         if req is not entry.request and self.dra is not None and entry.uid not in self.dra.typical:
             self.dra.typical.add(entry.uid)  # a claim pod's shape joins once it is placed
-            self._workload.append(req)
+            self._add_shape(req)
         if result.status.code is Code.WAIT and req.gang:
             self.gangs.add_waiting(entry, req, result)
             self.queue.release(entry)
