@@ -116,3 +116,27 @@ async def test_workload_shapes_are_a_window(
         await eventually(lambda: sched._workload_seen >= len(names))
         assert len(sched._workload) == 4
         assert [req.name for req in sched._workload] == names[-4:]
+
+
+async def test_a_rebuilt_profile_leaves_no_derived_data_behind(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """The fragmentation-aware policy caches per-node figures on the snapshot under its plugin
+    instance's key; each rebuilt profile (the workload grew) used to add one more entry for the
+    snapshot's lifetime (the cluster's node set: for good in a steady cluster)."""
+    pool = f"m{uuid.uuid4().hex[:5]}"
+    await control_plane.create_gpu_nodes(
+        "2x V100M32:4", kube=kube, prefix=pool, labels={"alnair.io/test-pool": pool}
+    )
+    async with running(kube, policy="alnair") as sched:
+        for i in range(4):
+            sched._framework = None  # what a grown workload does: a new profile
+            name = f"fit-{i}"
+            await kube.create(PODS, make_pod(name, namespace).gpus(1).pool(pool).obj(), namespace)
+            await eventually(
+                lambda name=name: any(  # type: ignore[misc]
+                    req.name == name for req, _node, _pod in sched.cache.bound.values()
+                )
+            )
+            assert sched.cache.snapshot().memo, "the policy derived nothing: no test"
+            assert len(sched.cache.snapshot().memo) == 1

@@ -3,7 +3,8 @@
 `install(directory, frames, name)` (a service calls it when its `tracemalloc_dir` setting is
 set) writes, at once and then each time the process receives SIGUSR1,
 `<directory>/<name>-<pid>-<n>.json`: resident memory, what glibc's allocator holds
-(`mallinfo2`: bytes in use, bytes free but kept, mmapped), live Python objects and threads; and
+(`mallinfo2`: bytes in use, bytes free but kept, mmapped), live Python objects (the 40 most
+numerous types tracked by the garbage collector) and threads; and
 with `frames` > 0 it also traces Python allocations keeping that many frames each and writes the
 snapshot beside it (`<...>.tracemalloc`). Tracing costs CPU and memory (and its interned
 tracebacks grow while it runs, so RSS under tracing is not the service's own), which is why
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import ctypes
 import gc
@@ -83,12 +85,16 @@ class _MallInfo2(ctypes.Structure):
 
 def memory_figures() -> dict[str, Any]:
     """RSS, glibc's heap (when this is glibc 2.33+), Python objects and threads, now."""
+    objects = gc.get_objects()
+    types = collections.Counter(type(o).__qualname__ for o in objects)
     figures: dict[str, Any] = {
         "time": time.time(),
         "rss_bytes": _rss_bytes(),
-        "gc_objects": len(gc.get_objects()),
+        "gc_objects": len(objects),
+        "gc_types": dict(types.most_common(40)),
         "threads": threading.active_count(),
     }
+    del objects
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = _MallInfo2

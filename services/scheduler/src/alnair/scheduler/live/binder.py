@@ -346,6 +346,7 @@ class Scheduler:
         if self._framework is None or built <= 0 < n or n >= max(2 * built, 100 + built):
             recent = list(self._workload)
             self._framework = Framework(build_profile(self.settings.policy, recent, self.options))
+            self.cache.drop_derived()
             self._workload_at_build = n
         return self._framework
 

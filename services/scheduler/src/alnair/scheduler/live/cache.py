@@ -163,6 +163,12 @@ class SchedulerCache:
         self._memory_table = table
         return table
 
+    def drop_derived(self) -> None:
+        """Forget what plugins derived from the snapshot (`ClusterSnapshot.memo`): a new
+        profile's plugins key their entries anew, the old ones' would stay for good."""
+        if self._snap is not None:
+            self._snap.memo.clear()
+
     def is_placed(self, uid: str) -> bool:
         return uid in self.assumed or uid in self.bound
 
