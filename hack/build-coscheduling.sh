@@ -6,7 +6,13 @@
 # The release is the one nearest our Kubernetes (v1.36.3) that the Go module proxy serves:
 # v0.35.7 (Kubernetes v1.35.7) is listed there but its source zip is refused ("403 This module
 # version is not available"), so v0.34.7, built against Kubernetes v1.34 (its go.mod requires
-# k8s.io/kubernetes v1.34.x). Like
+# k8s.io/kubernetes v1.34.x). On this machine's proxy that build stops too: the zip of
+# k8s.io/csi-translation-lib v0.34.7 (a staging module kube-scheduler v1.34 needs) is refused
+# the same way. Building the v0.34.7 coscheduling plugin against our cached Kubernetes v1.36.3
+# instead fails to compile: its controller-runtime (v0.22.3, and v0.23.3 likewise) lacks
+# `HasSyncedChecker`, which client-go v0.36 added to ResourceEventHandlerRegistration. So
+# `make bench-scheduler` runs its gang workload against plain kube-scheduler when this fails
+# (see docs/notes/issue-18.md). Like
 # k8s.io/kubernetes, scheduler-plugins pins the staging modules with replace directives, which
 # a `go install` ignores; so a throwaway wrapper module requires it and copies its replace
 # block (read from the downloaded go.mod, not hard-coded), as hack/build-control-plane.sh does.
