@@ -38,21 +38,28 @@ TEMPLATE = "gpu-share"
 Obj = dict[str, Any]
 
 
-def node_slice(node: str, node_uid: str) -> Obj:
-    """The ResourceSlice the driver publishes for `node`, with GPU 7 unhealthy (XID 79)."""
-    state = NodeDevices(node)
+def h100_node(name: str, count: int = GPUS) -> NodeDevices:
+    """The driver's state for a node of `count` x 80 GB H100s (two GPUs per PCIe root)."""
+    state = NodeDevices(name)
     gpus = [
         GpuDevice(
             index=i,
-            uuid=f"GPU-{node}-{i}",
+            uuid=f"GPU-{name}-{i}",
             model="H100-SXM5-80GB",
             memory_mib=GPU_MIB,
             compute_capability="9.0",
             numa_node=i // 4,
+            pcie_root=f"pci0000:{i // 2:02x}",
         )
-        for i in range(GPUS)
+        for i in range(count)
     ]
-    state.set_inventory(GpuInventory(node=node, gpus=gpus))
+    state.set_inventory(GpuInventory(node=name, gpus=gpus))
+    return state
+
+
+def node_slice(node: str, node_uid: str) -> Obj:
+    """The ResourceSlice the driver publishes for `node`, with GPU 7 unhealthy (XID 79)."""
+    state = h100_node(node)
     state.apply_health(
         GpuHealthChanged(
             node=node,

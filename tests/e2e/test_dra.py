@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from alnair.common import dra
-from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory
+from alnair.common.events import GpuHealthChanged
 from alnair.common.kube import PODS, Conflict, KubeClient
 from alnair.deviceplugin.draslices import build_slice
-from alnair.deviceplugin.state import NodeDevices
+from dra_support import GPU_MIB, h100_node
 
 pytestmark = pytest.mark.e2e
 
-H100_MIB = 81920
 KUSTOMIZE = Path(__file__).resolve().parents[2] / "deploy" / "kustomize"
 
 
@@ -56,24 +55,6 @@ async def ensure_device_classes(kube: KubeClient, docs: list[dict[str, Any]]) ->
             await kube.create(dra.DEVICECLASSES, doc)
         names.append(doc["metadata"]["name"])
     return names
-
-
-def h100_node(name: str, count: int = 8) -> NodeDevices:
-    state = NodeDevices(name)
-    gpus = [
-        GpuDevice(
-            index=i,
-            uuid=f"GPU-{name}-{i}",
-            model="H100-SXM5-80GB",
-            memory_mib=H100_MIB,
-            compute_capability="9.0",
-            numa_node=i // 4,
-            pcie_root=f"pci0000:{i // 2:02x}",
-        )
-        for i in range(count)
-    ]
-    state.set_inventory(GpuInventory(node=name, gpus=gpus))
-    return state
 
 
 async def test_resource_slice_for_eight_80gb_gpus_is_accepted(kube: KubeClient) -> None:
@@ -241,7 +222,7 @@ async def test_claims_allocated_by_the_scheduler_allocator_pack_without_overcomm
                 )
         assert sorted(compute) == [f"gpu-{i}" for i in range(7)]
         assert all(v <= 100 for v in compute.values())
-        assert all(v <= H100_MIB * (1 << 20) for v in memory.values())
+        assert all(v <= GPU_MIB * (1 << 20) for v in memory.values())
     finally:
         await kube.delete(dra.RESOURCESLICES, dra.slice_name(node))
 
