@@ -11,7 +11,9 @@ serves on this test's event loop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +32,14 @@ from alnair.scheduler.api import build_api
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # requests/urllib3 inside schemathesis can drop a client socket without closing it (seen
+    # once in CI: the ResourceWarning surfaced in a Hypothesis draw, from a connection to the
+    # service under test). It is the test client's socket, not a service's: ignored here,
+    # and `fuzz` collects garbage before it returns so none reaches a later test.
+    pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning"),
+]
 
 EXAMPLES = int(os.environ.get("ALNAIR_API_FUZZ_EXAMPLES", "25"))
 
@@ -59,6 +68,9 @@ def fuzz(base_url: str, headers: dict[str, str] | None = None) -> int:
     with requests.Session() as session:
         for result in schema.get_all_operations():
             sent += fuzz_operation(result.ok(), base_url, headers, session)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "unclosed <socket.socket", ResourceWarning)
+        gc.collect()
     return sent
 
 
