@@ -28,6 +28,9 @@ class SchedulerMetrics:
         self.binds_in_flight = m.gauge("binds_in_flight", "Binding requests in flight")
         self.queue_depth = m.gauge("queue_depth", "Pending pods by queue", ["queue"])
         self.preemptions = m.counter("preemption_victims_total", "Pods evicted by preemption")
+        self.preemption_failures = m.counter(
+            "preemption_failures_total", "Preemptions undone because a victim's delete failed"
+        )
         self.gang_timeouts = m.counter("gang_timeouts_total", "Gangs released after timeout")
         self.events_dropped = m.counter("events_dropped_total", "Events not written (overload)")
         self.reserved_nodes = m.gauge("reserved_nodes", "Nodes reserved for starving pods")

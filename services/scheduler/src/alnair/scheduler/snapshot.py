@@ -39,6 +39,7 @@ from alnair.scheduler.terms import (
 if TYPE_CHECKING:
     from alnair.scheduler.budgets import DisruptionBudgets
     from alnair.scheduler.plugins.coscheduling import GangBook
+    from alnair.scheduler.plugins.preemption import Nominations
     from alnair.scheduler.plugins.reservation import Reservations
 
 IntArray = npt.NDArray[np.int64]
@@ -268,6 +269,9 @@ class ClusterSnapshot:
     """The PodGroups and their pending members (the owner's object, shared)."""
     budgets: DisruptionBudgets | None = None
     """PodDisruptionBudgets that preemption respects (live only; shared)."""
+    nominations: Nominations | None = None
+    """Preemptors waiting for their victims to go, and the victims being deleted (live only;
+    the owner's object, shared)."""
 
     @classmethod
     def build(
@@ -355,6 +359,7 @@ class ClusterSnapshot:
             reservations=self.reservations,
             gangs=self.gangs,
             budgets=self.budgets,
+            nominations=self.nominations,
         )
 
     def model_mask(self, allowed: frozenset[str]) -> BoolArray:

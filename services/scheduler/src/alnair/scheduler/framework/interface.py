@@ -105,6 +105,9 @@ class Nomination:
     gang: str | None = None
     """Set when the victims make room for a whole gang."""
     message: str = ""
+    awaiting: tuple[str, ...] = ()
+    """Pods already being evicted on `node_name` (for another preemptor) whose room, beyond
+    what is promised to the pods nominated there, this pod waits for (live only)."""
 
     def describe(self) -> str:
         text = f"preempting {len(self.victims)} pod(s) on {self.node_name}"

@@ -375,9 +375,10 @@ class Scheduler:
         if result.placement is None:
             self.metrics.attempts.labels(result="unschedulable").inc()
             nomination = result.nomination
-            if nomination is not None and nomination.victims:
+            if nomination is not None and (nomination.victims or nomination.awaiting):
                 await self._preempt(entry, req, result, nomination)
                 return
+            self.cache.nominations.clear(entry.uid)  # no longer waits for any room
             self._unschedulable(entry, result.message())
             if nomination is not None:  # a node held for a starving pod
                 self._emit(entry.obj, "Normal", "NodeReserved", nomination.message)
@@ -506,48 +507,147 @@ class Scheduler:
     async def _preempt(
         self, entry: QueuedPod, req: LivePod, result: ScheduleResult, nomination: Nomination
     ) -> None:
-        """Delete the victims DefaultPreemption chose; the deletions wake the preemptor."""
+        """Act on DefaultPreemption's nomination without waiting for the API server.
+
+        The cycle records the nomination (the victims' room is promised to the pod from now
+        on: `Nominations`), writes the events, parks the pod and hands the nominatedNodeName
+        patch and the victims' deletes to a background write; the next cycle starts at once.
+        The victims' DELETED events wake the pod, as its room frees. Background writes share
+        the Bindings' bound (`max_binds_in_flight`): when that many are in flight the cycle
+        waits for one to end instead of piling more up.
+        """
         if nomination.gang is not None:
             message = nomination.message
             by = f"gang {nomination.gang}"
+            self.cache.nominations.evicting(nomination.victims, nomination.gang)
         else:
-            message = (
-                f"{result.message()} Preempting {len(nomination.victims)} lower-priority pod(s) "
-                f"on {nomination.node_name}"
-                + (
-                    f", {nomination.budget_violations} against a PodDisruptionBudget."
-                    if nomination.budget_violations
-                    else "."
+            if nomination.victims:
+                message = (
+                    f"{result.message()} Preempting {len(nomination.victims)} lower-priority "
+                    f"pod(s) on {nomination.node_name}"
+                    + (
+                        f", {nomination.budget_violations} against a PodDisruptionBudget."
+                        if nomination.budget_violations
+                        else "."
+                    )
                 )
-            )
+            else:
+                message = (
+                    f"{result.message()} Waiting for {len(nomination.awaiting)} pod(s) being "
+                    f"preempted on {nomination.node_name}."
+                )
             by = entry.key
+            self.cache.nominations.nominate(req, nomination.node_name, nomination.victims)
+        if message != entry.last_message:
+            self._emit(entry.obj, "Normal", "Preempting", message)
+            if nomination.gang is None:
+                self._condition(entry.obj, "Unschedulable", message)
         entry.last_message = message
-        self._emit(entry.obj, "Normal", "Preempting", message)
-        if nomination.gang is None:
-            self._condition(entry.obj, "Unschedulable", message)
-            with contextlib.suppress(ApiError):
-                await self.kube.patch(
-                    PODS,
-                    entry.obj["metadata"]["name"],
-                    {"status": {"nominatedNodeName": nomination.node_name}},
-                    entry.obj["metadata"]["namespace"],
-                    sub="status",
-                )
+        victims: list[tuple[str, Obj]] = []
         for uid in nomination.victims:
             victim = self._pod_by_uid(uid)
-            if victim is None:
+            if victim is None:  # gone meanwhile: nothing to delete, nothing in flight
+                self.cache.nominations.stays(uid)
                 continue
-            vm = victim["metadata"]
+            victims.append((uid, victim))
             self._emit(
                 victim, "Normal", "Preempted", f"Preempted by {by} (priority {req.priority})"
             )
-            # Elastic surplus gets its own grace period (SIGTERM, time to checkpoint).
-            grace = None if uid in nomination.graceful else 0
-            with contextlib.suppress(NotFound):
-                await self.kube.delete(PODS, vm["name"], vm["namespace"], grace_period_s=grace)
         self.metrics.preemptions.inc(len(nomination.victims))
         # The victims' deletion events move this pod back to active.
         self.queue.unschedulable_now(entry)
+        status = entry.obj.get("status") or {}
+        patch = nomination.gang is None and status.get("nominatedNodeName") != nomination.node_name
+        if not victims and not patch:
+            return
+        await self._bind_slots.acquire()
+        task = spawn(
+            self._evict(entry, req, nomination, victims, patch),
+            name=f"scheduler.preempt.{entry.key}",
+        )
+        self._binds.add(task)
+        task.add_done_callback(self._binds.discard)
+
+    async def _evict(
+        self,
+        entry: QueuedPod,
+        req: LivePod,
+        nomination: Nomination,
+        victims: list[tuple[str, Obj]],
+        patch: bool,
+    ) -> None:
+        """The API side of a preemption: nominatedNodeName, then every victim's DELETE at once
+        (a 404 is success: the pod is gone). A failed delete ends the nomination, says so in
+        an Event on the preemptor and requeues it, so it is never left waiting for a pod that
+        stays."""
+        try:
+            meta = entry.obj["metadata"]
+            if patch:
+                with contextlib.suppress(ApiError):
+                    await self.kube.patch(
+                        PODS,
+                        meta["name"],
+                        {"status": {"nominatedNodeName": nomination.node_name}},
+                        meta["namespace"],
+                        sub="status",
+                    )
+            outcomes = await asyncio.gather(
+                *(self._delete_victim(uid, v, uid in nomination.graceful) for uid, v in victims),
+                return_exceptions=True,
+            )
+        finally:
+            self._bind_slots.release()
+        failed = [
+            (victims[i][1]["metadata"]["name"], exc)
+            for i, exc in enumerate(outcomes)
+            if isinstance(exc, BaseException)
+        ]
+        if failed:
+            self._preemption_failed(entry, req, nomination, failed)
+
+    async def _delete_victim(self, uid: str, victim: Obj, graceful: bool) -> None:
+        vm = victim["metadata"]
+        try:
+            # Elastic surplus gets its own grace period (SIGTERM, time to checkpoint).
+            await self.kube.delete(
+                PODS, vm["name"], vm["namespace"], grace_period_s=None if graceful else 0
+            )
+        except NotFound:
+            return  # gone already: what the delete was for
+        except BaseException:
+            self.cache.nominations.stays(uid)
+            raise
+
+    def _preemption_failed(
+        self,
+        entry: QueuedPod,
+        req: LivePod,
+        nomination: Nomination,
+        failed: list[tuple[str, BaseException]],
+    ) -> None:
+        names = ", ".join(f"{name} ({exc})" for name, exc in failed)
+        message = (
+            f"Preemption on {nomination.node_name or 'several nodes'} failed: could not delete "
+            f"{names}; nomination cleared, the pod is scheduled again."
+        )
+        log.warning("preemption failed", extra={"pod": entry.key, "victims": names})
+        self.metrics.preemption_failures.inc()
+        self.cache.nominations.clear(req.key)
+        self._release_reservation(req.key)
+        entry.last_message = message
+        self._emit(entry.obj, "Warning", "PreemptionFailed", message)
+        if nomination.gang is None:
+            meta = entry.obj["metadata"]
+            self._writes(
+                self.kube.patch(
+                    PODS,
+                    meta["name"],
+                    {"status": {"nominatedNodeName": None}},
+                    meta["namespace"],
+                    sub="status",
+                )
+            )
+        self.queue.requeue(entry.uid)
 
     def _pod_by_uid(self, uid: str) -> Obj | None:
         bound = self.cache.bound.get(uid)

@@ -38,6 +38,7 @@ from alnair.scheduler.live.pods import (
     placement_annotations,
 )
 from alnair.scheduler.plugins.coscheduling import GangBook
+from alnair.scheduler.plugins.preemption import Nominations
 from alnair.scheduler.plugins.reservation import Reservations
 from alnair.scheduler.snapshot import (
     MAX_GPUS_PER_NODE,
@@ -133,6 +134,10 @@ class SchedulerCache:
         self.reservations = Reservations()
         self.gangs = GangBook()
         self.budgets = DisruptionBudgets()
+        self.nominations = Nominations()
+        """Preemptors waiting for their victims, and victims being deleted (the binder's
+        background deletes): counted by preemption and `NominatedPods`, ended here when the
+        preemptor is placed or either is gone."""
         self.topology: dict[str, Topology] = {}
         """Node name -> GPU link matrix (GpuInventory.topology), when the profiler sent one."""
         self.claims: ClaimView | None = None
@@ -260,6 +265,7 @@ class SchedulerCache:
                 log.warning("bound pod's claims unreadable", extra={"pod": uid, "error": str(exc)})
         assumed = self.assumed.pop(uid, None)
         self.bound[uid] = (req, node, pod)
+        self.nominations.clear(uid)  # placed (by us or by someone else): nothing to promise
         if assumed is not None and assumed[1].node_name == node:
             return  # our own bind landed: the snapshot already holds it
         snap = self._snap
@@ -271,6 +277,7 @@ class SchedulerCache:
 
     def remove_pod(self, uid: str) -> bool:
         """A pod finished or was deleted; returns True if it held resources."""
+        self.nominations.gone(uid)
         held = self.bound.pop(uid, None) is not None
         held = self.assumed.pop(uid, None) is not None or held
         if held and self._snap is not None and uid in self._snap.placed:
@@ -281,6 +288,7 @@ class SchedulerCache:
         snap = self.snapshot()
         snap.assume(pod, placement)
         self.assumed[pod.key] = (pod, placement)
+        self.nominations.clear(pod.key)
 
     def forget(self, uid: str) -> None:
         """Undo an assume (a failed bind, a released gang)."""
@@ -393,6 +401,7 @@ class SchedulerCache:
         snap.reservations = self.reservations
         snap.gangs = self.gangs
         snap.budgets = self.budgets
+        snap.nominations = self.nominations
         snap.topology = self.topology
         snap.pods_cap = np.array([i.pods for i in infos], dtype=np.int64)
         snap.pods_used = np.zeros(len(infos), dtype=np.int64)

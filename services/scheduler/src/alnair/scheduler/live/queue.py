@@ -208,6 +208,15 @@ class SchedulingQueue:
             return
         self.unschedulable.add(entry.uid)
 
+    def requeue(self, uid: str) -> None:
+        """A parked pod must try again (what it waited for will not come): back off, then
+        active. A pod already active, backing off or in its cycle is left as it is."""
+        entry = self.pods.get(uid)
+        if entry is None or uid not in self.unschedulable:
+            return
+        self.unschedulable.discard(uid)
+        self.backoff(entry)
+
     def release(self, entry: QueuedPod) -> None:
         """Hand a pod back without counting an attempt (e.g. it waits in a gang)."""
         self.in_flight.discard(entry.uid)

@@ -29,13 +29,23 @@ member's victims gone and the member placed before the next is considered), so m
 pick the same victim and the gang fits when they are gone. Nothing is evicted unless the whole
 gang then fits. The plugin only nominates: the live binder deletes the victims through the API
 server, the simulator forgets them from its snapshot.
+
+Victims in flight (live): the binder deletes victims in the background while the next cycles
+run, so the snapshot still holds them for a while. `Nominations` (the live cache's, shared with
+every snapshot) records each nominated preemptor with its node and request, and the victims
+being deleted. Upstream's rule for nominated pods holds: a nominated pod's request is counted on
+its nominated node for every pod of lower or equal priority, in Filter (`NominatedPods`) and in
+`select_victims`. Victims already leaving are never chosen again; their room counts as freed,
+minus what is promised to the pods nominated there, so a second preemptor either shares that
+room (a `Nomination` that only `awaiting`s them) or picks other victims, never the same GPUs.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -45,14 +55,94 @@ from alnair.scheduler.budgets import DisruptionBudgets
 from alnair.scheduler.framework.interface import (
     CycleState,
     Filtered,
+    NodeVerdicts,
     Nomination,
     PostFilterResult,
 )
-from alnair.scheduler.framework.status import unschedulable
+from alnair.scheduler.framework.status import SKIP, SUCCESS, Status, unschedulable
 from alnair.scheduler.plugins.coscheduling import clone_member
 from alnair.scheduler.plugins.fit import for_lack_of_room
+from alnair.scheduler.plugins.reservation import REASON as RESERVED
 from alnair.scheduler.plugins.reservation import hold
-from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
+from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, Placement, PodRequest
+
+PROMISED = "Insufficient room: promised to nominated pods"
+"""NominatedPods' Filter reason (an "Insufficient" one: preemption may still help)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nominated:
+    """A preemptor waiting on its nominated node for its victims to go."""
+
+    pod: PodRequest
+    node: str
+    victims: frozenset[str]
+
+
+class Nominations:
+    """Nominated preemptors and the victims being deleted (the live cache's; see the module
+    docstring). Every entry has a removal path: a preemptor's when it is placed, gone, nominated
+    elsewhere or cleared after a failed delete; a victim's when its deletion is seen."""
+
+    def __init__(self) -> None:
+        self.by_pod: dict[str, Nominated] = {}
+        self._by_node: dict[str, dict[str, Nominated]] = {}
+        self.leaving: dict[str, str] = {}
+        """Victim uid -> the preemptor (pod key, or gang) it is deleted for."""
+
+    def __len__(self) -> int:
+        return len(self.by_pod)
+
+    def nominate(self, pod: PodRequest, node: str, victims: Iterable[str] = ()) -> None:
+        """`pod` waits on `node`; `victims` are deleted for it (added to those in flight)."""
+        going = frozenset(victims)
+        previous = self.clear(pod.key)
+        if previous is not None and previous.node == node:
+            going |= previous.victims
+        entry = Nominated(pod, node, going)
+        self.by_pod[pod.key] = entry
+        self._by_node.setdefault(node, {})[pod.key] = entry
+        self.evicting(going, pod.key)
+
+    def evicting(self, victims: Iterable[str], by: str) -> None:
+        """`victims` are being deleted (for a gang: no node is nominated)."""
+        for uid in victims:
+            self.leaving[uid] = by
+
+    def clear(self, key: str) -> Nominated | None:
+        """End `key`'s nomination (its victims still leave: their deletes were sent)."""
+        entry = self.by_pod.pop(key, None)
+        if entry is not None:
+            on_node = self._by_node.get(entry.node)
+            if on_node is not None:
+                on_node.pop(key, None)
+                if not on_node:
+                    del self._by_node[entry.node]
+        return entry
+
+    def stays(self, uid: str) -> None:
+        """`uid`'s delete failed: it is not leaving after all."""
+        self.leaving.pop(uid, None)
+
+    def gone(self, uid: str) -> None:
+        """A pod was deleted or finished: as a victim, as a preemptor."""
+        self.leaving.pop(uid, None)
+        self.clear(uid)
+
+    def on_node(self, node: str) -> Iterable[Nominated]:
+        return self._by_node.get(node, {}).values()
+
+    def nodes(self) -> Iterable[str]:
+        return self._by_node.keys()
+
+    def promised(self, pod: PodRequest, node: str) -> list[PodRequest]:
+        """What is promised on `node` to pods `pod` must leave room for: nominated pods of
+        higher or equal priority (upstream's rule), other than `pod` itself."""
+        return [
+            x.pod
+            for x in self._by_node.get(node, {}).values()
+            if x.pod.key != pod.key and x.pod.priority >= pod.priority
+        ]
 
 
 def _priority(req: PodRequest) -> int:
@@ -84,9 +174,25 @@ def select_victims(
         if req.gang:
             gang_members[req.gang].append((req, placement))
 
+    book = snapshot.nominations
+    leaving_uids = book.leaving if book is not None else {}
     best: tuple[tuple[int, ...], Nomination] | None = None
     for n in candidate_nodes:
-        lower = [(q, p) for q, p in by_node.get(n, []) if _priority(q) < pod.priority]
+        here = by_node.get(n, [])
+        leaving = [(q, p) for q, p in here if q.key in leaving_uids]
+        lower = [
+            (q, p) for q, p in here if _priority(q) < pod.priority and q.key not in leaving_uids
+        ]
+        promised = book.promised(pod, snapshot.names[n]) if book is not None else []
+        if leaving and _fits_without(pod, snapshot, n, leaving, promised):
+            # Room already being freed (for another preemptor) holds this pod too: wait for
+            # it, evict nobody more.
+            nomination = Nomination(
+                node_name=snapshot.names[n], awaiting=tuple(q.key for q, _ in leaving)
+            )
+            if best is None or best[0] > (0,):
+                best = ((0,), nomination)
+            continue
         if not lower:
             continue
         units: dict[str, list[tuple[PodRequest, Placement]]] = {}
@@ -96,7 +202,7 @@ def select_victims(
                 members = gang_members[gang]
                 if any(_priority(m) >= pod.priority for m, _ in members):
                     continue  # the gang cannot go whole: do not touch any member
-                units[f"gang:{gang}"] = members
+                units[f"gang:{gang}"] = [m for m in members if m[0].key not in leaving_uids]
             else:
                 units[q.key] = [(q, p)]
         breaking = _budget_breakers(units, budgets)
@@ -121,7 +227,8 @@ def select_victims(
         chosen: list[str] = []
         for unit_key in order:
             chosen.append(unit_key)
-            if _fits_without(pod, snapshot, n, [m for k in chosen for m in units[k]]):
+            freed = leaving + [m for k in chosen for m in units[k]]
+            if _fits_without(pod, snapshot, n, freed, promised):
                 break
         else:
             continue
@@ -131,11 +238,13 @@ def select_victims(
             chosen, key=lambda k: (k not in breaking, k in surplus, -top[k], surplus.get(k, 0))
         ):
             trial = [k for k in chosen if k != unit_key]
-            if _fits_without(pod, snapshot, n, [m for k in trial for m in units[k]]):
+            freed = leaving + [m for k in trial for m in units[k]]
+            if _fits_without(pod, snapshot, n, freed, promised):
                 chosen = trial
         victims = [m for k in chosen for m in units[k]]
         broken = sum(len(units[k]) for k in chosen if k in breaking)
         cost = (
+            1,  # evicts someone: after every node where room already being freed is enough
             broken,
             int(any(k not in surplus for k in chosen)),
             # Highest ordinals first across nodes too: the lowest surplus ordinal taken is high.
@@ -147,9 +256,10 @@ def select_victims(
         nomination = Nomination(
             node_name=snapshot.names[n],
             victims=tuple(q.key for q, _ in victims),
-            highest_priority=cost[3],
+            highest_priority=cost[4],
             budget_violations=broken,
             graceful=tuple(units[k][0][0].key for k in chosen if k in surplus),
+            awaiting=tuple(q.key for q, _ in leaving),
         )
         if best is None or cost < best[0]:
             best = (cost, nomination)
@@ -175,7 +285,9 @@ def _fits_without(
     snapshot: ClusterSnapshot,
     n: int,
     victims: list[tuple[PodRequest, Placement]],
+    promised: Sequence[PodRequest] = (),
 ) -> bool:
+    """Does `pod` fit on node `n` once `victims` are gone and `promised` pods are placed?"""
     cpu = int(snapshot.cpu_free[n])
     mem = int(snapshot.mem_free[n])
     count = int(snapshot.gpu_count[n])
@@ -190,18 +302,69 @@ def _fits_without(
             # A victim's share of an unhealthy GPU is withheld, not freed.
             if g < count and not (sick is not None and sick[n, g]):
                 gpus[g] += q.gpu_milli
+    for q in promised:
+        cpu -= q.cpu_milli
+        mem -= q.memory_mib
+        if q.num_gpu and not _take_gpus(gpus, q):
+            return False  # more is promised here than the node has: nothing is left
     if cpu < pod.cpu_milli or mem < pod.memory_mib:
         return False
     if n < len(snapshot.pods_cap):
         leaving = [q for q, p in victims if p.node == n]
         if snapshot.extra_shortfall(pod, n, leaving) is not None:
             return False
+        if promised and _promised_shortfall(pod, snapshot, n, leaving, promised):
+            return False
     if pod.num_gpu == 0:
         return True
     return int(np.count_nonzero(gpus >= pod.gpu_milli)) >= pod.num_gpu
 
 
+def _take_gpus(gpus: IntArray, q: PodRequest) -> bool:
+    """Set `q`'s GPUs aside on `gpus` (the fullest that hold it, as a best fit would)."""
+    fitting = np.flatnonzero(gpus >= q.gpu_milli)
+    if len(fitting) < q.num_gpu:
+        return False
+    chosen = fitting[np.argsort(gpus[fitting], kind="stable")[: q.num_gpu]]
+    gpus[chosen] -= q.gpu_milli
+    return True
+
+
+def _promised_shortfall(
+    pod: PodRequest,
+    snapshot: ClusterSnapshot,
+    n: int,
+    leaving: Sequence[PodRequest],
+    promised: Sequence[PodRequest],
+) -> bool:
+    """Do the promised pods take the pod count or another resource `pod` needs on `n`?"""
+    if snapshot.pods_used[n] - len(leaving) + len(promised) + 1 > snapshot.pods_cap[n]:
+        return True
+    for name, amount in pod.extra:
+        room = int(snapshot.extra_room(name)[n])
+        room += sum(dict(q.extra).get(name, 0) for q in leaving)
+        room -= sum(dict(q.extra).get(name, 0) for q in promised)
+        if room < amount:
+            return True
+    return False
+
+
 _NOTHING = PostFilterResult(unschedulable("no preemption helps"))
+
+
+def _shared_held_nodes(pod: PodRequest, snapshot: ClusterSnapshot, filtered: Filtered) -> list[int]:
+    """Nodes held for a nominated preemptor that kept `pod` off: the room being freed there
+    may hold `pod` too (the later filters did not see them: the GPU model is checked here,
+    the room by `select_victims`)."""
+    assert snapshot.nominations is not None
+    held = set(snapshot.nominations.nodes())
+    nodes = [
+        n for n in filtered.nodes_where(lambda why: why == RESERVED) if snapshot.names[n] in held
+    ]
+    if nodes and pod.num_gpu and pod.gpu_models:
+        allowed = snapshot.model_mask(pod.gpu_models)
+        nodes = [n for n in nodes if allowed[n]]
+    return nodes
 
 
 class DefaultPreemption:
@@ -221,6 +384,9 @@ class DefaultPreemption:
         if pod.gang and not filtered.by_reason:
             return self._for_gang(pod, snapshot, state, mins)
         candidates = filtered.nodes_where(for_lack_of_room)
+        book = snapshot.nominations
+        if book is not None and len(book):
+            candidates = sorted({*candidates, *_shared_held_nodes(pod, snapshot, filtered)})
         if not candidates:
             return _NOTHING
         nomination = select_victims(pod, snapshot, candidates, mins, snapshot.budgets)
@@ -274,3 +440,29 @@ class DefaultPreemption:
                 f"its {needed} missing member(s) fit together.",
             ),
         )
+
+
+class NominatedPods:
+    """Filter: a nominated pod's request counts on its nominated node for every pod of lower
+    or equal priority (upstream's rule), so the room its victims free is not taken by others."""
+
+    NAME: ClassVar[str] = "NominatedPods"
+
+    def pre_filter(self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState) -> Status:
+        book = snapshot.nominations
+        return SUCCESS if book is not None and len(book) else SKIP
+
+    def filter(
+        self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
+    ) -> NodeVerdicts:
+        book = snapshot.nominations
+        assert book is not None  # PreFilter skips otherwise
+        refused = [
+            snapshot.node_index(name)
+            for name in book.nodes()
+            if name in snapshot._index
+            and (promised := book.promised(pod, name))
+            and not _fits_without(pod, snapshot, snapshot.node_index(name), [], promised)
+        ]
+        blocked = np.isin(nodes, np.array(refused, dtype=np.int64))
+        return NodeVerdicts(passed=~blocked, failures=((PROMISED, blocked),))

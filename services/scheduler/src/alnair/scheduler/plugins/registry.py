@@ -10,8 +10,9 @@ Names are case-insensitive and accept the paper's spellings (`DotProd`, `BestFit
 `build_profile` is the one way to a runnable profile, for the simulator and the live binder
 alike: the policy's plugins plus the cluster plugins (taints, node and pod affinity, topology
 spread, other resources, node reservations, GPU health, utilization, topology-aware GPUs,
-coscheduling, preemption). On a snapshot without labels, taints, terms, gangs or priorities the
-cluster plugins return SKIP from PreFilter/PreScore, so a trace replays as the policy alone.
+coscheduling, preemption, nominated pods' room). On a snapshot without labels, taints, terms,
+gangs or priorities the cluster plugins return SKIP from PreFilter/PreScore, so a trace replays
+as the policy alone.
 `ProfileOptions` carries what differs: the utilization weight, the starvation guard, the
 clock, and plugins a deployment adds (the live Binding; DRA's DynamicResources at PreFilter,
 Filter, GPU choice, Reserve and PreBind).
@@ -62,7 +63,7 @@ from alnair.scheduler.plugins.node_state import (
     NodeResourcesExtra,
     TopologyAwareGpus,
 )
-from alnair.scheduler.plugins.preemption import DefaultPreemption
+from alnair.scheduler.plugins.preemption import DefaultPreemption, NominatedPods
 from alnair.scheduler.plugins.random_score import RandomScore
 from alnair.scheduler.plugins.reservation import NodeReservation
 from alnair.scheduler.snapshot import PodRequest
@@ -205,11 +206,12 @@ def build_profile(
         if isinstance(f, GpuFit):
             filters.append(health)
         filters.append(f)
-    filters.append(extra)
+    nominated = NominatedPods()
+    filters.extend((extra, nominated))
     filters.extend(opts.filter)
     pre_filters: list[PreFilterPlugin] = [
         *base.pre_filter,
-        *(taints, selector, affinity, pods, spread, reservation, health, extra, gang),
+        *(taints, selector, affinity, pods, spread, reservation, health, extra, nominated, gang),
         *opts.pre_filter,
     ]
     node_affinity, pod_affinity = PreferredNodeAffinity(), PreferredInterPodAffinity()
