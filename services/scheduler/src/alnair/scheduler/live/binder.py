@@ -261,6 +261,8 @@ class Scheduler:
         gang = (meta.get("labels") or {}).get(r.POD_GROUP_LABEL)
         gang_key = f"{meta.get('namespace')}/{gang}" if gang else None
         if event is WatchEvent.DELETED or is_terminal(pod):
+            known = self.cache.bound.get(uid)
+            victim = uid in self.cache.nominations.leaving
             freed = self.cache.remove_pod(uid)
             self.queue.remove(uid)
             if self.dra is not None:
@@ -271,7 +273,7 @@ class Scheduler:
                 self.gangs.member_gone(gang_key, uid)
                 self._podgroup_status(gang_key)
             if freed:
-                self.queue.move_all_to_active()
+                self._room_freed(known[1] if known is not None and victim else None)
             return
         if spec.get("nodeName"):
             self.cache.add_bound(pod)
@@ -318,6 +320,23 @@ class Scheduler:
         if old is None and req is not None and not spec.get("resourceClaims"):
             self._add_shape(req)  # a claim pod joins once its claims are read
         self.queue.add(uid, pod, req, changed=_scheduling_relevant_change(old, pod))
+
+    def _room_freed(self, victim_node: str | None) -> None:
+        """A pod left: every parked pod may fit now. When it was a preemption victim (on
+        `victim_node`), preemptors nominated on other nodes stay parked: their own victims'
+        deletions wake them, and the room here goes to the pods nominated here first. Without
+        this, each victim of a wave of preemptions would send every waiting preemptor through
+        a cycle that only finds its nomination again."""
+        book = self.cache.nominations
+        if victim_node is None or not len(book):
+            self.queue.move_all_to_active()
+            return
+
+        def elsewhere(uid: str) -> bool:
+            nominated = book.by_pod.get(uid)
+            return nominated is not None and nominated.node != victim_node
+
+        self.queue.move_all_to_active(keep=elsewhere)
 
     def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
         if self.cache.set_gpu_health(node, gpu, healthy):
@@ -632,6 +651,7 @@ class Scheduler:
         )
         log.warning("preemption failed", extra={"pod": entry.key, "victims": names})
         self.metrics.preemption_failures.inc()
+        waiting = [x.pod.key for x in self.cache.nominations.on_node(nomination.node_name)]
         self.cache.nominations.clear(req.key)
         self._release_reservation(req.key)
         entry.last_message = message
@@ -648,6 +668,8 @@ class Scheduler:
                 )
             )
         self.queue.requeue(entry.uid)
+        for uid in waiting:  # pods sharing the room that will not be freed: look again
+            self.queue.requeue(uid)
 
     def _pod_by_uid(self, uid: str) -> Obj | None:
         bound = self.cache.bound.get(uid)

@@ -132,11 +132,14 @@ class SchedulingQueue:
         if timer is not None:
             timer.cancel()
 
-    def move_all_to_active(self) -> int:
-        """A cluster event that can make pods fit: give every unschedulable pod another try."""
+    def move_all_to_active(self, keep: Callable[[str], bool] | None = None) -> int:
+        """A cluster event that can make pods fit: give every unschedulable pod another try
+        (but those `keep` says the event cannot help)."""
         self.move_seq += 1
         moved = 0
         for uid in list(self.unschedulable):
+            if keep is not None and keep(uid):
+                continue
             self.unschedulable.discard(uid)
             entry = self.pods.get(uid)
             if entry is not None:
