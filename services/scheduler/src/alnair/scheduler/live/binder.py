@@ -550,10 +550,10 @@ class Scheduler:
                         else "."
                     )
                 )
-            else:
+            else:  # the same words every cycle: one Event and condition, not one per cycle
                 message = (
-                    f"{result.message()} Waiting for {len(nomination.awaiting)} pod(s) being "
-                    f"preempted on {nomination.node_name}."
+                    f"Waiting for {len(nomination.awaiting)} pod(s) being preempted on "
+                    f"{nomination.node_name}."
                 )
             by = entry.key
             self.cache.nominations.nominate(req, nomination.node_name, nomination.victims)
@@ -602,7 +602,7 @@ class Scheduler:
         try:
             meta = entry.obj["metadata"]
             if patch:
-                with contextlib.suppress(ApiError):
+                try:
                     await self.kube.patch(
                         PODS,
                         meta["name"],
@@ -610,6 +610,8 @@ class Scheduler:
                         meta["namespace"],
                         sub="status",
                     )
+                except Exception as exc:  # for users only: the deletes go ahead
+                    log.debug("nominatedNodeName not written", extra={"error": repr(exc)})
             outcomes = await asyncio.gather(
                 *(self._delete_victim(uid, v, uid in nomination.graceful) for uid, v in victims),
                 return_exceptions=True,
