@@ -511,7 +511,11 @@ class Scheduler:
     def _reservations_changed(self, released: bool) -> None:
         self.metrics.reserved_nodes.set(len(self.cache.reservations))
         if released:  # pods kept off the node may fit now
-            self.queue.move_all_to_active()
+            # A released hold frees no room: preemptors waiting for their victims stay parked
+            # (the victims' deletions wake them), or a wave of preemptions would send every
+            # one of them through a cycle each time one of them lands.
+            book = self.cache.nominations
+            self.queue.move_all_to_active(keep=book.by_pod.__contains__ if len(book) else None)
 
     def _release_reservation(self, uid: str) -> None:
         self.cache.reservations.release(uid)

@@ -167,6 +167,12 @@ def select_victims(
     gang_min_member: dict[str, int],
     budgets: DisruptionBudgets | None = None,
 ) -> Nomination | None:
+    book = snapshot.nominations
+    leaving_uids = book.leaving if book is not None else {}
+    if book is not None and leaving_uids:
+        shared = _shared_room(pod, snapshot, candidate_nodes, book)
+        if shared is not None:
+            return shared
     by_node: dict[int, list[tuple[PodRequest, Placement]]] = defaultdict(list)
     gang_members: dict[str, list[tuple[PodRequest, Placement]]] = defaultdict(list)
     for req, placement in snapshot.placed.values():
@@ -174,8 +180,6 @@ def select_victims(
         if req.gang:
             gang_members[req.gang].append((req, placement))
 
-    book = snapshot.nominations
-    leaving_uids = book.leaving if book is not None else {}
     best: tuple[tuple[int, ...], Nomination] | None = None
     for n in candidate_nodes:
         here = by_node.get(n, [])
@@ -184,15 +188,6 @@ def select_victims(
             (q, p) for q, p in here if _priority(q) < pod.priority and q.key not in leaving_uids
         ]
         promised = book.promised(pod, snapshot.names[n]) if book is not None else []
-        if leaving and _fits_without(pod, snapshot, n, leaving, promised):
-            # Room already being freed (for another preemptor) holds this pod too: wait for
-            # it, evict nobody more.
-            nomination = Nomination(
-                node_name=snapshot.names[n], awaiting=tuple(q.key for q, _ in leaving)
-            )
-            if best is None or best[0] > (0,):
-                best = ((0,), nomination)
-            continue
         if not lower:
             continue
         units: dict[str, list[tuple[PodRequest, Placement]]] = {}
@@ -244,7 +239,6 @@ def select_victims(
         victims = [m for k in chosen for m in units[k]]
         broken = sum(len(units[k]) for k in chosen if k in breaking)
         cost = (
-            1,  # evicts someone: after every node where room already being freed is enough
             broken,
             int(any(k not in surplus for k in chosen)),
             # Highest ordinals first across nodes too: the lowest surplus ordinal taken is high.
@@ -256,7 +250,7 @@ def select_victims(
         nomination = Nomination(
             node_name=snapshot.names[n],
             victims=tuple(q.key for q, _ in victims),
-            highest_priority=cost[4],
+            highest_priority=cost[3],
             budget_violations=broken,
             graceful=tuple(units[k][0][0].key for k in chosen if k in surplus),
             awaiting=tuple(q.key for q, _ in leaving),
@@ -264,6 +258,26 @@ def select_victims(
         if best is None or cost < best[0]:
             best = (cost, nomination)
     return best[1] if best else None
+
+
+def _shared_room(
+    pod: PodRequest, snapshot: ClusterSnapshot, candidates: list[int], book: Nominations
+) -> Nomination | None:
+    """Room already being freed (for other preemptors) that holds `pod` too, beyond what is
+    promised there: the pod waits for it and evicts nobody more, which beats any eviction.
+    Only the few nodes with victims in flight are looked at, so most preemptors of a wave
+    cost one node each, not a scan of the cluster."""
+    going: dict[int, list[tuple[PodRequest, Placement]]] = defaultdict(list)
+    for uid in book.leaving:
+        entry = snapshot.placed.get(uid)
+        if entry is not None:
+            going[entry[1].node].append(entry)
+    allowed = set(candidates)
+    for n in sorted(going):
+        name = snapshot.names[n]
+        if n in allowed and _fits_without(pod, snapshot, n, going[n], book.promised(pod, name)):
+            return Nomination(node_name=name, awaiting=tuple(q.key for q, _ in going[n]))
+    return None
 
 
 def _budget_breakers(
@@ -424,6 +438,9 @@ class DefaultPreemption:
                 for uid in nomination.victims:
                     what_if.forget(uid)
                     victims[uid] = uid in nomination.graceful
+                for uid in nomination.awaiting:  # leaving already: their room is counted
+                    if uid in what_if.placed:
+                        what_if.forget(uid)
                 placed = handle.schedule(member, what_if, state.rng, what_if=True)
                 if placed.placement is None:
                     return _NOTHING
