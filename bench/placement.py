@@ -61,6 +61,19 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def at(result: RunResult, point: str) -> float:
+    return result.alloc_pct_by_demand.get(point, float("nan"))
+
+
+def _paired(
+    ours: dict[int, RunResult], fgd: dict[int, RunResult], seeds: list[int], point: str
+) -> dict[str, float]:
+    """Statistics of (policy - FGD) over seeds, same seed paired, and on how many seeds the
+    policy is at or above FGD."""
+    diffs = [at(ours[s], point) - at(fgd[s], point) for s in seeds]
+    return {**_stats(diffs), "seeds_at_or_above": sum(d >= 0 for d in diffs)}
+
+
 def _variants(names: list[str]) -> list[str]:
     chosen: list[str] = []
     for name in names:
@@ -117,9 +130,6 @@ def table(args: argparse.Namespace) -> dict[str, object]:
         variant = next(v for v, path in paths.items() if path == spec.pods)
         runs.setdefault((variant, result.policy), {})[spec.seed] = result
 
-    def at(result: RunResult, point: str) -> float:
-        return result.alloc_pct_by_demand.get(point, float("nan"))
-
     per_variant: dict[str, object] = {}
     headline: dict[str, dict[str, float]] = {}
     for variant in variants:
@@ -128,6 +138,7 @@ def table(args: argparse.Namespace) -> dict[str, object]:
             by_seed = runs[(variant, name)]
             policies[name] = {
                 "alloc_pct": {pt: _stats([at(r, pt) for r in by_seed.values()]) for pt in POINTS},
+                "at_100_by_seed": {str(s): round(at(r, "100"), 4) for s, r in by_seed.items()},
                 "unscheduled_mean": round(
                     statistics.fmean(r.pods - r.placed for r in by_seed.values()), 1
                 ),
@@ -137,10 +148,7 @@ def table(args: argparse.Namespace) -> dict[str, object]:
         if "FGD" in names:
             fgd = runs[(variant, "FGD")]
             entry["minus_fgd"] = {
-                name: {
-                    pt: _stats([at(runs[(variant, name)][s], pt) - at(fgd[s], pt) for s in seeds])
-                    for pt in POINTS
-                }
+                name: {pt: _paired(runs[(variant, name)], fgd, seeds, pt) for pt in POINTS}
                 for name in names
                 if name != "FGD"
             }
