@@ -477,12 +477,18 @@ async def trial(
     listing = await kube.list(PODS, ns, limit=1)
     binds = Binds()
     watcher = asyncio.create_task(binds.follow(kube, ns, listing["metadata"]["resourceVersion"]))
+    evicted_in_batch: int | None = None
     t_start = time.monotonic()
     sched.proc.start()
     try:
         await binds.wait_for(args.pods, sched, watcher, args.timeout_s)
         batch_bound = len(binds.at)
         times = sorted(binds.at.values())
+        if workload == "preemption":
+            # Victims the batch cost: fillers deleted or being deleted when its last pod bound.
+            fillers = (await kube.list(PODS, ns, label_selector="role=filler"))["items"]
+            live = [f for f in fillers if not f["metadata"].get("deletionTimestamp")]
+            evicted_in_batch = len(cluster.nodes) - len(live)
         sent: dict[str, float] = {}
         if steady_pods and batch_bound == args.pods:
             steady: list[asyncio.Task[None]] = []
@@ -523,6 +529,10 @@ async def trial(
         "p99_s": round(v, 4) if (v := pct(latencies, 99)) is not None else None,
         "violations": violations,
     }
+    if evicted_in_batch is not None:
+        result["victims_batch"] = evicted_in_batch
+        left = [p for p in pods if (p["metadata"].get("labels") or {}).get("role") == "filler"]
+        result["victims"] = len(cluster.nodes) - len(left)
     if batch_bound < args.pods or len(latencies) < steady_pods:
         result["violations"].append(
             f"timed out: {batch_bound}/{args.pods} batch, {len(latencies)}/{steady_pods} steady"
@@ -570,6 +580,9 @@ def summarise(
         out[f"{label}_p99_s_range"] = [p99["min"], p99["max"]]
         out[f"{label}_p50_s"] = spread([t["p50_s"] for t in by[label]])["median"]
         out[f"{label}_startup_s"] = spread([t["startup_s"] for t in by[label]])["median"]
+        if workload == "preemption":  # fewest possible: one 8-GPU victim per 8 pods
+            for key in ("victims_batch", "victims"):
+                out[f"{label}_{key}"] = spread([t.get(key) for t in by[label]])["median"]
     # each repetition's pair ran back to back: their ratio cancels slow drifts in machine load
     paired = [
         a_t["pods_per_s"] / k_t["pods_per_s"]
