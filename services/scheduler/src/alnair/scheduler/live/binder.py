@@ -599,27 +599,20 @@ class Scheduler:
         victims: list[tuple[str, Obj]],
         patch: bool,
     ) -> None:
-        """The API side of a preemption: nominatedNodeName, then every victim's DELETE at once
-        (a 404 is success: the pod is gone). A failed delete ends the nomination, says so in
-        an Event on the preemptor and requeues it, so it is never left waiting for a pod that
-        stays."""
+        """The API side of a preemption: every victim's DELETE and the nominatedNodeName patch
+        at once (a 404 is success: the pod is gone). A failed delete ends the nomination, says
+        so in an Event on the preemptor and requeues it, so it is never left waiting for a pod
+        that stays."""
         try:
-            meta = entry.obj["metadata"]
-            if patch:
-                try:
-                    await self.kube.patch(
-                        PODS,
-                        meta["name"],
-                        {"status": {"nominatedNodeName": nomination.node_name}},
-                        meta["namespace"],
-                        sub="status",
-                    )
-                except Exception as exc:  # for users only: the deletes go ahead
-                    log.debug("nominatedNodeName not written", extra={"error": repr(exc)})
+            deletes = [
+                self._delete_victim(uid, v, uid in nomination.graceful) for uid, v in victims
+            ]
             outcomes = await asyncio.gather(
-                *(self._delete_victim(uid, v, uid in nomination.graceful) for uid, v in victims),
+                *deletes,
+                *([self._nominated(entry, nomination)] if patch else []),
                 return_exceptions=True,
             )
+            outcomes = outcomes[: len(deletes)]
         finally:
             self._bind_slots.release()
         failed = [
@@ -629,6 +622,20 @@ class Scheduler:
         ]
         if failed:
             self._preemption_failed(entry, req, nomination, failed)
+
+    async def _nominated(self, entry: QueuedPod, nomination: Nomination) -> None:
+        """Show the nominated node on the pod (for users only: the deletes never wait on it)."""
+        meta = entry.obj["metadata"]
+        try:
+            await self.kube.patch(
+                PODS,
+                meta["name"],
+                {"status": {"nominatedNodeName": nomination.node_name}},
+                meta["namespace"],
+                sub="status",
+            )
+        except Exception as exc:
+            log.debug("nominatedNodeName not written", extra={"error": repr(exc)})
 
     async def _delete_victim(self, uid: str, victim: Obj, graceful: bool) -> None:
         vm = victim["metadata"]
