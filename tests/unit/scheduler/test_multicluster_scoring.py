@@ -151,6 +151,10 @@ def test_a_constraint_names_the_gpu_type_on_any_cluster() -> None:
     ]
 
 
+# The hub's policy: alnair that never preempts across clusters (dispatcher/hub.py).
+HUB_POLICY = queue_policy("alnair", preempt=False, reclaim=False)
+
+
 def test_the_hub_waits_for_a_busy_cluster_when_that_is_predicted_to_end_first() -> None:
     """V100s on `busy` free in 100 s (a running job's predicted end); K80s on `idle` are free
     now. 100 + 1000 s beats 5000 s, so `alnair` holds the job and `score` ranks `busy` first;
@@ -166,15 +170,11 @@ def test_the_hub_waits_for_a_busy_cluster_when_that_is_predicted_to_end_first() 
         spec = JobSpec("ns/r", "q", 4, 0.0, runtime={"busy/v100": RuntimeEstimate.exact(end_s)})
         return RunningJob(spec, "busy/v100", 0.0)
 
-    decisions = queue_policy("alnair").decide(
-        hub_snapshot(0.0, pending, [holder(100.0)], queues, views)
-    )
+    decisions = HUB_POLICY.decide(hub_snapshot(0.0, pending, [holder(100.0)], queues, views))
     assert not decisions.admissions
     assert decisions.waiting["ns/j"].kind == "capacity"
     released = [replace(views[0], releases={"v100": [(100.0, 4)]}), views[1]]
     assert score(pending[0][0], [], released, 0.0)[0].cluster == "busy"
 
-    decisions = queue_policy("alnair").decide(
-        hub_snapshot(0.0, pending, [holder(9000.0)], queues, views)
-    )
+    decisions = HUB_POLICY.decide(hub_snapshot(0.0, pending, [holder(9000.0)], queues, views))
     assert [a.gpu_type for a in decisions.admissions] == ["idle/k80"]

@@ -89,7 +89,8 @@ def snapshot(
     totals = total or free
     return QueueSnapshot(
         now_s=now,
-        pending=[j.obj() for j in pending],
+        # Pending jobs have never run: they have waited since they arrived.
+        pending=[replace(j.obj(), waited_s=max(0.0, now - j.arrival)) for j in pending],
         running=list(running),
         queues=queues or {"q": ClusterQueueSpec("q", {t: FlavorQuota(1000) for t in totals})},
         capacity={t: GpuPool(totals[t], free[t], MEMORY[t]) for t in totals},
@@ -339,8 +340,11 @@ def test_owner_reclaims_borrowed_quota_counting_restart_cost() -> None:
         assert base.preemptions == ()
 
 
-def _running(job: Job, *, start: float = 0.0, preempted: int = 0, **kw: bool) -> RunningJob:
-    return RunningJob(replace(job.obj(), preemptions=preempted), "v100", start, **kw)
+def _running(
+    job: Job, *, start: float = 0.0, preempted: int = 0, waited: float = 0.0, **kw: bool
+) -> RunningJob:
+    spec = replace(job.obj(), preemptions=preempted, waited_s=waited)
+    return RunningJob(spec, "v100", start, **kw)
 
 
 def test_alnair_preempts_a_longer_job_for_a_shorter_one_counting_restart_cost() -> None:
@@ -373,8 +377,8 @@ def test_alnair_preempts_a_longer_job_for_a_shorter_one_counting_restart_cost() 
 @pytest.mark.parametrize(
     ("victim", "why"),
     [
-        (_running(Job("v").runs(v100=10_000), preempted=2), "preempted max_preemptions times"),
-        (_running(Job("v").runs(v100=10_000).at(0)), "waited past max_wait_s"),
+        (_running(Job("v").runs(v100=10_000), preempted=10), "preempted max_preemptions times"),
+        (_running(Job("v").runs(v100=10_000).at(0), waited=1500), "waited past max_wait_s"),
         (RunningJob(JobSpec("v", "q", 1, 0.0, restart_cost_s=10.0), "v100", 0.0), "unknown"),
         (_running(Job("v").on("other").runs(v100=10_000)), "another queue within nominal"),
         (_running(Job("v").runs(v100=10_000)), ""),  # the control: unprotected, preempted
@@ -382,7 +386,7 @@ def test_alnair_preempts_a_longer_job_for_a_shorter_one_counting_restart_cost() 
 )
 def test_alnair_never_preempts_protected_jobs(victim: RunningJob, why: str) -> None:
     queues = {q: ClusterQueueSpec(q, {"v100": FlavorQuota(1)}, cohort="c") for q in ("q", "other")}
-    # The aged case: max_wait_s 1000 and the victim arrived at 0, now is 2000.
+    # The aged case: max_wait_s 1000, and the victim had waited 1500 s when it started.
     now = 2000.0 if "max_wait" in why else 500.0
     short = Job("short").runs(v100=100).at(now)
     snap = snapshot(
@@ -472,9 +476,10 @@ def snapshots(draw: st.DrawFn) -> QueueSnapshot:
         .peak(draw(st.floats(0, 20_000)))
         for index in range(draw(st.integers(0, 12)))
     ]
+    now = draw(st.floats(100, 1000))
     return QueueSnapshot(
-        now_s=draw(st.floats(100, 1000)),
-        pending=[j.obj() for j in pending],
+        now_s=now,
+        pending=[replace(j.obj(), waited_s=now - j.arrival) for j in pending],
         running=running,
         queues=queues,
         capacity={t: GpuPool(total[t], total[t] - used[t], MEMORY[t]) for t in TYPES},

@@ -22,7 +22,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 
 from alnair.common.errors import AlnairError
@@ -169,7 +169,10 @@ def simulate(
     gpu_s_by_team: dict[str, float] = defaultdict(float)
     outcomes: list[JobOutcome] = []
 
-    def spec_of(state: _State) -> JobSpec:
+    def spec_of(state: _State, now: float) -> JobSpec:
+        waited = max(0.0, now - state.job.arrival_s - state.ran_s)
+        if state.spec is not None and state.spec.waited_s != waited:
+            state.spec = replace(state.spec, waited_s=waited)
         if state.spec is None:
             job = state.job
             restart = restart_cost_s if state.runs > 0 else 0.0
@@ -190,6 +193,7 @@ def simulate(
                 peak_memory_mib=job.predicted_peak_mib,
                 restart_cost_s=restart_cost_s,
                 preemptions=state.preempted,
+                waited_s=waited,
             )
         return state.spec
 
@@ -246,7 +250,7 @@ def simulate(
                 break
             snapshot = QueueSnapshot(
                 now_s=now,
-                pending=[spec_of(s) for s in pending.values()],
+                pending=[spec_of(s, now) for s in pending.values()],
                 running=[r.running for r in running.values()],
                 queues=queues,
                 capacity={
@@ -278,7 +282,7 @@ def simulate(
                         "admitted a job that is not pending", job=admission.job_id
                     )
                 state = waiting
-                spec = spec_of(state)
+                spec = spec_of(state, now)
                 gpu_type = admission.gpu_type
                 if admission.gpus != spec.gpus or free.get(gpu_type, 0) < spec.gpus:
                     raise PolicyViolation(

@@ -1,44 +1,53 @@
 """`alnair`: the queueing policy that orders, places and protects jobs by predicted runtime.
 
-What it does that the baselines do not, each for a failure the peers' issue trackers report:
+Each decision re-plans the whole cluster: running and waiting jobs together are placed from
+empty GPUs in one order, and a running job the plan leaves out is preempted (suspended, its
+progress kept as from a checkpoint). The rules, each for a failure the peers' trackers report
+or the Gavel comparison showed:
 
-1. Order: shortest predicted runtime first (on the job's best GPU type), which minimises
-   average completion time; jobs that fit in their queue's nominal quota go before jobs that
-   would borrow, so lending never costs the lender its turn.
-2. GPU type by predicted completion: of the types with room, the fastest; a faster type that
-   is busy is waited for when its predicted completion (predicted release of GPUs + runtime)
-   beats the free type's by `patience` (heterogeneity-aware, as Gavel's policies are).
-3. Bounded waits: a job that has waited `max_wait_s` goes to the front and, if its queue's
-   quota holds it back, keeps that quota (later jobs of the queue start only if predicted to
-   end before the quota frees); if GPUs hold it back, it
-   gets a reservation on the GPU type where it is predicted to complete first, at the time
-   enough GPUs are predicted to be free there (EASY backfilling). Jobs behind it may use that
-   type only if the *upper bound* of their predicted runtime ends before the reservation, or
-   if they fit in the GPUs the reservation leaves over. So an 8-GPU job is not overtaken
-   forever by a stream of small ones (Volcano #3095, KAI #1969).
-4. Memory safety: a type whose GPU memory is below the job's predicted peak is never chosen.
-5. Reclaim: an owner within its nominal quota that is blocked by jobs borrowing its lent
-   quota preempts the cheapest borrowers (least restart cost, latest started), unless the
-   GPUs are predicted to free up by themselves sooner than the restarts would cost.
-6. Shortest remaining time (`preempt`): a job that still cannot start displaces running jobs
-   predicted to need longer than it, by more than their restart cost, on the GPU type where
-   it is predicted to finish first. Swapping the two saves the longer job's remaining time
-   less the shorter one's and the restart, so the exchange is made only when that is
-   positive, and only when the GPUs are not predicted to free by themselves within the
-   restart cost. Never preempted: a job preempted `max_preemptions` times already, a job of
-   unknown runtime, a job that has waited past `max_wait_s` (aging bounds the wait of the
-   long jobs SRPT defers), another queue's job within its nominal quota (a borrower of
-   another queue may be displaced, as in Kueue's `reclaimWithinCohort`), and GPUs reserved
-   for an aged job. The decision is a plain `Preemption` (the dispatcher suspends the Job,
-   the simulator checkpoints it), so this is what Gavel's rounds do, made only where the
-   prediction says it pays.
+1. Order: shortest predicted remaining time first, less a credit for time already spent
+   waiting (`wait_credit` seconds per second waited): `remaining - wait_credit * waited`. A
+   running job's remaining time is reduced by its restart cost, so a waiting job displaces it
+   only when swapping the two saves more than the restart. The credit is the wait bound of
+   the ordering: after waiting `W` a job is ahead of every job predicted to need more than
+   `remaining - wait_credit * W`, so no job waits forever behind a stream of short ones
+   (Volcano #3095, YuniKorn-1185).
+2. Quota first (Kueue's reclaim): GPUs within each queue's nominal quota are planned before
+   any borrowing, so an owner takes its lent quota back from borrowers (`reclaim`), and a
+   running job admitted within its queue's nominal quota is never displaced by another queue.
+3. GPU type by predicted runtime (heterogeneity-aware): the fastest type with room, but never
+   one predicted more than `max_slowdown` times slower than the job's fastest type while the
+   job could wait for a better one; a running job moves to a faster type when that at least
+   halves its remaining time (`migrate_gain`), restart included.
+4. Fill: GPUs still idle once everyone is planned go to waiting jobs on types up to
+   `fill_slowdown` times slower, when their better types are not predicted to free within the
+   restart cost. Such a filler is the first to make room (it is planned last, and moves to a
+   better type as one frees). Gavel's rounds use slow GPUs this way, by time-slicing.
+5. Bounded waits, hard: a job that has waited `max_wait_s` goes ahead of every waiting job
+   (and of running jobs predicted to need longer). If its queue's quota holds it back, it
+   keeps that quota: later jobs of the queue start only if their *upper bound* ends before
+   the quota frees. If GPUs hold it back (jobs that may not be preempted), it gets a
+   reservation on the type where it completes first, at the predicted time enough GPUs free
+   (EASY backfilling: later jobs use that type only when their upper bound ends before the
+   reservation or they fit in what it leaves spare). So an 8-GPU gang is not overtaken
+   forever (KAI #1969).
+6. Memory safety: a type whose GPU memory is below the job's predicted peak is never planned.
+7. Never preempted: a job of unknown runtime (except by reclaim: an owner takes back lent
+   quota whatever the borrower runs), a job already preempted `max_preemptions` times, a job
+   that had waited past `max_wait_s` when it started, another queue's job within its nominal
+   quota. Nothing is preempted when the GPUs the plan needs are predicted to free by
+   themselves within the victims' restart cost. With `preempt=False` no running job moves
+   (the multi-cluster hub, which never preempts across clusters).
+
+The decision is plain `Preemption`s and `Admission`s: the dispatcher suspends and unsuspends
+Jobs, the simulator checkpoints and restarts them. GPUs of preempted jobs are admitted in the
+next decision, once they have stopped (the `Decisions` contract).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from alnair.scheduler.queueing.baselines import best_runtime_s
 from alnair.scheduler.queueing.model import (
     Decisions,
     JobSpec,
@@ -48,19 +57,10 @@ from alnair.scheduler.queueing.model import (
     RunningJob,
     WaitReason,
 )
-from alnair.scheduler.queueing.plan import Options, Plan, fits_memory
-from alnair.scheduler.queueing.quota import QuotaCheck
+from alnair.scheduler.queueing.plan import Plan, fits_memory
+from alnair.scheduler.queueing.quota import QuotaCheck, QuotaLedger
 
 INF = float("inf")
-
-
-@dataclass(slots=True)
-class _Shadow:
-    """A reservation on one GPU type: GPUs are promised at `start_s`; `extra` are spare then."""
-
-    job_id: str
-    start_s: float
-    extra: int
 
 
 def _earliest_free_s(
@@ -80,394 +80,423 @@ def _free_at(free: int, releases: list[tuple[float, int]], at_s: float) -> int:
     return free + sum(count for end_s, count in releases if end_s <= at_s)
 
 
+@dataclass(slots=True)
+class _Item:
+    """One job in the plan: waiting (`run` is None) or running."""
+
+    job: JobSpec
+    run: RunningJob | None
+    remaining_s: float
+    """Predicted remaining time on its fastest safe type (INF when unknown)."""
+    key: float
+    pinned: bool
+    """A running job no other job may displace (rule 7); reclaim may still take a borrower."""
+    aged: bool = False
+    safe: list[str] = field(default_factory=list)
+    """Types the job may use: its constraint, memory, a known runtime where any is known."""
+
+
+def _by_key(item: _Item) -> tuple[float, float, str]:
+    return (item.key, item.job.arrival_s, item.job.id)
+
+
+@dataclass(slots=True)
+class _Shadow:
+    """A reservation on one GPU type: GPUs promised at `start_s`; `extra` are spare then."""
+
+    job_id: str
+    start_s: float
+    extra: int
+
+
+class _Replan:
+    """The working state of one decision: a virtual cluster filled in the policy's order."""
+
+    def __init__(self, policy: Alnair, snapshot: QueueSnapshot) -> None:
+        self.policy = policy
+        self.snapshot = snapshot
+        self.now = snapshot.now_s
+        self.types = list(snapshot.capacity)
+        self.free = {t: pool.total for t, pool in snapshot.capacity.items()}
+        self.ledger = QuotaLedger(snapshot.queues)
+        self.chosen: dict[str, tuple[str, QuotaCheck]] = {}
+        self.protected: dict[tuple[str, str], int] = {}
+        """(type, queue) -> GPUs of that queue's within-nominal runs not yet planned: no other
+        queue's job may be planned onto them."""
+        self.releases: dict[str, list[tuple[float, int]]] = {t: [] for t in self.types}
+        self.shadows: dict[str, _Shadow] = {}
+        self.held: dict[str, tuple[str, float]] = {}
+        self.blocked: dict[str, WaitReason] = {}
+        self.reservations: list[Reservation] = []
+        for run in snapshot.running:
+            if run.gpu_type in self.releases:
+                self.releases[run.gpu_type].append((run.expected_end_s(self.now), run.gpus))
+            if not run.borrowing and run.gpu_type in self.free:
+                key = (run.gpu_type, run.job.queue)
+                self.protected[key] = self.protected.get(key, 0) + run.gpus
+
+    def runtime(self, job: JobSpec, gpu_type: str) -> float:
+        estimate = job.runtime.get(gpu_type)
+        return estimate.expected_s if estimate is not None else INF
+
+    def room(self, item: _Item, gpu_type: str) -> int:
+        """Free GPUs of the type for the item, less what protected runs hold: every other
+        queue's, and for a running borrower its own queue's too (a queue's waiting jobs may
+        displace its own runs, a borrower never displaces a run within the quota)."""
+        borrower = item.run is not None and item.run.borrowing
+        held = sum(
+            gpus
+            for (t, queue), gpus in self.protected.items()
+            if t == gpu_type and (queue != item.job.queue or borrower)
+        )
+        return self.free[gpu_type] - held
+
+    def candidates(self, item: _Item, slowdown: float) -> list[tuple[float, str]]:
+        """(predicted remaining runtime, type) the item may be planned on."""
+        job = item.job
+        fastest = self._fastest(job, item.safe)
+
+        def within(t: str) -> bool:
+            return fastest == INF or self.runtime(job, t) <= slowdown * fastest
+
+        if item.run is None:
+            found = [(self.runtime(job, t), t) for t in item.safe if within(t)]
+            if len(found) < len(item.safe) and fastest < INF and not self.policy.preempt:
+                # Without preemption (no fill, rule 4) a slower type is still taken when it
+                # is predicted to finish sooner than waiting for the faster ones (their
+                # predicted release, then the runtime): the job cannot move later.
+                wait = self.completion_by_waiting(item, [t for _, t in found])
+                found += [
+                    (self.runtime(job, t), t)
+                    for t in item.safe
+                    if not within(t) and self.now + self.runtime(job, t) < wait
+                ]
+            return found
+        current = item.run.gpu_type
+        left = item.run.expected_end_s(self.now) - self.now
+        out: list[tuple[float, str]] = []
+        if within(current) or item.pinned or not self.policy.preempt:
+            out.append((left, current))
+        if not item.pinned and self.policy.preempt and left < INF:
+            fraction = left / self.runtime(job, current)
+            for t in item.safe:
+                if t == current or not within(t):
+                    continue
+                moved = fraction * self.runtime(job, t) + job.restart_cost_s
+                if moved <= self.policy.migrate_gain * left:
+                    out.append((moved, t))
+        return out
+
+    def completion_by_waiting(self, item: _Item, types: list[str]) -> float:
+        """The earliest predicted completion on `types` when started as GPUs free there."""
+        real_free = {t: pool.free for t, pool in self.snapshot.capacity.items()}
+        return min(
+            (
+                _earliest_free_s(self.now, real_free[t], self.releases[t], item.job.gpus)
+                + self.runtime(item.job, t)
+                for t in types
+            ),
+            default=INF,
+        )
+
+    def _fastest(self, job: JobSpec, safe: list[str]) -> float:
+        return min((self.runtime(job, t) for t in safe), default=INF)
+
+    def place(self, item: _Item, *, slowdown: float, nominal_only: bool) -> bool:
+        job = item.job
+        holder = self.held.get(job.queue)
+        options: list[tuple[float, str, QuotaCheck]] = []
+        for runtime, gpu_type in self.candidates(item, slowdown):
+            if self.room(item, gpu_type) < job.gpus:
+                continue
+            check = self.ledger.check(job.queue, gpu_type, job.gpus)
+            if not check.ok or (nominal_only and not check.within_nominal):
+                continue
+            if item.run is None:
+                upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
+                if holder is not None and holder[0] != job.id and self.now + upper > holder[1]:
+                    self.blocked[job.id] = WaitReason(
+                        "reservation",
+                        f"queue {job.queue}'s quota is reserved for {holder[0]}, which has "
+                        "waited longest; this job is not predicted to end before it starts",
+                    )
+                    continue
+                shadow = self.shadows.get(gpu_type)
+                if (
+                    shadow is not None
+                    and shadow.job_id != job.id
+                    and not (self.now + upper <= shadow.start_s or job.gpus <= shadow.extra)
+                ):
+                    self.blocked[job.id] = WaitReason(
+                        "reservation",
+                        f"would delay the reservation of {shadow.job_id}; "
+                        "predicted to end too late",
+                    )
+                    continue
+            options.append((runtime, gpu_type, check))
+        if not options:
+            return False
+        _, gpu_type, check = min(options, key=lambda o: o[0])
+        shadow = self.shadows.get(gpu_type)
+        if item.run is None and shadow is not None and shadow.job_id != job.id:
+            upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
+            if self.now + upper > shadow.start_s:
+                shadow.extra -= job.gpus
+        self.free[gpu_type] -= job.gpus
+        self.ledger.take(job.queue, gpu_type, job.gpus)
+        self.chosen[job.id] = (gpu_type, check)
+        self.blocked.pop(job.id, None)
+        # The queue's own job (waiting, or a run within the quota) uses the room its protected
+        # runs hold.
+        key = (gpu_type, job.queue)
+        if key in self.protected and not (item.run is not None and item.run.borrowing):
+            self.protected[key] = max(0, self.protected[key] - job.gpus)
+        return True
+
+    def hold(self, item: _Item) -> None:
+        """Rule 5 for an aged job that could not be planned: keep its queue's quota, or
+        reserve GPUs on the type where it is predicted to complete first."""
+        job = item.job
+        if job.id in {r.job_id for r in self.reservations}:
+            return
+        quota_bound = all(not self.ledger.check(job.queue, t, job.gpus).ok for t in item.safe)
+        if not quota_bound and any(self.room(item, t) >= job.gpus for t in item.safe):
+            return  # GPUs and quota are there: what held it back passes later in the plan
+        if quota_bound:
+            if job.queue not in self.held:
+                ends = [
+                    run.expected_end_s(self.now)
+                    for run in self.snapshot.running
+                    if run.job.queue == job.queue
+                ]
+                self.held[job.queue] = (job.id, max(ends, default=self.now))
+            return
+        best: tuple[float, float, str] | None = None
+        real_free = {t: pool.free for t, pool in self.snapshot.capacity.items()}
+        for gpu_type in item.safe:
+            if gpu_type in self.shadows:
+                continue
+            start = _earliest_free_s(
+                self.now, real_free[gpu_type], self.releases[gpu_type], job.gpus
+            )
+            runtime = self.runtime(job, gpu_type)
+            end = start + (runtime if runtime < INF else 0.0)
+            if best is None or (end, start) < (best[0], best[1]):
+                best = (end, start, gpu_type)
+        if best is None:
+            return
+        # A start of INF (the holders' runtimes are unknown) still reserves: the GPUs freed on
+        # that type go to this job first, whenever that is.
+        _, start, gpu_type = best
+        spare = _free_at(real_free[gpu_type], self.releases[gpu_type], start) - job.gpus
+        self.shadows[gpu_type] = _Shadow(job.id, start, max(0, spare))
+        self.reservations.append(Reservation(job.id, gpu_type, start))
+
+
 @dataclass(frozen=True)
 class Alnair:
     name: str = "alnair"
     max_wait_s: float = 4 * 3600.0
-    """A job waiting longer than this goes to the front and gets a reservation."""
-    patience: float = 0.8
-    """Wait for a busy faster type when its predicted completion is below this fraction of
-    the best free type's (1.0 waits whenever busy is predicted better; 0 never waits)."""
+    """Rule 5: a job that has waited this long goes first, keeps its quota or reserves GPUs."""
+    wait_credit: float = 0.3
+    """Rule 1: seconds of predicted runtime forgiven per second already waited."""
+    max_slowdown: float = 3.0
+    """Rule 3: never plan a job on a type predicted more than this many times slower than its
+    fastest type, while it could wait for a better one."""
+    fill_slowdown: float = 6.0
+    """Rule 4: idle GPUs go to waiting jobs up to this slowdown (0 turns filling off; so does
+    `preempt=False`, since a filler must be able to make room)."""
+    migrate_gain: float = 0.5
+    """Rule 3: a running job moves to a faster type when that cuts its remaining time, restart
+    included, to at most this fraction."""
     reclaim: bool = True
-    response_ratio: bool = False
-    """Order by predicted runtime over (1 + w * waited / runtime) instead of runtime alone."""
-    response_weight: float = 1.0
-    """Preempt borrowers when an owner within its nominal quota needs its GPUs back."""
+    """Rule 2: owners within their nominal quota are planned before borrowers."""
     preempt: bool = True
-    """Shortest remaining predicted time: a waiting job preempts running jobs predicted to
-    need longer than it by more than their restart cost (rule 6 above)."""
-    max_preemptions: int = 2
-    """A job preempted this many times is not preempted again (rule 6)."""
+    """Whether the plan may preempt running jobs at all (rules 1, 3, 4)."""
+    max_preemptions: int = 10
+    """Rule 7: a job preempted this many times is not preempted again."""
 
     def decide(self, snapshot: QueueSnapshot) -> Decisions:
-        plan = Plan(snapshot, memory_aware=True)
+        plan = _Replan(self, snapshot)
         now = snapshot.now_s
-        types = plan.types
-        releases: dict[str, list[tuple[float, int]]] = {t: [] for t in types}
-        for run in snapshot.running:
-            if run.gpu_type in releases:
-                releases[run.gpu_type].append((run.expected_end_s(now), run.gpus))
-        shadows: dict[str, _Shadow] = {}
+        items = [self._item(plan, job) for job in snapshot.pending]
+        items += [self._running(plan, run) for run in snapshot.running if run.gpu_type in plan.free]
+        order = self._order(items)
+        passes: list[tuple[float, bool]] = []
+        if self.reclaim:
+            passes.append((self.max_slowdown, True))
+        passes.append((self.max_slowdown, False))
+        for slowdown, nominal_only in passes:
+            for item in order:
+                if item.job.id in plan.chosen:
+                    continue
+                placed = plan.place(item, slowdown=slowdown, nominal_only=nominal_only)
+                if not placed and item.aged:
+                    plan.hold(item)
+        if self.fill_slowdown > 0 and self.preempt:  # a filler must be able to make room
+            for item in order:
+                if item.job.id not in plan.chosen and self._may_fill(plan, item):
+                    plan.place(item, slowdown=self.fill_slowdown, nominal_only=False)
+        return self._decisions(plan, order, now)
 
-        def safe_types(job: JobSpec) -> list[str]:
-            return [
-                t
-                for t in job.allowed_types(types)
-                if fits_memory(job, snapshot.capacity[t].memory_mib)
-            ]
+    def _item(self, plan: _Replan, job: JobSpec) -> _Item:
+        safe = self._safe(plan, job)
+        remaining = min((plan.runtime(job, t) for t in safe), default=INF)
+        key = remaining - self.wait_credit * job.waited_s if remaining < INF else INF
+        aged = job.waited_s >= self.max_wait_s
+        return _Item(job, None, remaining, key, pinned=False, aged=aged, safe=safe)
 
-        def within_nominal(job: JobSpec) -> bool:
-            return any(
-                plan.ledger.check(job.queue, t, job.gpus).within_nominal for t in safe_types(job)
-            )
-
-        aged = sorted(
-            (j for j in snapshot.pending if now - j.arrival_s >= self.max_wait_s),
-            key=lambda j: (j.arrival_s, j.id),
+    def _running(self, plan: _Replan, run: RunningJob) -> _Item:
+        job = run.job
+        safe = self._safe(plan, job)
+        left = run.expected_end_s(plan.now) - plan.now
+        remaining = left
+        if left < INF and run.gpu_type in job.runtime:
+            fraction = left / plan.runtime(job, run.gpu_type)
+            moved = [fraction * plan.runtime(job, t) + job.restart_cost_s for t in safe]
+            remaining = min([left, *moved])
+        pinned = (
+            not self.preempt
+            or left == INF
+            or job.preemptions >= self.max_preemptions
+            or job.waited_s >= self.max_wait_s
         )
-        aged_ids = {j.id for j in aged}
+        key = remaining - job.restart_cost_s - self.wait_credit * job.waited_s
+        return _Item(job, run, remaining, key if left < INF else INF, pinned=pinned, safe=safe)
 
-        def urgency(job: JobSpec) -> float:
-            # Shortest predicted runtime first; with `response_ratio`, the runtime is divided by
-            # how long the job has waited relative to it (highest response ratio next), so a
-            # long job's turn comes without a hard wait bound.
-            runtime = best_runtime_s(job, safe_types(job))
-            if not self.response_ratio or runtime == INF:
-                return runtime
-            waited = max(0.0, now - job.arrival_s)
-            return runtime / (1.0 + self.response_weight * waited / runtime)
+    def _safe(self, plan: _Replan, job: JobSpec) -> list[str]:
+        allowed = [
+            t
+            for t in job.allowed_types(plan.types)
+            if fits_memory(job, plan.snapshot.capacity[t].memory_mib)
+        ]
+        known = [t for t in allowed if t in job.runtime]
+        return known or allowed
 
-        rest = sorted(
-            (j for j in snapshot.pending if j.id not in aged_ids),
-            key=lambda j: (not within_nominal(j), urgency(j), j.arrival_s),
-        )
+    def _order(self, items: list[_Item]) -> list[_Item]:
+        """Pinned runs, then runs predicted to end before the aged jobs need them, then aged
+        jobs (longest waiting first), then everyone else by key."""
+        pinned = [i for i in items if i.pinned and i.run is not None]
+        rest = [i for i in items if not (i.pinned and i.run is not None)]
+        aged = sorted((i for i in rest if i.aged), key=lambda i: (-i.job.waited_s, i.job.id))
+        if not aged:
+            return pinned + sorted(rest, key=_by_key)
+        bar = min(i.key for i in aged)
+        ahead = [i for i in rest if i.run is not None and i.key < bar]
+        ahead_ids = {i.job.id for i in ahead} | {i.job.id for i in aged}
+        others = [i for i in rest if i.job.id not in ahead_ids]
+        return pinned + sorted(ahead, key=_by_key) + aged + sorted(others, key=_by_key)
 
-        # An aged job its own queue's quota holds back keeps that quota: later jobs of the same
-        # queue start only if predicted (upper bound) to end before the quota frees for it.
-        held: dict[str, tuple[str, float]] = {}
-        # An owner within its nominal quota that cannot start claims its fastest type back:
-        # borrowers may use that type only if predicted (upper bound) to end before the owner
-        # could start. Jobs sorted as within quota that would borrow after all are deferred
-        # behind every job that stays within quota, so lending never costs the lender its turn.
-        claims: dict[str, tuple[str, float]] = {}
-        order = aged + rest
-        deferred: set[str] = set()
-        position = 0
-        while position < len(order):
-            job = order[position]
-            position += 1
-            options = plan.options(job)
-            startable: list[tuple[str, QuotaCheck, bool]] = []
-            holder = held.get(job.queue)
-            if holder is not None:
-                upper = min(
-                    (e.upper_s for t, e in job.runtime.items() if t in dict(options.now)),
-                    default=INF,
-                )
-                if not (upper < INF and now + upper <= holder[1]):
-                    plan.wait(
-                        job,
-                        WaitReason(
-                            "reservation",
-                            f"queue {job.queue}'s quota is reserved for {holder[0]}, which has "
-                            "waited longest; this job is not predicted to end before it starts",
-                        ),
-                    )
-                    continue
-            for gpu_type, check in options.now:
-                claim = claims.get(gpu_type)
-                if check.borrowing and claim is not None:
-                    estimate = job.runtime.get(gpu_type)
-                    if estimate is None or now + estimate.upper_s > claim[1]:
-                        continue
-                shadow = shadows.get(gpu_type)
-                if shadow is None:
-                    startable.append((gpu_type, check, False))
-                    continue
-                estimate = job.runtime.get(gpu_type)
-                upper = estimate.upper_s if estimate is not None else INF
-                # Backfill only what is predicted to end before the reservation: a job of
-                # unknown runtime cannot be, even when the reservation's start is unknown too.
-                if upper < INF and now + upper <= shadow.start_s:
-                    startable.append((gpu_type, check, False))
-                elif job.gpus <= shadow.extra:
-                    startable.append((gpu_type, check, True))
-            choice = self._choose(job, startable, options, plan, releases)
-            if choice is not None:
-                gpu_type, check, uses_extra = choice
-                if check.borrowing and job.id not in deferred:
-                    deferred.add(job.id)
-                    order.append(job)
-                    continue
-                plan.admit(job, gpu_type, check)
-                if uses_extra:
-                    shadows[gpu_type].extra -= job.gpus
-                runtime = job.runtime.get(gpu_type)
-                releases[gpu_type].append(
-                    (now + (runtime.expected_s if runtime else INF), job.gpus)
-                )
-                continue
-            if job.id in aged_ids and options.allowed:
-                reserved = self._reserve(job, options, plan, releases, shadows)
-                if reserved is not None:
-                    plan.reservations.append(reserved)
-                    plan.wait(
-                        job,
-                        WaitReason(
-                            "capacity",
-                            f"reserved {job.gpus} {reserved.gpu_type} GPUs from "
-                            f"t={reserved.start_s:.0f}s",
-                        ),
-                    )
-                    continue
-            if (
-                job.id in aged_ids
-                and not options.allowed
-                and options.reason is not None
-                and options.reason.kind == "quota"
-                and job.queue not in held
-            ):
-                ends = [
-                    run.expected_end_s(now)
-                    for run in snapshot.running
-                    if run.job.queue == job.queue
-                ]
-                held[job.queue] = (job.id, max(ends, default=now))
-            target = self._reclaim_target(job, options, safe_types(job))
-            if target is not None and target not in claims:
-                claims[target] = (
-                    job.id,
-                    _earliest_free_s(now, plan.free[target], releases[target], job.gpus),
-                )
-            if target is not None and self._reclaim(job, target, plan, releases):
-                # Nobody else may take the reclaimed GPUs before the owner does.
-                shadows[target] = _Shadow(job.id, now, 0)
-                plan.wait(job, WaitReason("quota", f"reclaiming lent {target} GPUs from borrowers"))
-                continue
-            if options.reason is not None:
-                plan.wait(job, options.reason)
-            elif not startable:
-                reserver = next((shadows[t].job_id for t, _ in options.now if t in shadows), "")
-                plan.wait(
-                    job,
-                    WaitReason(
-                        "reservation",
-                        f"would delay the reservation of {reserver}; predicted to end too late",
-                    ),
-                )
-            else:
-                plan.wait(job, WaitReason("capacity", "waiting for a faster GPU type"))
-        if self.preempt:
-            # Who may be preempted at all, longest remaining first per type (a few dozen runs
-            # per type, against hundreds of waiting jobs at a burst: computed once).
-            victims: dict[str, list[tuple[float, RunningJob]]] = {t: [] for t in types}
-            for run in snapshot.running:
-                remaining = run.expected_end_s(now) - now
-                if (
-                    run.gpu_type in victims
-                    and remaining < INF
-                    and run.job.preemptions < self.max_preemptions
-                    and now - run.job.arrival_s < self.max_wait_s
-                ):
-                    victims[run.gpu_type].append((remaining, run))
-            for listed in victims.values():
-                listed.sort(key=lambda v: (-v[0], v[1].job.id))
-            for job in order:
-                reason = plan.waiting.get(job.id)
-                if reason is not None and reason.kind in ("capacity", "quota"):
-                    self._displace(job, plan, releases, shadows, safe_types(job), victims)
-        return plan.decisions()
-
-    def _displace(
-        self,
-        job: JobSpec,
-        plan: Plan,
-        releases: dict[str, list[tuple[float, int]]],
-        shadows: dict[str, _Shadow],
-        safe: list[str],
-        eligible: dict[str, list[tuple[float, RunningJob]]],
-    ) -> bool:
-        """Rule 6: preempt running jobs predicted to need longer than `job` (plus restart).
-        `eligible`: per type, the runs rule 6 allows to preempt, longest remaining first."""
-        now = plan.snapshot.now_s
-        taken = {p.job_id for p in plan.preemptions}
-        known = sorted(
-            (job.runtime[t].expected_s, t) for t in safe if t in job.runtime and t not in shadows
-        )
-        for runtime, gpu_type in known:
-            listed = eligible[gpu_type]
-            if not listed or listed[0][0] <= runtime:
-                continue
-            victims: list[tuple[float, RunningJob]] = []
-            for remaining, run in listed:
-                if remaining <= runtime:
-                    break
-                if run.job.id in taken or remaining <= runtime + run.job.restart_cost_s:
-                    continue
-                if run.job.queue != job.queue and not run.borrowing:
-                    continue
-                victims.append((remaining, run))
-            # Longest remaining first (as listed): each exchange then saves the most.
-            chosen: list[RunningJob] = []
-            freed = 0
-            for _, run in victims:
-                if (
-                    plan.free[gpu_type] + freed >= job.gpus
-                    and plan.ledger.check(job.queue, gpu_type, job.gpus).ok
-                ):
-                    break
-                plan.ledger.release(run.job.queue, gpu_type, run.gpus)
-                chosen.append(run)
-                freed += run.gpus
-            enough = (
-                plan.free[gpu_type] + freed >= job.gpus
-                and plan.ledger.check(job.queue, gpu_type, job.gpus).ok
-            )
-            cost = max((run.job.restart_cost_s for run in chosen), default=0.0)
-            natural = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
-            if not chosen or not enough or natural - now <= cost:
-                for run in chosen:
-                    plan.ledger.take(run.job.queue, gpu_type, run.gpus)
-                continue
-            # The freed GPUs are pledged to `job`: nobody else in this decision counts on them.
-            plan.ledger.take(job.queue, gpu_type, job.gpus)
-            plan.free[gpu_type] += freed - job.gpus
-            for run in chosen:
-                plan.preemptions.append(
-                    Preemption(
-                        run.job.id,
-                        f"{job.id} is predicted to finish in {runtime:.0f}s on {gpu_type}, "
-                        f"before this job's remaining {run.expected_end_s(now) - now:.0f}s",
-                        job.id,
-                    )
-                )
-            plan.wait(job, WaitReason("capacity", f"preempting longer jobs on {gpu_type}"))
-            return True
-        return False
-
-    def _choose(
-        self,
-        job: JobSpec,
-        startable: list[tuple[str, QuotaCheck, bool]],
-        options: Options,
-        plan: Plan,
-        releases: dict[str, list[tuple[float, int]]],
-    ) -> tuple[str, QuotaCheck, bool] | None:
-        if not startable:
-            return None
-
-        def runtime(gpu_type: str) -> float:
-            estimate = job.runtime.get(gpu_type)
-            return estimate.expected_s if estimate is not None else INF
-
-        best = min(startable, key=lambda c: runtime(c[0]))
-        best_now = runtime(best[0])
-        if self.patience <= 0 or best_now == INF:
-            return best
-        now = plan.snapshot.now_s
-        startable_types = {c[0] for c in startable}
-        for gpu_type, _ in options.allowed:
-            if gpu_type in startable_types:
-                continue
-            start = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
-            if start - now + runtime(gpu_type) < self.patience * best_now:
-                return None
-        return best
-
-    def _reserve(
-        self,
-        job: JobSpec,
-        options: Options,
-        plan: Plan,
-        releases: dict[str, list[tuple[float, int]]],
-        shadows: dict[str, _Shadow],
-    ) -> Reservation | None:
-        now = plan.snapshot.now_s
-        best: tuple[float, str, float] | None = None
-        for gpu_type, _ in options.allowed:
-            if gpu_type in shadows:
-                continue
-            start = _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus)
-            estimate = job.runtime.get(gpu_type)
-            end = start + (estimate.expected_s if estimate is not None else 0.0)
-            if best is None or (end, start) < (best[0], best[2]):
-                best = (end, gpu_type, start)
-        if best is None:
-            return None
-        # A start of INF (the holders' runtimes are unknown) still reserves: the GPUs freed on
-        # that type go to this job first, whenever that is.
-        _, gpu_type, start = best
-        spare = _free_at(plan.free[gpu_type], releases[gpu_type], start) - job.gpus
-        shadows[gpu_type] = _Shadow(job.id, start, max(0, spare))
-        return Reservation(job.id, gpu_type, start)
-
-    def _reclaim_target(self, job: JobSpec, options: Options, safe: list[str]) -> str | None:
-        """The type to reclaim for `job`: its fastest safe type, if that one is reclaimable.
-        Reclaiming a slower type would be undone at once by the wait for the faster one."""
-        if not self.reclaim or not options.reclaimable or not safe:
-            return None
-        fastest = min(
-            safe,
-            key=lambda t: job.runtime[t].expected_s if t in job.runtime else INF,
-        )
-        return fastest if fastest in options.reclaimable else None
-
-    def _reclaim(
-        self,
-        job: JobSpec,
-        gpu_type: str,
-        plan: Plan,
-        releases: dict[str, list[tuple[float, int]]],
-    ) -> bool:
-        snapshot = plan.snapshot
-        now = snapshot.now_s
-        queue = snapshot.queues.get(job.queue)
-        if queue is None or queue.cohort is None:
+    def _may_fill(self, plan: _Replan, item: _Item) -> bool:
+        """Rule 4: a job waits for its better types when they free within the restart cost."""
+        if item.remaining_s == INF or item.job.id in plan.blocked:
             return False
-        victims: list[RunningJob] = sorted(
+        if item.run is not None:
+            return not item.pinned
+        real_free = {t: pool.free for t, pool in plan.snapshot.capacity.items()}
+        good = [
+            t
+            for t in item.safe
+            if plan.runtime(item.job, t) <= self.max_slowdown * item.remaining_s
+        ]
+        natural = min(
             (
-                run
-                for run in snapshot.running
-                if run.gpu_type == gpu_type
-                and run.job.queue != job.queue
-                and run.job.queue in snapshot.queues
-                and snapshot.queues[run.job.queue].cohort == queue.cohort
-                and plan.ledger.borrowed(run.job.queue, gpu_type) > 0
-                and run.job.id not in {p.job_id for p in plan.preemptions}
+                _earliest_free_s(plan.now, real_free[t], plan.releases[t], item.job.gpus)
+                for t in good
             ),
-            # Runs above their queue's nominal quota first (an elastic job's surplus before
-            # its guaranteed minimum), then the cheapest to restart, the latest started.
-            key=lambda r: (not r.borrowing, r.job.restart_cost_s, -r.start_s, r.job.id),
+            default=INF,
         )
-        chosen: list[RunningJob] = []
-        freed = 0
-        for victim in victims:
-            if plan.ledger.borrowed(victim.job.queue, gpu_type) <= 0:
+        return natural - plan.now > item.job.restart_cost_s
+
+    def _decisions(self, plan: _Replan, order: list[_Item], now: float) -> Decisions:
+        snapshot = plan.snapshot
+        # Runs the plan leaves out, or plans elsewhere (a move), make room for waiting jobs.
+        dropped: dict[str, list[_Item]] = {}
+        for item in order:
+            run = item.run
+            if run is None or (item.pinned and item.job.id in plan.chosen):
                 continue
-            plan.ledger.release(victim.job.queue, gpu_type, victim.gpus)
-            chosen.append(victim)
-            freed += victim.gpus
-            room = plan.free[gpu_type] + freed >= job.gpus
-            if room and plan.ledger.check(job.queue, gpu_type, job.gpus).ok:
-                break
-        enough = (
-            plan.free[gpu_type] + freed >= job.gpus
-            and plan.ledger.check(job.queue, gpu_type, job.gpus).ok
-        )
-        natural_wait = (
-            _earliest_free_s(now, plan.free[gpu_type], releases[gpu_type], job.gpus) - now
-        )
-        cost = sum(v.job.restart_cost_s * v.gpus for v in chosen)
-        if not enough or cost >= natural_wait * job.gpus:
-            for victim in chosen:
-                plan.ledger.take(victim.job.queue, gpu_type, victim.gpus)
-            return False
-        for victim in chosen:
-            plan.preemptions.append(
-                Preemption(
-                    victim.job.id,
-                    f"queue {job.queue} reclaims {gpu_type} GPUs lent to {victim.job.queue}",
-                    job.id,
+            chosen = plan.chosen.get(item.job.id)
+            if chosen is None or chosen[0] != run.gpu_type:
+                dropped.setdefault(run.gpu_type, []).append(item)
+        takers: dict[str, list[_Item]] = {}
+        for item in order:
+            chosen = plan.chosen.get(item.job.id)
+            if item.run is None and chosen is not None:
+                takers.setdefault(chosen[0], []).append(item)
+        real = Plan(snapshot, memory_aware=True)
+        preemptions: list[Preemption] = []
+        waiting_on: dict[str, str] = {}
+        for gpu_type, victims in dropped.items():
+            first = takers.get(gpu_type, [])
+            moved = [i for i in victims if i.job.id in plan.chosen]
+            out = [i for i in victims if i.job.id not in plan.chosen]
+            if out and first:
+                wanted = sum(i.job.gpus for i in first)
+                natural = _earliest_free_s(
+                    now, real.free[gpu_type], plan.releases[gpu_type], wanted
                 )
+                if natural - now <= max(i.job.restart_cost_s for i in out):
+                    out = []  # the GPUs free by themselves sooner than a restart costs
+            else:
+                out = []  # nobody waits for these GPUs: no reason to stop the job
+            for victim in moved + out:
+                target = plan.chosen.get(victim.job.id)
+                if target is not None:
+                    reason = f"moves to {target[0]}, predicted to finish sooner there"
+                    for_job = victim.job.id
+                else:
+                    assert victim.run is not None
+                    left = victim.run.expected_end_s(now) - now
+                    for_job = first[0].job.id
+                    reason = (
+                        f"{for_job} is predicted to finish sooner on {gpu_type} than this "
+                        f"job's remaining {left:.0f}s"
+                    )
+                preemptions.append(Preemption(victim.job.id, reason, for_job))
+            if out:
+                for taker in first:
+                    waiting_on[taker.job.id] = gpu_type
+        waiting: dict[str, WaitReason] = {}
+        for item in order:
+            job = item.job
+            if item.run is not None:
+                continue
+            chosen = plan.chosen.get(job.id)
+            if chosen is not None:
+                gpu_type = chosen[0]
+                check = real.ledger.check(job.queue, gpu_type, job.gpus)
+                if real.free[gpu_type] >= job.gpus and check.ok:
+                    real.admit(job, gpu_type, check)
+                    continue
+                if job.id in waiting_on:
+                    waiting[job.id] = WaitReason(
+                        "capacity", f"preempting longer jobs on {gpu_type}"
+                    )
+                    continue
+            waiting[job.id] = self._reason(plan, real, item)
+        return Decisions(
+            admissions=tuple(real.admissions),
+            preemptions=tuple(preemptions),
+            reservations=tuple(plan.reservations),
+            waiting=waiting,
+        )
+
+    def _reason(self, plan: _Replan, real: Plan, item: _Item) -> WaitReason:
+        job = item.job
+        reservation = next((r for r in plan.reservations if r.job_id == job.id), None)
+        if reservation is not None:
+            return WaitReason(
+                "capacity",
+                f"reserved {job.gpus} {reservation.gpu_type} GPUs from "
+                f"t={reservation.start_s:.0f}s",
             )
-        return True
+        if job.id in plan.blocked:
+            return plan.blocked[job.id]
+        options = real.options(job)
+        if options.reason is not None:
+            return options.reason
+        return WaitReason(
+            "capacity",
+            "waiting for a faster GPU type or behind jobs predicted to finish sooner",
+        )

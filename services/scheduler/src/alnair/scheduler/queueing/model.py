@@ -87,6 +87,9 @@ class JobSpec:
     peak_memory_mib: float | None = None
     restart_cost_s: float = 0.0
     preemptions: int = 0
+    waited_s: float = 0.0
+    """Seconds spent waiting (not running) since arrival: up to the snapshot for a pending job,
+    up to the start of its current run for a running one. Policies age jobs by it."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -96,6 +99,7 @@ class JobSpec:
         _nonnegative("arrival_s", self.arrival_s, f"job {self.id}")
         _nonnegative("restart_cost_s", self.restart_cost_s, f"job {self.id}")
         _nonnegative("preemptions", self.preemptions, f"job {self.id}")
+        _nonnegative("waited_s", self.waited_s, f"job {self.id}")
         if self.peak_memory_mib is not None:
             _nonnegative("peak_memory_mib", self.peak_memory_mib, f"job {self.id}")
 
