@@ -51,6 +51,7 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_BORROWING,
     ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
+    ANN_RAN,
     ANN_SELECTED_TYPE,
     ANN_TRIAL,
     LABEL_QUEUE,
@@ -269,7 +270,11 @@ class Dispatcher(ReconcileLoop):
             state.prediction = None
         return state.prediction
 
-    def _job_spec(self, wl: Workload, cq: str, state: JobState, arrival_s: float) -> JobSpec:
+    def _job_spec(
+        self, wl: Workload, cq: str, state: JobState, arrival_s: float, until_s: float
+    ) -> JobSpec:
+        """The job as the policy sees it; `until_s` is now for a waiting job and the start of
+        its current run for a running one (its wait is the time since arrival not run)."""
         prediction = state.prediction
         peak = prediction.peak_memory_mib if prediction else None
         if wl.request.memory_mib_per_pod is not None and peak is not None:
@@ -290,6 +295,7 @@ class Dispatcher(ReconcileLoop):
             peak_memory_mib=peak,
             restart_cost_s=wl.restart_cost_s,
             preemptions=_preemption_count(wl),
+            waited_s=max(0.0, until_s - arrival_s - _ran_s(wl)),
         )
 
     def _cluster_queue_of(self, wl: Workload) -> str | None:
@@ -347,7 +353,9 @@ class Dispatcher(ReconcileLoop):
                 state.admitted_type = admitted
                 queue = cq or ""
                 start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
-                spec = self._job_spec(wl, queue, state, _epoch(meta.get("creationTimestamp")))
+                spec = self._job_spec(
+                    wl, queue, state, _epoch(meta.get("creationTimestamp")), start
+                )
                 running.append(
                     RunningJob(
                         job=spec,
@@ -407,6 +415,7 @@ class Dispatcher(ReconcileLoop):
                     state.cluster_queue,
                     state,
                     _epoch(wl.obj["metadata"].get("creationTimestamp")),
+                    now,
                 )
             )
 
@@ -607,6 +616,10 @@ class Dispatcher(ReconcileLoop):
     async def _preempt(self, wl: Workload, reason: str, for_job: str) -> None:
         meta = wl.obj["metadata"]
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        # The time this run lasted joins the job's run time, so its wait (for the policy's
+        # wait credit and bound) counts only time not running.
+        started = wl.annotations.get(ANN_ADMITTED_AT)
+        ran = _ran_s(wl) + (max(0.0, time.time() - float(started)) if started else 0.0)
         # Only `suspend`: the API server refuses template changes on a Job that has started.
         # Our node selector stays (recorded in ANN_SELECTED_TYPE, so it is not read as the
         # user's constraint) and is overwritten by the next admission.
@@ -616,6 +629,7 @@ class Dispatcher(ReconcileLoop):
                 "resourceVersion": meta["resourceVersion"],
                 "annotations": {
                     ANN_PREEMPTIONS: str(count),
+                    ANN_RAN: f"{ran:.0f}",
                     ANN_ADMITTED_TYPE: None,
                     ANN_ADMITTED_AT: None,
                     ANN_BORROWING: None,
@@ -868,6 +882,16 @@ class Dispatcher(ReconcileLoop):
                 }
             )
         return out
+
+
+def _ran_s(wl: Workload) -> float:
+    """Seconds the job ran in runs the dispatcher preempted (its own annotation; a value
+    edited into nonsense counts as 0)."""
+    try:
+        ran = float(wl.annotations.get(ANN_RAN, "0") or 0)
+    except ValueError:
+        return 0.0
+    return ran if math.isfinite(ran) and ran >= 0 else 0.0
 
 
 def _preemption_count(wl: Workload) -> int:

@@ -187,6 +187,11 @@ class _Replan:
                     out.append((moved, t))
         return out
 
+    def _ends_by(self, upper_s: float, at_s: float) -> bool:
+        """A job started now is predicted (upper bound) to end by `at_s`; a job of unknown
+        runtime never is, even when `at_s` is unknown (INF) too."""
+        return upper_s < INF and self.now + upper_s <= at_s
+
     def completion_by_waiting(self, item: _Item, types: list[str]) -> float:
         """The earliest predicted completion on `types` when started as GPUs free there."""
         real_free = {t: pool.free for t, pool in self.snapshot.capacity.items()}
@@ -214,7 +219,11 @@ class _Replan:
                 continue
             if item.run is None:
                 upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
-                if holder is not None and holder[0] != job.id and self.now + upper > holder[1]:
+                if (
+                    holder is not None
+                    and holder[0] != job.id
+                    and not self._ends_by(upper, holder[1])
+                ):
                     self.blocked[job.id] = WaitReason(
                         "reservation",
                         f"queue {job.queue}'s quota is reserved for {holder[0]}, which has "
@@ -225,7 +234,7 @@ class _Replan:
                 if (
                     shadow is not None
                     and shadow.job_id != job.id
-                    and not (self.now + upper <= shadow.start_s or job.gpus <= shadow.extra)
+                    and not (self._ends_by(upper, shadow.start_s) or job.gpus <= shadow.extra)
                 ):
                     self.blocked[job.id] = WaitReason(
                         "reservation",
@@ -240,7 +249,7 @@ class _Replan:
         shadow = self.shadows.get(gpu_type)
         if item.run is None and shadow is not None and shadow.job_id != job.id:
             upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
-            if self.now + upper > shadow.start_s:
+            if not self._ends_by(upper, shadow.start_s):
                 shadow.extra -= job.gpus
         self.free[gpu_type] -= job.gpus
         self.ledger.take(job.queue, gpu_type, job.gpus)
