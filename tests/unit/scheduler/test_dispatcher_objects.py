@@ -137,3 +137,18 @@ def test_a_predictor_answer_maps_onto_node_gpu_models() -> None:
 def test_malformed_predictor_answers_never_admit(bad: Any) -> None:
     with pytest.raises(PredictionError):
         to_prediction(bad, 2, ["V100M32"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "ran"), [(None, 0.0), ("3600", 3600.0), ("soon", 0.0), ("-5", 0.0), ("inf", 0.0)]
+)
+def test_the_time_a_preempted_job_ran_is_read_from_its_annotation(
+    raw: str | None, ran: float
+) -> None:
+    """`alnair.io/ran-s` (written at each preemption) is what the policy subtracts to age a job
+    by the time it waited; an edited, unreadable or negative value counts as nothing run."""
+    from alnair.scheduler.dispatcher.controller import _ran_s
+    from alnair.scheduler.dispatcher.objects import ANN_RAN
+
+    annotations = {} if raw is None else {ANN_RAN: raw}
+    assert _ran_s(parse_workload(job(annotations=annotations), 60.0)) == ran
