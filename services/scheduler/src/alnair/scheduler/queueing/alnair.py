@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from alnair.scheduler.queueing.baselines import best_runtime_s
 from alnair.scheduler.queueing.model import (
     Decisions,
     JobSpec,
@@ -118,6 +119,9 @@ class _Replan:
         self.now = snapshot.now_s
         self.types = list(snapshot.capacity)
         self.free = {t: pool.total for t, pool in snapshot.capacity.items()}
+        """The plan's GPUs: all of them, filled as jobs are planned."""
+        self.real_free = {t: pool.free for t, pool in snapshot.capacity.items()}
+        """The cluster's free GPUs now: where predicted starts are counted from."""
         self.ledger = QuotaLedger(snapshot.queues)
         self.chosen: dict[str, tuple[str, QuotaCheck]] = {}
         self.protected: dict[tuple[str, str], int] = {}
@@ -134,6 +138,14 @@ class _Replan:
             if not run.borrowing and run.gpu_type in self.free:
                 key = (run.gpu_type, run.job.queue)
                 self.protected[key] = self.protected.get(key, 0) + run.gpus
+
+    def start_s(self, gpu_type: str, gpus: int) -> float:
+        """When `gpus` GPUs of the type are predicted free, from now and the runs' ends."""
+        return _earliest_free_s(self.now, self.real_free[gpu_type], self.releases[gpu_type], gpus)
+
+    def upper_s(self, job: JobSpec, gpu_type: str) -> float:
+        estimate = job.runtime.get(gpu_type)
+        return estimate.upper_s if estimate is not None else INF
 
     def runtime(self, job: JobSpec, gpu_type: str) -> float:
         estimate = job.runtime.get(gpu_type)
@@ -154,7 +166,7 @@ class _Replan:
     def candidates(self, item: _Item, slowdown: float) -> list[tuple[float, str]]:
         """(predicted remaining runtime, type) the item may be planned on."""
         job = item.job
-        fastest = self._fastest(job, item.safe)
+        fastest = best_runtime_s(job, item.safe)
 
         def within(t: str) -> bool:
             return fastest == INF or self.runtime(job, t) <= slowdown * fastest
@@ -194,18 +206,10 @@ class _Replan:
 
     def completion_by_waiting(self, item: _Item, types: list[str]) -> float:
         """The earliest predicted completion on `types` when started as GPUs free there."""
-        real_free = {t: pool.free for t, pool in self.snapshot.capacity.items()}
         return min(
-            (
-                _earliest_free_s(self.now, real_free[t], self.releases[t], item.job.gpus)
-                + self.runtime(item.job, t)
-                for t in types
-            ),
+            (self.start_s(t, item.job.gpus) + self.runtime(item.job, t) for t in types),
             default=INF,
         )
-
-    def _fastest(self, job: JobSpec, safe: list[str]) -> float:
-        return min((self.runtime(job, t) for t in safe), default=INF)
 
     def place(self, item: _Item, *, slowdown: float, nominal_only: bool) -> bool:
         job = item.job
@@ -218,7 +222,7 @@ class _Replan:
             if not check.ok or (nominal_only and not check.within_nominal):
                 continue
             if item.run is None:
-                upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
+                upper = self.upper_s(job, gpu_type)
                 if (
                     holder is not None
                     and holder[0] != job.id
@@ -247,10 +251,13 @@ class _Replan:
             return False
         _, gpu_type, check = min(options, key=lambda o: o[0])
         shadow = self.shadows.get(gpu_type)
-        if item.run is None and shadow is not None and shadow.job_id != job.id:
-            upper = job.runtime[gpu_type].upper_s if gpu_type in job.runtime else INF
-            if not self._ends_by(upper, shadow.start_s):
-                shadow.extra -= job.gpus
+        if (
+            item.run is None
+            and shadow is not None
+            and shadow.job_id != job.id
+            and not self._ends_by(self.upper_s(job, gpu_type), shadow.start_s)
+        ):
+            shadow.extra -= job.gpus  # it runs past the reservation: it uses the spare GPUs
         self.free[gpu_type] -= job.gpus
         self.ledger.take(job.queue, gpu_type, job.gpus)
         self.chosen[job.id] = (gpu_type, check)
@@ -281,13 +288,10 @@ class _Replan:
                 self.held[job.queue] = (job.id, max(ends, default=self.now))
             return
         best: tuple[float, float, str] | None = None
-        real_free = {t: pool.free for t, pool in self.snapshot.capacity.items()}
         for gpu_type in item.safe:
             if gpu_type in self.shadows:
                 continue
-            start = _earliest_free_s(
-                self.now, real_free[gpu_type], self.releases[gpu_type], job.gpus
-            )
+            start = self.start_s(gpu_type, job.gpus)
             runtime = self.runtime(job, gpu_type)
             end = start + (runtime if runtime < INF else 0.0)
             if best is None or (end, start) < (best[0], best[1]):
@@ -297,7 +301,7 @@ class _Replan:
         # A start of INF (the holders' runtimes are unknown) still reserves: the GPUs freed on
         # that type go to this job first, whenever that is.
         _, start, gpu_type = best
-        spare = _free_at(real_free[gpu_type], self.releases[gpu_type], start) - job.gpus
+        spare = _free_at(self.real_free[gpu_type], self.releases[gpu_type], start) - job.gpus
         self.shadows[gpu_type] = _Shadow(job.id, start, max(0, spare))
         self.reservations.append(Reservation(job.id, gpu_type, start))
 
@@ -327,30 +331,26 @@ class Alnair:
 
     def decide(self, snapshot: QueueSnapshot) -> Decisions:
         plan = _Replan(self, snapshot)
-        now = snapshot.now_s
         items = [self._item(plan, job) for job in snapshot.pending]
         items += [self._running(plan, run) for run in snapshot.running if run.gpu_type in plan.free]
         order = self._order(items)
-        passes: list[tuple[float, bool]] = []
-        if self.reclaim:
-            passes.append((self.max_slowdown, True))
-        passes.append((self.max_slowdown, False))
-        for slowdown, nominal_only in passes:
+        # With reclaim, a first pass plans only what fits within each queue's nominal quota.
+        for nominal_only in (True, False) if self.reclaim else (False,):
             for item in order:
                 if item.job.id in plan.chosen:
                     continue
-                placed = plan.place(item, slowdown=slowdown, nominal_only=nominal_only)
+                placed = plan.place(item, slowdown=self.max_slowdown, nominal_only=nominal_only)
                 if not placed and item.aged:
                     plan.hold(item)
         if self.fill_slowdown > 0 and self.preempt:  # a filler must be able to make room
             for item in order:
                 if item.job.id not in plan.chosen and self._may_fill(plan, item):
                     plan.place(item, slowdown=self.fill_slowdown, nominal_only=False)
-        return self._decisions(plan, order, now)
+        return self._decisions(plan, order)
 
     def _item(self, plan: _Replan, job: JobSpec) -> _Item:
         safe = self._safe(plan, job)
-        remaining = min((plan.runtime(job, t) for t in safe), default=INF)
+        remaining = best_runtime_s(job, safe)
         key = remaining - self.wait_credit * job.waited_s if remaining < INF else INF
         aged = job.waited_s >= self.max_wait_s
         return _Item(job, None, remaining, key, pinned=False, aged=aged, safe=safe)
@@ -402,23 +402,16 @@ class Alnair:
             return False
         if item.run is not None:
             return not item.pinned
-        real_free = {t: pool.free for t, pool in plan.snapshot.capacity.items()}
         good = [
             t
             for t in item.safe
             if plan.runtime(item.job, t) <= self.max_slowdown * item.remaining_s
         ]
-        natural = min(
-            (
-                _earliest_free_s(plan.now, real_free[t], plan.releases[t], item.job.gpus)
-                for t in good
-            ),
-            default=INF,
-        )
+        natural = min((plan.start_s(t, item.job.gpus) for t in good), default=INF)
         return natural - plan.now > item.job.restart_cost_s
 
-    def _decisions(self, plan: _Replan, order: list[_Item], now: float) -> Decisions:
-        snapshot = plan.snapshot
+    def _decisions(self, plan: _Replan, order: list[_Item]) -> Decisions:
+        snapshot, now = plan.snapshot, plan.now
         # Runs the plan leaves out, or plans elsewhere (a move), make room for waiting jobs.
         dropped: dict[str, list[_Item]] = {}
         for item in order:
@@ -441,10 +434,7 @@ class Alnair:
             moved = [i for i in victims if i.job.id in plan.chosen]
             out = [i for i in victims if i.job.id not in plan.chosen]
             if out and first:
-                wanted = sum(i.job.gpus for i in first)
-                natural = _earliest_free_s(
-                    now, real.free[gpu_type], plan.releases[gpu_type], wanted
-                )
+                natural = plan.start_s(gpu_type, sum(i.job.gpus for i in first))
                 if natural - now <= max(i.job.restart_cost_s for i in out):
                     out = []  # the GPUs free by themselves sooner than a restart costs
             else:
