@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import PODS, PRIORITYCLASSES, Conflict, KubeClient
+from alnair.common.kube import PODS, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.elastic.app import Running as ElasticRunning
 from alnair.elastic.app import start as start_elastic
@@ -58,18 +58,6 @@ async def start_controller(
         **kw,
     )
     return await start_elastic(settings, kube=cp.client())
-
-
-async def priority_classes(kube: KubeClient, prefix: str) -> tuple[str, str]:
-    names = (f"{prefix}-low", f"{prefix}-high")
-    for name, value in zip(names, (10, 1000), strict=True):
-        with contextlib.suppress(Conflict):
-            await kube.create(
-                PRIORITYCLASSES,
-                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                 "metadata": {"name": name}, "value": value},
-            )  # fmt: skip
-    return names
 
 
 def elastic_job(

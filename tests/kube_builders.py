@@ -1,10 +1,27 @@
-"""Fluent builders for pods and PodGroups in tests: `make_pod("a").gpus(2).obj()`."""
+"""Fluent builders for pods and PodGroups in tests: `make_pod("a").gpus(2).obj()`; and the
+PriorityClasses the preemption tests share."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from alnair.common import resources as r
+from alnair.common.kube import PRIORITYCLASSES, Conflict, KubeClient
+
+
+async def priority_classes(kube: KubeClient, prefix: str) -> tuple[str, str]:
+    """PriorityClasses `<prefix>-low` (10) and `<prefix>-high` (1000), created if missing;
+    returns their names."""
+    names = (f"{prefix}-low", f"{prefix}-high")
+    for name, value in zip(names, (10, 1000), strict=True):
+        with contextlib.suppress(Conflict):
+            await kube.create(
+                PRIORITYCLASSES,
+                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                 "metadata": {"name": name}, "value": value},
+            )  # fmt: skip
+    return names
 
 
 class PodBuilder:

@@ -29,12 +29,11 @@ from elastic_support import (
     InProcessScheduler,
     bound,
     elastic_job,
-    priority_classes,
     start_controller,
     wait_for,
     workers,
 )
-from kube_builders import make_pod, pod_group
+from kube_builders import make_pod, pod_group, priority_classes
 
 pytestmark = pytest.mark.e2e
 

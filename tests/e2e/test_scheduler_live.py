@@ -25,7 +25,6 @@ from alnair.common.kube import (
     PODDISRUPTIONBUDGETS,
     PODGROUPS,
     PODS,
-    PRIORITYCLASSES,
     Conflict,
     KubeClient,
     NotFound,
@@ -33,7 +32,7 @@ from alnair.common.kube import (
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
-from kube_builders import make_pod, pod_group
+from kube_builders import make_pod, pod_group, priority_classes
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -314,13 +313,7 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
 ) -> None:
     await pool(control_plane, kube, "1x T4:4", namespace)
-    for name, value in ((f"{namespace}-low", 10), (f"{namespace}-high", 1000)):
-        with contextlib.suppress(Conflict):
-            await kube.create(
-                PRIORITYCLASSES,
-                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                 "metadata": {"name": name}, "value": value},
-            )  # fmt: skip
+    low_class, high_class = await priority_classes(kube, namespace)
     # low-0 and low-1 are guarded by a PodDisruptionBudget that allows no disruption.
     guard = {
         "apiVersion": "policy/v1",
@@ -331,10 +324,7 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
     await kube.create(PODDISRUPTIONBUDGETS, guard, namespace)
     for i in range(4):
         low = (
-            make_pod(f"low-{i}", namespace)
-            .pool(namespace)
-            .gpus(1)
-            .priority_class(f"{namespace}-low")
+            make_pod(f"low-{i}", namespace).pool(namespace).gpus(1).priority_class(low_class)
         ).obj()
         low["metadata"]["labels"]["app"] = "guarded" if i < 2 else "batch"
         await kube.create(PODS, low, namespace)
@@ -348,9 +338,9 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
     await wait_for(counted, 30)
     # A pending low-priority pod, older than the preemptor, must not take the room being freed.
     waiting = make_pod("waiting", namespace).pool(namespace).gpus(1)
-    await kube.create(PODS, waiting.priority_class(f"{namespace}-low").obj(), namespace)
+    await kube.create(PODS, waiting.priority_class(low_class).obj(), namespace)
     await wait_for(lambda: _true(any(e.key == f"{namespace}/waiting" for e in _parked(scheduler))))
-    high = make_pod("high", namespace).pool(namespace).gpus(2).priority_class(f"{namespace}-high")
+    high = make_pod("high", namespace).pool(namespace).gpus(2).priority_class(high_class)
     await kube.create(PODS, high.obj(), namespace)
     assert await wait_for(lambda: _bound_node(kube, namespace, "high"), 30)
     assert await _bound_node(kube, namespace, "waiting") is None

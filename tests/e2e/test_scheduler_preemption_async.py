@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from alnair.common.kube import PODS, PRIORITYCLASSES, ApiError, Conflict, KubeClient, Resource
+from alnair.common.kube import PODS, ApiError, Conflict, KubeClient, Resource
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
 from e2e.test_scheduler_live import (
@@ -22,7 +22,7 @@ from e2e.test_scheduler_live import (
     pool,
     wait_for,
 )
-from kube_builders import make_pod
+from kube_builders import make_pod, priority_classes
 
 pytestmark = pytest.mark.e2e
 
@@ -42,22 +42,11 @@ async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
     await running.stop()
 
 
-async def priorities(kube: KubeClient, ns: str) -> tuple[str, str]:
-    for name, value in ((f"{ns}-low", 10), (f"{ns}-high", 1000)):
-        with contextlib.suppress(Conflict):
-            await kube.create(
-                PRIORITYCLASSES,
-                {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                 "metadata": {"name": name}, "value": value},
-            )  # fmt: skip
-    return f"{ns}-low", f"{ns}-high"
-
-
 async def test_two_preemptors_arriving_together_evict_two_different_victims(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
 ) -> None:
     nodes = await pool(control_plane, kube, "2x T4:4", namespace)
-    low, high = await priorities(kube, namespace)
+    low, high = await priority_classes(kube, namespace)
     for i in range(2):
         pod = make_pod(f"low-{i}", namespace).pool(namespace).gpus(4).priority_class(low)
         await kube.create(PODS, pod.obj(), namespace)
@@ -160,7 +149,7 @@ async def test_a_refused_victim_delete_clears_the_nomination_and_requeues_the_pr
     control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
 ) -> None:
     await pool(control_plane, kube, "1x T4:4", namespace)
-    low, high = await priorities(kube, namespace)
+    low, high = await priority_classes(kube, namespace)
     policy = await _refuse_deletes(kube, namespace)
     try:
         victim = make_pod("low", namespace).pool(namespace).gpus(4).priority_class(low).obj()
