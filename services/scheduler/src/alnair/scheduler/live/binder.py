@@ -609,7 +609,7 @@ class Scheduler:
             ]
             outcomes = await asyncio.gather(
                 *deletes,
-                *([self._nominated(entry, nomination)] if patch else []),
+                *([self._nominated(entry, nomination.node_name)] if patch else []),
                 return_exceptions=True,
             )
             outcomes = outcomes[: len(deletes)]
@@ -623,14 +623,15 @@ class Scheduler:
         if failed:
             self._preemption_failed(entry, req, nomination, failed)
 
-    async def _nominated(self, entry: QueuedPod, nomination: Nomination) -> None:
-        """Show the nominated node on the pod (for users only: the deletes never wait on it)."""
+    async def _nominated(self, entry: QueuedPod, node: str | None) -> None:
+        """Show the nominated node on the pod, or clear it (None); for users only: the deletes
+        never wait on it."""
         meta = entry.obj["metadata"]
         try:
             await self.kube.patch(
                 PODS,
                 meta["name"],
-                {"status": {"nominatedNodeName": nomination.node_name}},
+                {"status": {"nominatedNodeName": node}},
                 meta["namespace"],
                 sub="status",
             )
@@ -670,16 +671,7 @@ class Scheduler:
         entry.last_message = message
         self._emit(entry.obj, "Warning", "PreemptionFailed", message)
         if nomination.gang is None:
-            meta = entry.obj["metadata"]
-            self._writes(
-                self.kube.patch(
-                    PODS,
-                    meta["name"],
-                    {"status": {"nominatedNodeName": None}},
-                    meta["namespace"],
-                    sub="status",
-                )
-            )
+            self._writes(self._nominated(entry, None))
         self.queue.requeue(entry.uid)
         for uid in waiting:  # pods sharing the room that will not be freed: look again
             self.queue.requeue(uid)
