@@ -84,7 +84,7 @@ bench-predictor: setup-python ## where the predictor's held-out error comes from
 	@$(BIN)/python bench/predictor_error_split.py
 
 bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON)
-	@$(BIN)/python bench/queue.py
+	@$(BIN)/python bench/job_queue.py
 
 bench-multicluster: setup-python ## one queue over three clusters: alnair vs round-robin, least-loaded, first-fit (JSON)
 	@$(BIN)/python bench/multicluster.py

@@ -24,16 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-# bench/queue.py (the queueing benchmark) would shadow the standard library's `queue`, which the
-# worker pool imports, when this file runs as a script from bench/.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-
-from alnair.scheduler.plugins.registry import POLICIES, policy  # noqa: E402
-from alnair.scheduler.simulator.cli import parse_seeds  # noqa: E402
-from alnair.scheduler.simulator.engine import RunResult, simulate  # noqa: E402
-from alnair.scheduler.simulator.report import MAX_WORKERS, RunSpec, run_batch  # noqa: E402
-from alnair.scheduler.simulator.trace import DEFAULT_TUNE, NODE_FILE, VARIANTS, trace_dir  # noqa: E402
-from alnair.scheduler.simulator.variants import DEFAULT_FOLDER, canonical, materialize  # noqa: E402
+from alnair.scheduler.plugins.registry import POLICIES, policy
+from alnair.scheduler.simulator.cli import parse_seeds
+from alnair.scheduler.simulator.engine import RunResult, simulate
+from alnair.scheduler.simulator.report import MAX_WORKERS, RunSpec, run_batch
+from alnair.scheduler.simulator.trace import DEFAULT_TUNE, NODE_FILE, VARIANTS, trace_dir
+from alnair.scheduler.simulator.variants import DEFAULT_FOLDER, canonical, materialize
 
 BUILT = (
     "gen-gpushare60",

@@ -16,9 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Replaces this script's folder on the path: bench/queue.py would shadow the standard library's
-# queue module, which redis imports.
-sys.path[0] = str(Path(__file__).resolve().parents[1] / "tests")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from soak_support import SoakConfig, run_soak  # noqa: E402
 
