@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from chaos_support import ChaosConfig, run_chaos  # noqa: E402
+from chaos_support import ChaosConfig, run_chaos
 
 INVARIANTS = ("lost", "double_bound", "gpu_overcommitted", "records_duplicated", "records_missing")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from soak_support import SoakConfig, run_soak  # noqa: E402
+from soak_support import SoakConfig, run_soak
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,6 +188,13 @@ def test_the_overlays_are_found() -> None:
     assert {"kwok", "production"} <= set(OVERLAYS)
 
 
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+}
+WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
 WORKER_SECRET_ACCESS = {"alnair-dispatcher-workers"}
 """The hub's Role and RoleBinding on the worker kubeconfigs, in their own namespace."""
 
@@ -197,9 +204,7 @@ def test_overlay_renders_with_kubectl(overlay: str) -> None:
     kinds = {o["kind"] for o in render(overlay)}
     assert {"Namespace", "CustomResourceDefinition", "StatefulSet", "ServiceAccount"} <= kinds
     for obj in render(overlay):
-        if obj["kind"] not in {"Namespace", "CustomResourceDefinition"} and not obj[
-            "kind"
-        ].startswith("Cluster"):
+        if obj["kind"] not in CLUSTER_SCOPED and not obj["kind"].startswith("Cluster"):
             # Everything in alnair-system but the hub's Role on the worker kubeconfigs.
             name = obj["metadata"]["name"]
             expected = "alnair-clusters" if name in WORKER_SECRET_ACCESS else "alnair-system"
@@ -301,7 +306,12 @@ def test_each_service_listens_on_its_own_port_and_probes_routes_it_serves(overla
         pod = w["spec"]["template"]
         (c,) = pod["spec"]["containers"]
         assert env_of(c)[port_env(key[1], service)] == str(port), key
-        assert c["ports"] == [{"name": "http", "containerPort": port}], key
+        assert c["ports"][0] == {"name": "http", "containerPort": port}, key
+        # Besides its API, a port only for the admission webhook (HTTPS), with its own env.
+        extra = {p["name"]: p["containerPort"] for p in c["ports"][1:]}
+        assert extra == ({"webhook": 9443} if key[1] == "alnair-dispatcher" else {}), key
+        if extra:
+            assert env_of(c)["ALNAIR_DISPATCHER_WEBHOOK_PORT"] == "9443", key
         assert pod["metadata"].get("annotations", {}).get("prometheus.io/port") == str(port), key
         routes = served_routes(service)
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -423,9 +433,17 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
             for rule in role.get("rules", []):
                 assert "*" not in rule["verbs"], f"{name}: {rule}"
                 assert "*" not in rule["apiGroups"], f"{name}: {rule}"
-                if "secrets" in rule["resources"]:
-                    # The one exception: the hub reads worker kubeconfigs, in a namespace that
-                    # holds nothing else, with a Role (never cluster-wide, never alnair-system).
+                if "secrets" in rule["resources"] and name == "alnair-dispatcher-certs":
+                    # The webhook's certificate Job: creates its Secret (create cannot be
+                    # limited to a name), reads and replaces that one only; never lists.
+                    assert kind == "Role" and role["metadata"]["namespace"] == "alnair-system"
+                    assert rule["verbs"] == ["create"] or (
+                        rule.get("resourceNames") == [WEBHOOK_SECRET]
+                        and set(rule["verbs"]) <= {"get", "update"}
+                    ), f"{name}: {rule}"
+                elif "secrets" in rule["resources"]:
+                    # The hub reads worker kubeconfigs, in a namespace that holds nothing else,
+                    # with a Role (never cluster-wide, never alnair-system).
                     assert kind == "Role" and role["metadata"]["namespace"] == "alnair-clusters"
                     assert set(rule["verbs"]) <= {"get", "list", "watch"}, f"{name}: {rule}"
                 if "" in rule["apiGroups"] or "rbac.authorization.k8s.io" in rule["apiGroups"]:

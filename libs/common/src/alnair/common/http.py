@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.tasks import spawn
+from alnair.common.tls import CertReloader
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -94,10 +95,18 @@ async def start_http(
     *,
     name: str,
     on_death: Callable[[BaseException], None] | None = None,
+    tls: CertReloader | None = None,
 ) -> tuple[uvicorn.Server, asyncio.Task[Any]]:
+    """Serve `app` on host:port (HTTPS with `tls`'s live context, whose certificate follows
+    its folder) until the returned task ends."""
+    tls_options: dict[str, Any] = {}
+    if tls is not None:
+        context = tls.context
+        tls_options = {"ssl_context_factory": lambda _config, _default: context}
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="off", access_log=False
-    )
+        app, host=host, port=port, log_config=None, lifespan="off", access_log=False,
+        **tls_options,
+    )  # fmt: skip
     server = uvicorn.Server(config)
     task = spawn(server.serve(), name=name, on_death=on_death)
     while not server.started:

@@ -141,6 +141,13 @@ SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 DAEMONSETS = Resource("apps", "v1", "daemonsets")
 SERVICES = Resource("", "v1", "services")
+SECRETS = Resource("", "v1", "secrets")
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
+)
+VALIDATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", namespaced=False
+)
 _RBAC = "rbac.authorization.k8s.io"
 
 KIND_RESOURCES: dict[str, Resource] = {
@@ -162,6 +169,9 @@ KIND_RESOURCES: dict[str, Resource] = {
     "TrialJob": TRIALJOBS,
     "ServiceAccount": SERVICEACCOUNTS,
     "Service": SERVICES,
+    "Secret": SECRETS,
+    "MutatingWebhookConfiguration": MUTATING_WEBHOOKS,
+    "ValidatingWebhookConfiguration": VALIDATING_WEBHOOKS,
     "Deployment": DEPLOYMENTS,
     "DaemonSet": DAEMONSETS,
     "ClusterRole": Resource(_RBAC, "v1", "clusterroles", namespaced=False),

@@ -14,10 +14,11 @@ from typing import Any
 
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
-from alnair.common.http import start_http
+from alnair.common.http import bound_port, start_http, stop_http
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import on_stop_signals, spawn
+from alnair.common.tls import CertReloader
 from alnair.scheduler.dispatcher.api import build_api
 from alnair.scheduler.dispatcher.controller import Dispatcher
 from alnair.scheduler.dispatcher.hub import Hub
@@ -25,6 +26,7 @@ from alnair.scheduler.dispatcher.hub_api import build_hub_api
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.webhook import build_webhook_api
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Running:
         loop: asyncio.Task[Any],
         http: asyncio.Task[Any],
         server: Any,
+        webhook: Webhook | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.kube = kube
@@ -58,21 +61,58 @@ class Running:
         self.loop = loop
         self.http = http
         self.server = server
+        self.webhook = webhook
 
     @property
     def url(self) -> str:
-        from alnair.common.http import bound_port
-
         return f"http://127.0.0.1:{bound_port(self.server)}"
+
+    @property
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        """What must keep running: one ending is the dispatcher failing."""
+        webhook = {self.webhook.http, self.webhook.watcher} if self.webhook else set()
+        return {self.loop, self.http, *webhook}
 
     async def stop(self) -> None:
         self.server.should_exit = True
+        if self.webhook is not None:
+            await self.webhook.stop()
         self.loop.cancel()
         await asyncio.gather(self.loop, self.http, return_exceptions=True)
         await self.dispatcher.stop()
         if self.bus is not None:
             await self.bus.close()
         await self.kube.close()
+
+
+class Webhook:
+    """The admission webhook's HTTPS server and the watch that reloads its certificate."""
+
+    def __init__(self, tls: CertReloader, server: Any, http: asyncio.Task[Any]) -> None:
+        self.tls = tls
+        self.server = server
+        self.http = http
+        self._stop = asyncio.Event()
+        self.watcher = spawn(tls.watch(self._stop), name="dispatcher.webhook-certs")
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{bound_port(self.server)}"
+
+    @classmethod
+    async def start(cls, settings: DispatcherSettings, metrics: DispatcherMetrics) -> Webhook:
+        assert settings.webhook_cert_dir is not None
+        tls = CertReloader(settings.webhook_cert_dir)
+        server, http = await start_http(
+            build_webhook_api(metrics), settings.http_host, settings.webhook_port,
+            name="dispatcher.webhook", tls=tls,
+        )  # fmt: skip
+        return cls(tls, server, http)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await stop_http(self.server, self.http)
+        await asyncio.gather(self.watcher, return_exceptions=True)
 
 
 async def start(settings: DispatcherSettings, kube: KubeClient | None = None) -> Running:
@@ -99,8 +139,11 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     server, http = await start_http(
         api, settings.http_host, settings.http_port, name="dispatcher.http"
     )
+    webhook = None
+    if settings.webhook_cert_dir and settings.mode == "cluster":
+        webhook = await Webhook.start(settings, metrics)
     loop = spawn(dispatcher.run(), name="dispatcher.loop")
-    return Running(dispatcher, kube, bus, loop, http, server)
+    return Running(dispatcher, kube, bus, loop, http, server, webhook)
 
 
 async def serve(settings: DispatcherSettings) -> int:
@@ -109,7 +152,7 @@ async def serve(settings: DispatcherSettings) -> int:
     assert task is not None
     on_stop_signals(task.cancel)
     try:
-        await asyncio.wait({running.loop, running.http}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(running.tasks, return_when=asyncio.FIRST_COMPLETED)
         log.error("a dispatcher part stopped; exiting")
         return 1
     except asyncio.CancelledError:

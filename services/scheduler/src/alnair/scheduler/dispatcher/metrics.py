@@ -40,3 +40,8 @@ class DispatcherMetrics:
         self.write_conflicts = m.counter(
             "write_conflicts_total", "Admissions skipped because the Job changed meanwhile"
         )
+        self.webhook_requests = m.counter(
+            "webhook_requests_total",
+            "Admission reviews answered, by outcome (held, ignored, invalid)",
+            ["outcome"],
+        )

@@ -55,6 +55,14 @@ class DispatcherSettings(ServiceSettings):
         description="work a preempted job is assumed to lose (checkpoint reload, warm-up) "
         "unless it says otherwise in alnair.io/restart-cost-s",
     )
+    webhook_cert_dir: str | None = Field(
+        default=None,
+        description="folder of the admission webhook's serving certificate (tls.crt, tls.key: "
+        "the mounted Secret, reloaded when it changes); unset: no webhook is served",
+    )
+    webhook_port: int = Field(
+        default=9443, ge=0, le=65535, description="HTTPS port of the admission webhook (0: any)"
+    )
     mode: Literal["cluster", "hub"] = Field(
         default="cluster",
         description="cluster: admit queued Jobs on this cluster; hub: dispatch Jobs managed by "

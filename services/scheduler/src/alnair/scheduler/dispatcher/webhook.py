@@ -1,0 +1,144 @@
+"""The dispatcher's admission webhook: every queue-labelled workload is held at creation.
+
+Kueue's users never write `suspend: true`; its webhook suspends a queue-labelled Job as the API
+server stores it. This one does the same for what the dispatcher queues (batch/v1 Jobs with
+`alnair.io/queue-name`, ElasticJobs naming a queue), so a workload created running never starts
+outside its queue's quota. At creation it also drops the annotations only the dispatcher
+writes (the admitted GPU model, its time, borrowing, preemptions, run time): a user who wrote
+them would otherwise be read as admitted, or credited with waiting it never did.
+
+It answers `AdmissionReview` (admission.k8s.io/v1) at `POST /mutate` over TLS (`tls.py`: the
+certificate follows its mounted Secret). A body that is not an AdmissionReview gets a problem
+response, and the API server applies the webhook's `failurePolicy`; an object this webhook does
+not handle is allowed unchanged. `deploy/kustomize/base/dispatcher/webhook.yaml` registers it;
+docs/admission.md says why each `failurePolicy` is what it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from alnair.common.http import install_problem_handlers, problem
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.objects import (
+    ANN_ADMITTED_AT,
+    ANN_ADMITTED_TYPE,
+    ANN_BORROWING,
+    ANN_PREEMPTIONS,
+    ANN_QUEUE_STATE,
+    ANN_RAN,
+    ANN_SELECTED_TYPE,
+    LABEL_QUEUE,
+)
+
+log = logging.getLogger(__name__)
+
+ADMISSION_API = "admission.k8s.io/v1"
+JOB_CONTROLLER = "kubernetes.io/job-controller"
+DISPATCHER_OWNED = (
+    ANN_ADMITTED_TYPE,
+    ANN_ADMITTED_AT,
+    ANN_BORROWING,
+    ANN_PREEMPTIONS,
+    ANN_RAN,
+    ANN_SELECTED_TYPE,
+    ANN_QUEUE_STATE,
+)
+"""Annotations only the dispatcher writes: a workload is never created with them."""
+
+
+class ReviewError(ValueError):
+    """The request body is not an AdmissionReview this webhook can answer."""
+
+
+def _pointer(key: str) -> str:
+    """A map key as a JSON Pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _queued(kind: str, obj: dict[str, Any]) -> bool:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    labels = meta.get("labels") or {}
+    if kind == "Job":
+        managed_by = spec.get("managedBy")
+        # A Job another controller runs (the multi-cluster hub's copy on a worker, a JobSet's
+        # child Job) is that controller's to hold.
+        return bool(labels.get(LABEL_QUEUE)) and managed_by in (None, "", JOB_CONTROLLER)
+    if kind == "ElasticJob":
+        return bool(labels.get(LABEL_QUEUE) or spec.get("queue"))
+    return False
+
+
+def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch that holds a newly created workload for its queue ([] if not queued)."""
+    if not _queued(kind, obj):
+        return []
+    ops: list[dict[str, Any]] = []
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        ops.append({"op": "add", "path": "/spec", "value": {"suspend": True}})
+    elif spec.get("suspend") is not True:
+        ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    ops.extend(
+        {"op": "remove", "path": f"/metadata/annotations/{_pointer(key)}"}
+        for key in DISPATCHER_OWNED
+        if key in annotations
+    )
+    return ops
+
+
+def review(body: Any) -> tuple[dict[str, Any], str]:
+    """The AdmissionReview answering `body`, and what was done (for the metric)."""
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        raise ReviewError("body is not an AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
+        raise ReviewError("AdmissionReview has no request.uid")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    kind = (request.get("kind") or {}).get("kind", "")
+    obj = request.get("object")
+    if request.get("operation") != "CREATE" or not isinstance(obj, dict):
+        return answer, "ignored"
+    ops = hold_patch(kind, obj)
+    if not ops:
+        return answer, "ignored"
+    response["patchType"] = "JSONPatch"
+    response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    meta = obj.get("metadata") or {}
+    log.info(
+        "held for its queue at creation",
+        extra={"kind": kind, "namespace": request.get("namespace"),
+               "object": meta.get("name") or meta.get("generateName")},
+    )  # fmt: skip
+    return answer, "held"
+
+
+def build_webhook_api(metrics: DispatcherMetrics) -> FastAPI:
+    app = FastAPI(title="alnair-dispatcher-webhook", version="0.1.0", docs_url=None)
+    install_problem_handlers(app)
+
+    @app.post("/mutate", response_model=None)
+    async def mutate(req: Request) -> dict[str, Any] | JSONResponse:
+        try:
+            body = json.loads(await req.body())
+            answer, outcome = review(body)
+        except ValueError as exc:  # not JSON, or a ReviewError
+            metrics.webhook_requests.labels("invalid").inc()
+            return problem(400, "Bad Request", f"not an admission review: {exc}")
+        metrics.webhook_requests.labels(outcome).inc()
+        return answer
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
