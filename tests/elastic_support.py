@@ -47,8 +47,15 @@ class InProcessScheduler:
 
 
 async def start_controller(
-    cp: ControlPlane, namespace: str, nats_url: str | None = None, **kw: Any
+    cp: ControlPlane,
+    namespace: str,
+    nats_url: str | None = None,
+    *,
+    kube: KubeClient | None = None,
+    **kw: Any,
 ) -> ElasticRunning:
+    """The elastic controller on `namespace`, with the control plane's admin client unless
+    `kube` is given (a ServiceAccount's, say)."""
     settings = ElasticSettings(
         namespace=namespace,
         http_port=0,
@@ -57,7 +64,7 @@ async def start_controller(
         nats_url=nats_url or "nats://127.0.0.1:1",
         **kw,
     )
-    return await start_elastic(settings, kube=cp.client())
+    return await start_elastic(settings, kube=kube or cp.client())
 
 
 def elastic_job(

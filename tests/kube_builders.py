@@ -1,13 +1,39 @@
-"""Fluent builders for pods and PodGroups in tests: `make_pod("a").gpus(2).obj()`; and the
-PriorityClasses the preemption tests share."""
+"""Fluent builders for pods and PodGroups in tests: `make_pod("a").gpus(2).obj()`; the
+PriorityClasses the preemption tests share; and a client holding only what a shipped
+ServiceAccount is granted (`shipped_account`)."""
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import PRIORITYCLASSES, Conflict, KubeClient
+from alnair.common.kube import NAMESPACES, PRIORITYCLASSES, Conflict, KubeClient, KubeConfig
+from alnair.common.localstack import ControlPlane
+from alnair.common.localstack.controlplane import load_manifests
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "deploy" / "kustomize" / "base"
+SYSTEM_NS = "alnair-system"
+
+
+async def shipped_account(
+    cp: ControlPlane, kube: KubeClient, account: str, *manifests: str, skip: set[str] = frozenset()
+) -> KubeConfig:
+    """Apply the namespaces and the RBAC of `manifests` (paths under deploy/kustomize/base) as
+    they ship, kinds in `skip` left out, and return a kubeconfig with a token of `account` in
+    alnair-system: what the service would run with in a cluster."""
+    for doc in load_manifests(BASE / "namespace" / "namespace.yaml"):
+        with contextlib.suppress(Conflict):
+            await kube.create(NAMESPACES, doc)
+    for manifest in manifests:
+        for doc in load_manifests(BASE / manifest):
+            if doc["kind"] not in skip:
+                await kube.apply(doc)
+    token = await kube.service_account_token(SYSTEM_NS, account, expiration_s=3600)
+    assert cp.pki is not None
+    return KubeConfig(server=cp.server, ca_file=str(cp.pki.ca_cert), token=token)
 
 
 async def priority_classes(kube: KubeClient, prefix: str) -> tuple[str, str]:

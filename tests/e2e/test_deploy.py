@@ -26,8 +26,10 @@ from alnair.common import dra
 from alnair.common import resources as res
 from alnair.common.kube import (
     JOBS,
+    MUTATING_WEBHOOKS,
     NODES,
     PODS,
+    SECRETS,
     ApiError,
     KubeClient,
     KubeConfig,
@@ -43,11 +45,11 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "deploy" / "kustomize" / "overlays" / "production"
 NS = "alnair-system"
-SECRETS = Resource("", "v1", "secrets")
 CLUSTERS_NS = "alnair-clusters"
 CONFIGMAPS = Resource("", "v1", "configmaps")
 DEPLOYMENTS = Resource("apps", "v1", "deployments")
 NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
+WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,13 @@ class Access:
     group: str = ""
     namespace: str | None = None
     sub: str = ""
+    name: str = ""
 
     def __str__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
         sub = f"/{self.sub}" if self.sub else ""
-        return f"{self.verb} {self.group or 'core'}/{self.resource}{sub}{where}"
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource}{sub}{named}{where}"
 
 
 @dataclass
@@ -138,6 +142,9 @@ EXPECTATIONS = [
             Access("patch", "jobs", "batch", sub="status", namespace="team-a"),
             Access("create", "trialjobs", "alnair.io", namespace="team-a"),
             Access("watch", "trialjobs", "alnair.io"),
+            Access("list", "elasticjobs", "alnair.io"),
+            Access("watch", "elasticjobs", "alnair.io"),
+            Access("patch", "elasticjobs", "alnair.io", namespace="team-a"),
             Access("create", "events", namespace="team-a"),
             Access("list", "secrets", namespace=CLUSTERS_NS),
             Access("watch", "secrets", namespace=CLUSTERS_NS),
@@ -153,6 +160,37 @@ EXPECTATIONS = [
             Access("delete", "trialjobs", "alnair.io", namespace="team-a"),
             Access("list", "pods"),
             Access("patch", "nodes"),
+            Access("patch", "elasticjobs", "alnair.io", sub="status", namespace="team-a"),
+            Access("create", "elasticjobs", "alnair.io", namespace="team-a"),
+            Access("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io"),
+        ],
+    ),
+    Expectation(
+        "alnair-dispatcher-certs",
+        allowed=[
+            Access("create", "secrets", namespace=NS),
+            Access("get", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access("update", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access(
+                "patch",
+                "mutatingwebhookconfigurations",
+                "admissionregistration.k8s.io",
+                name="alnair-dispatcher",
+            ),
+        ],
+        denied=[
+            Access("get", "secrets", namespace=NS, name="alnair-nats-users"),
+            Access("update", "secrets", namespace=NS, name="alnair-nats-users"),
+            Access("delete", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access("create", "secrets", namespace="team-a"),
+            Access("list", "mutatingwebhookconfigurations", "admissionregistration.k8s.io"),
+            Access(
+                "patch",
+                "mutatingwebhookconfigurations",
+                "admissionregistration.k8s.io",
+                name="someone-elses",
+            ),
+            Access("list", "pods"),
         ],
     ),
     Expectation(
@@ -284,6 +322,8 @@ async def may(kube: KubeClient, access: Access) -> bool:
     }
     if access.namespace:
         attrs["namespace"] = access.namespace
+    if access.name:
+        attrs["name"] = access.name
     review = await kube.request(
         "POST",
         "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
@@ -376,6 +416,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 "alnair-scheduler": 2,
                 "alnair-predictor": 1,
                 "alnair-dispatcher": 1,
+                "alnair-dispatcher-certs": 1,  # the webhook certificate's Job
                 "alnair-elastic": 1,
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
@@ -417,7 +458,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             await run_kubectl(
                 control_plane,
                 "delete",
-                "deployments,statefulsets,daemonsets",
+                "deployments,statefulsets,daemonsets,jobs",
                 "-n",
                 NS,
                 "-l",
@@ -428,6 +469,10 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 control_plane, "delete", "pvc", "-n", NS, "data-nats-0", "data-redis-0",
                 "--ignore-not-found", "--wait=false",
             )  # fmt: skip
+        with contextlib.suppress(Exception):
+            # Its Service has no endpoints here: left registered, it would refuse every
+            # queue-labelled Job the later tests create (failurePolicy Fail).
+            await kube.delete(MUTATING_WEBHOOKS, "alnair-dispatcher")
         with contextlib.suppress(Exception):
             await kube.delete(NODES, gpu_node)
 
@@ -449,6 +494,17 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert "items" in await limited.list(SECRETS, CLUSTERS_NS)
         await forbidden(limited.list(SECRETS, "default"))
         await forbidden(limited.list(SECRETS))
+    elif account == "alnair-dispatcher-certs":
+        # Its one Secret: not there (the Job's pod never runs here), which it may ask.
+        with pytest.raises(ApiError) as missing:
+            await limited.get(SECRETS, WEBHOOK_SECRET, NS)
+        assert missing.value.status == 404
+        await forbidden(limited.get(SECRETS, "alnair-nats-users", NS))
+        hook = await limited.get(MUTATING_WEBHOOKS, "alnair-dispatcher")
+        assert {h["name"] for h in hook["webhooks"]} == {
+            "jobs.hold.alnair.io",
+            "elasticjobs.hold.alnair.io",
+        }
     elif account == "alnair-elastic":
         assert "items" in await limited.list(NODES)
         await forbidden(limited.delete(PODS, "x", NS))

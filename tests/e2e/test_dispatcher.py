@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -41,98 +40,21 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_PREEMPTIONS,
     LABEL_QUEUE,
 )
-from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
+from dispatcher_support import (
+    POOL,
+    admitted_type,
+    cluster_queue,
+    dispatcher_settings,
+    explain,
+    gpu_job,
+    job,
+    local_queue,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
-POOL = "alnair.io/test-pool"
-
-
-def gpu_job(
-    name: str, ns: str, queue: str, gpus: int, *, duration_s: float = 600,
-    model: dict[str, str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {LABEL_QUEUE: queue},
-            "annotations": dict(model or {}),
-        },
-        "spec": {
-            "suspend": True,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {r.ANN_DURATION: f"{duration_s}s"}},
-                "spec": {
-                    "schedulerName": r.SCHEDULER_NAME,
-                    "restartPolicy": "Never",
-                    "nodeSelector": {POOL: ns},
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "trainer",
-                            "resources": {"limits": {r.GPU: str(gpus)}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
-def cluster_queue(
-    name: str, cohort: str | None, quota: dict[str, int], borrowing: int | None = None
-) -> dict[str, Any]:
-    resources: list[dict[str, Any]] = []
-    flavors = []
-    for model, nominal in quota.items():
-        resources = [{"name": r.GPU, "nominalQuota": nominal}]
-        if borrowing is not None:
-            resources[0]["borrowingLimit"] = borrowing
-        flavors.append({"name": model, "resources": resources})
-    spec: dict[str, Any] = {"resourceGroups": [{"coveredResources": [r.GPU], "flavors": flavors}]}
-    if cohort:
-        spec["cohort"] = cohort
-    return {
-        "apiVersion": "alnair.io/v1alpha1",
-        "kind": "ClusterQueue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def local_queue(name: str, ns: str, cq: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "alnair.io/v1alpha1",
-        "kind": "LocalQueue",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterQueue": cq},
-    }
-
-
-async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.05) -> Any:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(interval_s)
-
-
-async def job(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:
-    return await kube.get(JOBS, name, ns)
-
-
-async def admitted_type(kube: KubeClient, ns: str, name: str) -> str | None:
-    j = await job(kube, ns, name)
-    if j["spec"].get("suspend"):
-        return None
-    return (j["metadata"].get("annotations") or {}).get(ANN_ADMITTED_TYPE)
 
 
 async def events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
@@ -162,19 +84,6 @@ async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await sched.stop()
-
-
-def dispatcher_settings(cp: ControlPlane, ns: str, **kw: Any) -> DispatcherSettings:
-    base: dict[str, Any] = {
-        "kubeconfig": str(cp.kubeconfig),
-        "http_port": 0,
-        "http_host": "127.0.0.1",
-        "nats_enabled": False,
-        "node_selector": f"{POOL}={ns}",
-        "policy": "alnair",
-    }
-    base.update(kw)
-    return DispatcherSettings(**base)
 
 
 async def test_quota_borrowing_preemption_completion_and_restart(
@@ -214,7 +123,7 @@ async def test_quota_borrowing_preemption_completion_and_restart(
             # Queued behind b1 in team B's quota; b1's completion admits it (no timer).
             await kube.create(JOBS, gpu_job("b2", ns, "team-b", 4), ns)
             explained = await wait_for(
-                lambda: _explain(running, ns, "b2", lambda d: d["reason"] is not None), 10
+                lambda: explain(running, ns, "b2", lambda d: d["reason"] is not None), 10
             )
             assert explained["status"] == "waiting"
             assert explained["reason"]["kind"] in ("quota", "capacity", "reservation")
@@ -256,15 +165,6 @@ async def _condition(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | N
 
 async def _completed(kube: KubeClient, ns: str, name: str) -> float | None:
     return finished_at(await job(kube, ns, name))
-
-
-async def _explain(running: RunningDispatcher, ns: str, name: str, ok: Any) -> Any:
-    async with httpx.AsyncClient() as http:
-        resp = await http.get(f"{running.url}/v1/jobs/{ns}/{name}")
-    if resp.status_code != 200:
-        return None
-    doc = resp.json()
-    return doc if ok(doc) else None
 
 
 async def test_a_job_that_would_oom_on_t4_waits_for_a_v100(
@@ -309,7 +209,7 @@ async def test_a_job_that_would_oom_on_t4_waits_for_a_v100(
                    "epoch": "1"}  # fmt: skip
             await kube.create(JOBS, gpu_job("big", ns, "ml", 1, model=big), ns)
             explained = await wait_for(
-                lambda: _explain(running, ns, "big", lambda d: d["status"] == "waiting"
+                lambda: explain(running, ns, "big", lambda d: d["status"] == "waiting"
                                  and d["prediction"] is not None), 20,
             )  # fmt: skip
             assert explained["reason"]["kind"] in ("memory", "capacity", "reservation")
@@ -390,7 +290,7 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
             big = gpu_job("big", ns, "ml", 4, duration_s=2)
             big["spec"]["parallelism"] = big["spec"]["completions"] = 2
             await kube.create(JOBS, big, ns)
-            await wait_for(lambda: _explain(running, ns, "big", lambda d: d["reason"]), 10)
+            await wait_for(lambda: explain(running, ns, "big", lambda d: d["reason"]), 10)
             for name in ("s3", "s4"):
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=2), ns)
             # s1 ends first: its 4 GPUs stay free for the big job rather than going to s3.
@@ -435,7 +335,7 @@ async def test_a_job_never_measured_on_a_gpu_model_runs_its_trial_first(
         assert trial["metadata"]["ownerReferences"][0]["name"] == "cold"
         assert (await wait_for(lambda: events(kube, ns, "cold", "TrialStarted"), 10))[0]
         explained = await wait_for(
-            lambda: _explain(running, ns, "cold", lambda d: d["reason"] is not None), 10
+            lambda: explain(running, ns, "cold", lambda d: d["reason"] is not None), 10
         )
         assert (
             explained["reason"]["kind"] == "prediction"
