@@ -27,10 +27,10 @@ from alnair.common.kube import (
     MUTATING_WEBHOOKS,
     PODS,
     SECRETS,
-    STATEFULSETS,
     ApiError,
     KubeClient,
     NotFound,
+    Unavailable,
 )
 from alnair.common.localstack import ControlPlane
 from alnair.common.localstack.controlplane import load_manifests
@@ -47,7 +47,7 @@ from dispatcher_support import (
     local_queue,
     wait_for,
 )
-from elastic_support import elastic_job, start_controller
+from elastic_support import elastic_job, start_controller, workers
 from kube_builders import BASE, SYSTEM_NS, shipped_account
 
 pytestmark = pytest.mark.e2e
@@ -173,7 +173,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
                 ns,
             )  # fmt: skip
             assert forged["spec"]["suspend"] is True
-            assert not {ANN_ADMITTED_TYPE, ANN_RAN} & set(forged["metadata"]["annotations"])
+            assert not {ANN_ADMITTED_TYPE, ANN_RAN} & set(forged["metadata"].get("annotations") or {})
 
             # An ElasticJob naming its queue in its spec, created running: held, admitted at
             # its minimum by the dispatcher; the elastic controller, under its own account,
@@ -189,12 +189,9 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
 
             await wait_for(elastic_admitted, 20)
 
-            async def workers() -> Any:
-                with contextlib.suppress(NotFound):
-                    return await kube.get(STATEFULSETS, "ej", ns)
-                return None
-
-            await wait_for(workers, 20)
+            # Its worker pods: the StatefulSet the controller made, run by the real
+            # StatefulSet controller.
+            await wait_for(lambda: workers(kube, ns, "ej"), 20)
 
             # Beside their job, both accounts are refused.
             await forbidden(as_dispatcher.list(PODS))
@@ -209,9 +206,12 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
         try:
             # The webhook is down: failurePolicy Fail refuses what it would have held, and only
             # that (a Job without the queue label never reaches it).
-            with pytest.raises(ApiError) as refused:
+            # (The API server answers 500; the client reads a 5xx as "try again later".)
+            with pytest.raises(Unavailable) as refused:
                 await kube.create(JOBS, running_job("late", ns, "jobs", 1), ns)
-            assert "jobs.hold.alnair.io" in str(refused.value)
+            assert 'failed calling webhook "jobs.hold.alnair.io"' in str(refused.value)
+            with pytest.raises(NotFound):
+                await kube.get(JOBS, "late", ns)
             plain = running_job("plain", ns, "jobs", 1)
             del plain["metadata"]["labels"][LABEL_QUEUE]
             stored = await kube.create(JOBS, plain, ns)
