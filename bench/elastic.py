@@ -32,12 +32,11 @@ from elastic_support import (
     InProcessScheduler,
     bound,
     elastic_job,
-    priority_classes,
     start_controller,
     wait_for,
     workers,
 )
-from kube_builders import make_pod
+from kube_builders import make_pod, priority_classes
 
 
 def pct(xs: list[float], q: float) -> float:

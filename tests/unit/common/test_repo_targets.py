@@ -9,11 +9,15 @@ standard library's `queue` and broke every benchmark that imports redis or a pro
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT_FOLDERS = ("bench", "tests", "hack")
+BENCH_SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 
 
 def _make_targets() -> set[str]:
@@ -38,3 +42,23 @@ def test_every_make_target_the_readme_names_exists() -> None:
     assert {"demo", "test", "bench-elastic", "bench-predictor"} <= named
     missing = named - _make_targets()
     assert missing == set(), f"the README names make targets the Makefile lacks: {missing}"
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_script_imports_as_make_runs_it(script: Path) -> None:
+    """Everything a benchmark imports exists (a helper moved elsewhere once broke
+    `make bench-elastic`): the script's module level runs as `python bench/x.py` runs it, its
+    folder first on the path, without its `__main__` block."""
+    check = (
+        "import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+        "runpy.run_path(sys.argv[2], run_name='import_check')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(script.parent), str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script.name} does not import:\n{done.stderr[-2000:]}"
