@@ -198,6 +198,22 @@ def test_readme_walkthrough(sh: Shell) -> None:
     )
     assert measured["peak_gpu_mem_mib"] == pytest.approx(record["peak_gpu_mem_mib"])
 
+    # Queued: written without `suspend`, held by the webhook, admitted by the dispatcher.
+    applied = sh("kubectl", "apply", "-f", "docs/walkthrough/queued-job.yaml")
+    assert "job.batch/queued created" in applied, applied
+    admitted = eventually(
+        lambda: sh(
+            "kubectl", "get", "job", "queued", "-o",
+            "jsonpath={.metadata.annotations.alnair\\.io/admitted-gpu-model}",
+        ),
+        "the queued Job admitted",
+    )  # fmt: skip
+    assert admitted == "V100M32"
+    explained = sh.curl_json(f"{sh.url('dispatcher')}/v1/jobs/default/queued")
+    assert explained["status"] == "admitted" and explained["gpu_model"] == "V100M32"
+    held = sh("kubectl", "get", "events", "--field-selector", "involvedObject.name=queued")
+    assert "Admitted" in held, held
+
     # Down: everything stops, and status says so.
     state = json.loads((sh.dev_dir / "state.json").read_text())
     pids = [p["pid"] for p in state["infra"]] + [p["pid"] for p in state["services"].values()]

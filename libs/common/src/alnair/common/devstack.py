@@ -24,12 +24,18 @@ Which services run is the table `SERVICES`: one `ServiceSpec` per process. A ser
 module is not installed yet (the dispatcher, the elastic controller) is skipped with a note and
 starts once its `python -m` module exists; `optional` ones (the device plugin, which needs a
 kubelet that KWOK nodes do not have) start only when named with `--with`.
+
+The dispatcher serves its admission webhook (HTTPS, a certificate for 127.0.0.1 kept in
+`<dir>/dispatcher/webhook-tls`) and, once it is ready, the shipped MutatingWebhookConfiguration
+is registered by URL (the local control plane routes no Services): a queue-labelled Job created
+without `suspend` is held for its queue, as in a cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import importlib.util
 import json
@@ -47,13 +53,16 @@ from typing import Any
 import httpx
 
 from alnair.common.errors import AlnairError, ConfigError
+from alnair.common.kube import KubeClient
 from alnair.common.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
+from alnair.common.localstack.controlplane import load_manifests, repo_root
 from alnair.common.localstack.procs import free_port, port_open
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
 from alnair.common.settings import DEFAULT_HTTP_PORTS
+from alnair.common.tls import CA_FILE, CERT_FILE, issue, write_folder
 
 DIR_ENV = "ALNAIR_DEV_DIR"
 FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
@@ -92,6 +101,8 @@ class ServiceSpec:
     """Started only when named with `--with`."""
     env: Callable[[StackInfo], dict[str, str]] | None = None
     """Extra environment, from where the stack lives and its nodes."""
+    after_ready: Callable[[str, Mapping[str, str]], None] | None = None
+    """Run once it answers ready, with the stack's kubeconfig and the service's environment."""
 
     @property
     def module(self) -> str:
@@ -122,6 +133,37 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
         "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(root / "state"),
         "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "60",
     }
+
+
+def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
+    folder = (stack.dir / "dispatcher" / "webhook-tls").resolve()
+    if not (folder / CERT_FILE).exists():
+        write_folder(folder, issue(["127.0.0.1"]).secret_data())
+    return {
+        "ALNAIR_DISPATCHER_WEBHOOK_CERT_DIR": str(folder),
+        "ALNAIR_DISPATCHER_WEBHOOK_PORT": str(free_port()),
+    }
+
+
+def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> None:
+    """The shipped webhook configuration, pointed at the dispatcher's port by URL."""
+    root = repo_root() or repo_root(Path(__file__))
+    if root is None:
+        print("dispatcher webhook not registered: deploy/kustomize is not here", file=sys.stderr)
+        return
+    shipped = root / "deploy" / "kustomize" / "base" / "dispatcher" / "webhook.yaml"
+    (config,) = [d for d in load_manifests(shipped) if d["kind"] == "MutatingWebhookConfiguration"]
+    folder = Path(env["ALNAIR_DISPATCHER_WEBHOOK_CERT_DIR"])
+    bundle = base64.b64encode((folder / CA_FILE).read_bytes()).decode()
+    url = f"https://127.0.0.1:{env['ALNAIR_DISPATCHER_WEBHOOK_PORT']}/mutate"
+    for hook in config["webhooks"]:
+        hook["clientConfig"] = {"url": url, "caBundle": bundle}
+
+    async def apply() -> None:
+        async with KubeClient.from_config(kubeconfig) as kube:
+            await kube.apply(config, field_manager="alnair-devstack")
+
+    asyncio.run(apply())
 
 
 def _agent_env(stack: StackInfo) -> dict[str, str]:
@@ -160,7 +202,9 @@ SERVICES: tuple[ServiceSpec, ...] = (
         "dispatcher",
         ("alnair.scheduler.dispatcher",),
         "ALNAIR_DISPATCHER_HTTP_PORT",
-        "job queue: admission, quotas, fair share",
+        "job queue: admission, quotas, fair share; holds queued Jobs at creation (webhook)",
+        env=_dispatcher_env,
+        after_ready=_register_dispatcher_webhook,
     ),
     ServiceSpec(
         "elastic",
@@ -466,8 +510,9 @@ def _start_services(
     logs.mkdir(parents=True, exist_ok=True)
     stack = StackInfo(state.dir, tuple(state.nodes))
     started: list[tuple[ManagedProcess, Proc]] = []
+    envs: dict[str, dict[str, str]] = {}
     for spec in specs:
-        env = {
+        envs[spec.name] = env = {
             **state.connection_env(),
             **state.service_env(spec.name),
             "ALNAIR_LOG_JSON": "false",
@@ -483,6 +528,9 @@ def _start_services(
         started.append((managed, proc))
     state.save()
     _wait_ready(started, opts.ready_timeout_s)
+    for spec in specs:
+        if spec.after_ready is not None:
+            spec.after_ready(state.kubeconfig, envs[spec.name])
 
 
 def stack_credentials() -> dict[str, Any]:
