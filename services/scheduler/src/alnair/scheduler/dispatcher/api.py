@@ -36,7 +36,7 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
 
     @app.get("/v1/elasticjobs/{namespace}/{name}")
     async def elasticjob(namespace: str, name: str) -> dict[str, Any]:
-        return dispatcher.explain(namespace, name, elastic=True)
+        return dispatcher.explain(namespace, name, kind="ElasticJob")
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, Any]:

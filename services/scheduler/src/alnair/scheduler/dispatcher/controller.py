@@ -32,7 +32,6 @@ from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
-    ELASTICJOBS,
     JOBS,
     LOCALQUEUES,
     NODES,
@@ -43,6 +42,7 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
+from alnair.scheduler.dispatcher.kinds import KINDS, WorkloadKind
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
@@ -56,16 +56,9 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_TRIAL,
     LABEL_QUEUE,
     LABEL_TRIAL_FOR,
-    MANAGED_BY_HUB,
     Workload,
-    elastic_finished,
-    elastic_key,
-    elastic_queued,
-    is_finished,
     node_gpus,
     parse_cluster_queue,
-    parse_elastic_workload,
-    parse_workload,
     trial_phase,
     trialjob_manifest,
 )
@@ -169,10 +162,13 @@ class Dispatcher(ReconcileLoop):
         self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
         self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
         self.cohorts = Informer(kube, COHORTS, name="cohorts")
-        self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="queued-jobs")
         self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
         self.trials = Informer(kube, TRIALJOBS, label_selector=LABEL_TRIAL_FOR, name="trialjobs")
-        self.elastic = Informer(kube, ELASTICJOBS, name="elasticjobs")
+        # One informer per kind of workload it queues (kinds.py).
+        self.workload_watches = {
+            name: Informer(kube, k.resource, label_selector=k.label_selector, name=k.informer)
+            for name, k in KINDS.items()
+        }
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -181,12 +177,16 @@ class Dispatcher(ReconcileLoop):
             self.cluster_queues,
             self.local_queues,
             self.cohorts,
-            self.jobs,
             self.nodes,
             self.trials,
-            self.elastic,
+            *self.workload_watches.values(),
         )
-        for informer in (self.local_queues, self.cohorts, self.jobs, self.trials, self.elastic):
+        for informer in (
+            self.local_queues,
+            self.cohorts,
+            self.trials,
+            *self.workload_watches.values(),
+        ):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
@@ -194,8 +194,9 @@ class Dispatcher(ReconcileLoop):
     # --- wake-ups -----------------------------------------------------------------------
 
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
-        if event is WatchEvent.DELETED and obj.get("kind", "Job") == "Job":
-            self.states.pop(f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}", None)
+        kind = KINDS.get(obj.get("kind", ""))
+        if event is WatchEvent.DELETED and kind is not None and obj["metadata"].get("namespace"):
+            self.states.pop(kind.key_of(obj), None)
         self._wake.set()
 
     def _on_queue(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
@@ -314,35 +315,28 @@ class Dispatcher(ReconcileLoop):
         workloads: dict[str, Workload] = {}
         pending_ws: list[Workload] = []
         live_keys: set[str] = set()
-        queued = [(obj, False) for obj in self.jobs.values()] + [
-            (obj, True) for obj in self.elastic.values() if elastic_queued(obj)
+        queued = [
+            (obj, KINDS[name])
+            for name, informer in self.workload_watches.items()
+            for obj in informer.values()
+            if KINDS[name].queued(obj)
         ]
-        for obj, elastic in queued:
-            if not elastic and (obj.get("spec") or {}).get("managedBy") == MANAGED_BY_HUB:
-                continue  # the multi-cluster hub's: it runs on a worker, never admitted here
+        for obj, kind in queued:
             meta = obj["metadata"]
-            key = (
-                elastic_key(meta["namespace"], meta["name"])
-                if elastic
-                else f"{meta['namespace']}/{meta['name']}"
-            )
+            key = kind.key_of(obj)
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            finished = elastic_finished(obj) if elastic else is_finished(obj)
-            if finished is not None:
+            if kind.finished(obj) is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 continue
             try:
-                parse = parse_elastic_workload if elastic else parse_workload
-                wl = parse(obj, self.settings.default_restart_cost_s)
+                wl = kind.parse(obj, self.settings.default_restart_cost_s)
             except InvalidValueError as exc:
                 if state.invalid != str(exc):
                     state.invalid = str(exc)
-                    ref = {**obj, "apiVersion": "alnair.io/v1alpha1", "kind": "ElasticJob"}
                     await self._event(
-                        ref if elastic else obj, "InvalidRequest", f"not queued: {exc}",
-                        warning=True,
-                    )  # fmt: skip
+                        kind.ref(obj), "InvalidRequest", f"not queued: {exc}", warning=True
+                    )
                 continue
             state.invalid = None
             workloads[key] = wl
@@ -476,7 +470,7 @@ class Dispatcher(ReconcileLoop):
         """Put an object we just wrote into its informer's store (unless a newer copy is)."""
         meta = updated["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
-        store = (self.elastic if wl.elastic else self.jobs).store
+        store = self.workload_watches[wl.kind].store
         current = store.get(key)
         if current is None or _rv(current) <= _rv(updated):
             store[key] = updated
@@ -673,7 +667,7 @@ class Dispatcher(ReconcileLoop):
         """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
         False with the wait reason while queued, True once admitted. An ElasticJob's conditions
         belong to its controller (a merge patch would replace them): Events and annotations."""
-        if wl.elastic:
+        if not KINDS[wl.kind].writes_conditions:
             return
         ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cond = {
@@ -815,15 +809,14 @@ class Dispatcher(ReconcileLoop):
 
     # --- explanations -------------------------------------------------------------------
 
-    def explain(self, namespace: str, name: str, *, elastic: bool = False) -> dict[str, Any]:
-        key = elastic_key(namespace, name) if elastic else f"{namespace}/{name}"
-        informer = self.elastic if elastic else self.jobs
-        obj = informer.get(f"{namespace}/{name}")
-        if obj is None:
-            kind = "ElasticJob" if elastic else "Job"
+    def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
+        adapter: WorkloadKind = KINDS[kind]
+        key = adapter.key(namespace, name)
+        obj = self.workload_watches[kind].get(f"{namespace}/{name}")
+        if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)
-        finished = elastic_finished(obj) if elastic else is_finished(obj)
+        finished = adapter.finished(obj)
         if finished:
             status = finished.lower()
         elif state.invalid:
@@ -835,7 +828,7 @@ class Dispatcher(ReconcileLoop):
         prediction = state.prediction
         return {
             "job": f"{namespace}/{name}",
-            "kind": "ElasticJob" if elastic else "Job",
+            "kind": kind,
             "status": status,
             "queue": (obj["metadata"].get("labels") or {}).get(LABEL_QUEUE),
             "cluster_queue": state.cluster_queue,

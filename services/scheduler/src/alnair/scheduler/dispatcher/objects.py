@@ -281,12 +281,6 @@ def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     )
 
 
-def elastic_queued(obj: Obj) -> bool:
-    """An ElasticJob goes through the queue when it names one (label or spec.queue)."""
-    labels = obj["metadata"].get("labels") or {}
-    return bool(labels.get(LABEL_QUEUE) or (obj.get("spec") or {}).get("queue"))
-
-
 def elastic_finished(obj: Obj) -> str | None:
     phase = (obj.get("status") or {}).get("phase")
     return str(phase) if phase in ("Succeeded", "Failed") else None

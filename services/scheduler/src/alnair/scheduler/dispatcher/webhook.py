@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from alnair.common.http import install_problem_handlers, problem
+from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -34,13 +35,11 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_QUEUE_STATE,
     ANN_RAN,
     ANN_SELECTED_TYPE,
-    LABEL_QUEUE,
 )
 
 log = logging.getLogger(__name__)
 
 ADMISSION_API = "admission.k8s.io/v1"
-JOB_CONTROLLER = "kubernetes.io/job-controller"
 DISPATCHER_OWNED = (
     ANN_ADMITTED_TYPE,
     ANN_ADMITTED_AT,
@@ -62,23 +61,11 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _queued(kind: str, obj: dict[str, Any]) -> bool:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    labels = meta.get("labels") or {}
-    if kind == "Job":
-        managed_by = spec.get("managedBy")
-        # A Job another controller runs (the multi-cluster hub's copy on a worker, a JobSet's
-        # child Job) is that controller's to hold.
-        return bool(labels.get(LABEL_QUEUE)) and managed_by in (None, "", JOB_CONTROLLER)
-    if kind == "ElasticJob":
-        return bool(labels.get(LABEL_QUEUE) or spec.get("queue"))
-    return False
-
-
 def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The JSON Patch that holds a newly created workload for its queue ([] if not queued)."""
-    if not _queued(kind, obj):
+    """The JSON Patch that holds a newly created workload for its queue ([] if not queued):
+    what the dispatcher queues (`kinds.py`) is what this holds."""
+    adapter = KINDS.get(kind)
+    if adapter is None or not adapter.queued(obj):
         return []
     ops: list[dict[str, Any]] = []
     spec = obj.get("spec")

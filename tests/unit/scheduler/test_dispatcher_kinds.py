@@ -1,0 +1,71 @@
+"""The kind adapters: which objects of each kind go through a queue, how they are keyed, what
+they ask for, when they have finished; the admission webhook holds exactly what they queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, KINDS
+from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
+from alnair.scheduler.dispatcher.webhook import hold_patch
+
+
+def job(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    return {
+        "metadata": {"name": "train", "namespace": "team-a", "labels": labels or {}},
+        "spec": {"parallelism": 3, "template": {"spec": {"containers": [container]}}, **spec},
+    }
+
+
+def elastic(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "train", "namespace": "team-a"},
+        "spec": {"minReplicas": 2, "maxReplicas": 4, "gpusPerWorker": 1, "template": {}, **spec},
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "obj", "queued"),
+    [
+        (JOB, job({LABEL_QUEUE: "lq"}), True),
+        (JOB, job({LABEL_QUEUE: "lq"}, managedBy="kubernetes.io/job-controller"), True),
+        (JOB, job({LABEL_QUEUE: "lq"}, managedBy="alnair.io/multicluster"), False),
+        (JOB, job({LABEL_QUEUE: "lq"}, managedBy="jobset.sigs.k8s.io/jobset-controller"), False),
+        (JOB, job(), False),
+        (ELASTIC, elastic(queue="lq"), True),
+        (ELASTIC, {**elastic(), "metadata": {"name": "e", "labels": {LABEL_QUEUE: "lq"}}}, True),
+        (ELASTIC, elastic(), False),
+        (ELASTIC, elastic(queue=""), False),
+    ],
+)
+def test_queued_is_what_the_webhook_holds(kind: Any, obj: dict[str, Any], queued: bool) -> None:
+    assert kind.queued(obj) is queued
+    holds = [op for op in hold_patch(kind.kind, obj) if op["path"] == "/spec/suspend"]
+    assert bool(holds) is queued
+
+
+def test_a_job_and_an_elastic_job_of_one_name_do_not_collide() -> None:
+    assert JOB.key("team-a", "train") != ELASTIC.key("team-a", "train")
+    assert JOB.key_of(job()) == "team-a/train"
+
+
+def test_each_kind_parses_its_pod_sets_and_says_when_it_finished() -> None:
+    wl = JOB.parse(job({LABEL_QUEUE: "lq"}), 60.0)
+    assert (wl.request.gpus, wl.request.pods, wl.kind, wl.local_queue) == (6, 3, "Job", "lq")
+    ewl = ELASTIC.parse(elastic(queue="lq"), 60.0)
+    assert (ewl.request.gpus, ewl.request.pods, ewl.kind, ewl.local_queue) == (
+        2, 2, "ElasticJob", "lq",
+    )  # fmt: skip
+    done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    assert JOB.finished({**job(), **done}) == "Complete"
+    assert ELASTIC.finished({**elastic(), "status": {"phase": "Failed"}}) == "Failed"
+    assert JOB.finished(job()) is None and ELASTIC.finished(elastic()) is None
+
+
+def test_events_name_the_kind() -> None:
+    assert KINDS["ElasticJob"].ref(elastic())["kind"] == "ElasticJob"
+    assert KINDS["Job"].ref(job())["apiVersion"] == "batch/v1"
+    assert JOB.writes_conditions and not ELASTIC.writes_conditions
