@@ -4,6 +4,8 @@ the dispatcher's settings on a test's own node pool, and how to read what it dec
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,6 +16,8 @@ from alnair.common.localstack import ControlPlane
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.settings import SchedulerSettings
 
 POOL = "alnair.io/test-pool"
 
@@ -124,3 +128,20 @@ async def explain(running: RunningDispatcher, ns: str, name: str, ok: Any) -> An
         return None
     doc = resp.json()
     return doc if ok(doc) else None
+
+
+@contextlib.asynccontextmanager
+async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+    sched = Scheduler(
+        kube,
+        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity="disp-e2e"),
+    )
+    await sched.start_watching()
+    task = asyncio.create_task(sched.run())
+    try:
+        yield sched
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sched.stop()

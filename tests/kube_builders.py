@@ -111,6 +111,11 @@ class PodBuilder:
         self._pod["metadata"]["annotations"][r.ANN_DURATION] = r.duration_value(seconds)
         return self
 
+    def queue(self, local_queue: str) -> PodBuilder:
+        """Queued through the dispatcher: the LocalQueue label."""
+        self._pod["metadata"]["labels"]["alnair.io/queue-name"] = local_queue
+        return self
+
     def scheduler(self, name: str) -> PodBuilder:
         self._pod["spec"]["schedulerName"] = name
         return self

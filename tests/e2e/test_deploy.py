@@ -145,6 +145,10 @@ EXPECTATIONS = [
             Access("list", "elasticjobs", "alnair.io"),
             Access("watch", "elasticjobs", "alnair.io"),
             Access("patch", "elasticjobs", "alnair.io", namespace="team-a"),
+            # Queued Pods of their own: ungated when admitted, deleted when reclaimed.
+            Access("watch", "pods"),
+            Access("patch", "pods", namespace="team-a"),
+            Access("delete", "pods", namespace="team-a"),
             Access("create", "events", namespace="team-a"),
             Access("list", "secrets", namespace=CLUSTERS_NS),
             Access("watch", "secrets", namespace=CLUSTERS_NS),
@@ -158,7 +162,9 @@ EXPECTATIONS = [
             Access("patch", "clusterqueues", "alnair.io"),
             Access("create", "clusterqueues", "alnair.io"),
             Access("delete", "trialjobs", "alnair.io", namespace="team-a"),
-            Access("list", "pods"),
+            Access("create", "pods", namespace="team-a"),
+            Access("patch", "pods", sub="status", namespace="team-a"),
+            Access("create", "pods", sub="binding", namespace="team-a"),
             Access("patch", "nodes"),
             Access("patch", "elasticjobs", "alnair.io", sub="status", namespace="team-a"),
             Access("create", "elasticjobs", "alnair.io", namespace="team-a"),
@@ -489,7 +495,7 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
     elif account == "alnair-dispatcher":
         assert "items" in await limited.list(JOBS)
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
-        await forbidden(limited.list(PODS))
+        await forbidden(limited.create(PODS, {"metadata": {"name": "x"}}, NS))
         # The hub's worker kubeconfigs: Secrets of alnair-clusters only.
         assert "items" in await limited.list(SECRETS, CLUSTERS_NS)
         await forbidden(limited.list(SECRETS, "default"))
@@ -504,6 +510,7 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         assert {h["name"] for h in hook["webhooks"]} == {
             "jobs.hold.alnair.io",
             "elasticjobs.hold.alnair.io",
+            "pods.hold.alnair.io",
         }
     elif account == "alnair-elastic":
         assert "items" in await limited.list(NODES)

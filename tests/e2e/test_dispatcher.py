@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,6 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_PREEMPTIONS,
     LABEL_QUEUE,
 )
-from alnair.scheduler.live.binder import Scheduler
-from alnair.scheduler.settings import SchedulerSettings
 from dispatcher_support import (
     POOL,
     admitted_type,
@@ -51,6 +48,7 @@ from dispatcher_support import (
     gpu_job,
     job,
     local_queue,
+    scheduler,
     wait_for,
 )
 
@@ -67,23 +65,6 @@ def finished_at(j: dict[str, Any]) -> float | None:
         if cond["type"] == "Complete" and cond["status"] == "True":
             return time.time()
     return None
-
-
-@contextlib.asynccontextmanager
-async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
-    sched = Scheduler(
-        kube,
-        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity="disp-e2e"),
-    )
-    await sched.start_watching()
-    task = asyncio.create_task(sched.run())
-    try:
-        yield sched
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await sched.stop()
 
 
 async def test_quota_borrowing_preemption_completion_and_restart(

@@ -16,12 +16,16 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from alnair.common import resources as r
 from alnair.common.certs_cli import ensure
 from alnair.common.kube import (
     CLUSTERQUEUES,
+    COHORTS,
     ELASTICJOBS,
+    EVENTS,
     JOBS,
     LOCALQUEUES,
     MUTATING_WEBHOOKS,
@@ -34,9 +38,15 @@ from alnair.common.kube import (
 )
 from alnair.common.localstack import ControlPlane
 from alnair.common.localstack.controlplane import load_manifests
-from alnair.common.tls import write_folder
+from alnair.common.tls import issue, write_folder
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_RAN, LABEL_QUEUE
+from alnair.scheduler.dispatcher.objects import (
+    ADMISSION_GATE,
+    ANN_ADMITTED_TYPE,
+    ANN_BORROWING,
+    ANN_RAN,
+    LABEL_QUEUE,
+)
 from dispatcher_support import (
     POOL,
     admitted_type,
@@ -45,16 +55,17 @@ from dispatcher_support import (
     explain,
     gpu_job,
     local_queue,
+    scheduler,
     wait_for,
 )
 from elastic_support import elastic_job, start_controller, workers
-from kube_builders import BASE, SYSTEM_NS, shipped_account
+from kube_builders import BASE, SYSTEM_NS, make_pod, shipped_account
 
 pytestmark = pytest.mark.e2e
 
 WEBHOOK_CONFIG = "alnair-dispatcher"
 WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
-HOOKS = {"jobs.hold.alnair.io", "elasticjobs.hold.alnair.io"}
+HOOKS = {"jobs.hold.alnair.io", "elasticjobs.hold.alnair.io", "pods.hold.alnair.io"}
 
 
 def url_webhook_config(url: str, namespace: str) -> dict[str, Any]:
@@ -146,7 +157,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
                 as_certs, namespace=SYSTEM_NS, secret=WEBHOOK_SECRET, hosts=hosts,
                 webhooks=[WEBHOOK_CONFIG],
             )  # fmt: skip
-            assert issued.issued and not again.issued and again.webhooks_patched == 2
+            assert issued.issued and not again.issued and again.webhooks_patched == len(HOOKS)
             assert again.ca_pem == files["ca.crt"]
             await wait_for(lambda: held_on_dry_run(kube, ns), 30, 0.2)
 
@@ -173,7 +184,9 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
                 ns,
             )  # fmt: skip
             assert forged["spec"]["suspend"] is True
-            assert not {ANN_ADMITTED_TYPE, ANN_RAN} & set(forged["metadata"].get("annotations") or {})
+            assert not {ANN_ADMITTED_TYPE, ANN_RAN} & set(
+                forged["metadata"].get("annotations") or {}
+            )
 
             # An ElasticJob naming its queue in its spec, created running: held, admitted at
             # its minimum by the dispatcher; the elastic controller, under its own account,
@@ -194,7 +207,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             await wait_for(lambda: workers(kube, ns, "ej"), 20)
 
             # Beside their job, both accounts are refused.
-            await forbidden(as_dispatcher.list(PODS))
+            await forbidden(as_dispatcher.create(PODS, {"metadata": {"name": "x"}}, ns))
             await forbidden(as_dispatcher.create(JOBS, gpu_job("x", ns, "jobs", 1), ns))
             await forbidden(as_dispatcher.list(SECRETS, SYSTEM_NS))
             await forbidden(as_elastic.delete(PODS, "x", ns))
@@ -221,3 +234,127 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             await kube.delete(SECRETS, WEBHOOK_SECRET, SYSTEM_NS)
             for cq in (f"jobs-{ns}", f"ela-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)
+
+
+async def _pod(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    with contextlib.suppress(NotFound):
+        return await kube.get(PODS, name, ns)
+    return None
+
+
+def _gated(pod: dict[str, Any] | None) -> bool:
+    return bool(pod) and ADMISSION_GATE in {
+        g["name"] for g in (pod or {})["spec"].get("schedulingGates") or []
+    }
+
+
+async def test_pods_of_their_own_queue_admit_complete_and_are_evicted_for_the_lender(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """Plain Pods through a queue: gated at creation, admitted within quota with the GPU model
+    in their node selector, bound by the scheduler, counted until they finish; one that
+    borrowed is evicted when the lender needs its quota back (a gate cannot be put back)."""
+    ns = namespace
+    cp = control_plane
+    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
+    cohort = f"pc-{ns}"
+    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
+                                "metadata": {"name": cohort}})  # fmt: skip
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"pods-{ns}", cohort, {"V100M32": 2}, 2))
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"lend-{ns}", cohort, {"V100M32": 2}, 0))
+    await kube.create(LOCALQUEUES, local_queue("pods", ns, f"pods-{ns}"), ns)
+    await kube.create(LOCALQUEUES, local_queue("lender", ns, f"lend-{ns}"), ns)
+    made = issue(["127.0.0.1"])
+    write_folder(tmp_path / "tls", made.secret_data())
+    settings = dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0)
+
+    def pod(name: str, gpus: int, seconds: float) -> dict[str, Any]:
+        return make_pod(name, ns).pool(ns).gpus(gpus).runs_for(seconds).queue("pods").obj()
+
+    async with KubeClient(dispatcher_cfg) as as_dispatcher, scheduler(kube):
+        running = await start_dispatcher(settings, kube=as_dispatcher)
+        assert running.webhook is not None
+        config = url_webhook_config(running.webhook.url, ns)
+        for hook in config["webhooks"]:
+            hook["clientConfig"]["caBundle"] = base64.b64encode(made.ca_pem).decode()
+        with contextlib.suppress(NotFound):
+            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+        await kube.create(MUTATING_WEBHOOKS, config)
+        try:
+            await wait_for(lambda: held_on_dry_run(kube, ns), 30, 0.2)
+            # Within the queue's own quota, then on quota borrowed from the idle lender.
+            first = await kube.create(PODS, pod("p1", 2, 4), ns)
+            assert _gated(first)
+            await kube.create(PODS, pod("p2", 2, 600), ns)
+            for name in ("p1", "p2"):
+                admitted = await wait_for(
+                    lambda n=name: _admitted_pod(kube, ns, n),
+                    20,  # type: ignore[misc]
+                )
+                assert admitted["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
+            p2 = await kube.get(PODS, "p2", ns)
+            assert p2["metadata"]["annotations"][ANN_BORROWING] == "true"
+            # Full: the third waits, gated, for quota.
+            assert _gated(await kube.create(PODS, pod("p3", 2, 600), ns))
+            waiting = await wait_for(
+                lambda: _explain_pod(running, ns, "p3", lambda d: d["reason"] is not None), 10
+            )
+            assert (waiting["kind"], waiting["status"]) == ("Pod", "waiting")
+            assert waiting["reason"]["kind"] in ("quota", "capacity", "reservation")
+            if (await kube.get(PODS, "p1", ns))["status"].get("phase") == "Running":
+                assert _gated(await kube.get(PODS, "p3", ns))
+            # p1 finishes: its quota is p3's; the admission follows p1's completion.
+            await wait_for(lambda: _phase(kube, ns, "p1", "Succeeded"), 30)
+            await wait_for(lambda: _admitted_pod(kube, ns, "p3"), 20)
+
+            # The lender needs its quota: the borrowed pod cannot be gated again, so it is
+            # evicted, and the lender's Job admitted.
+            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 30) == "V100M32"
+
+            # p2 and p3 both run on borrowed quota now (p1's finish left p2's flag as it was):
+            # the policy evicts one of them, and only one.
+            async def one_evicted() -> str | None:
+                gone = [n for n in ("p2", "p3") if await _gone(kube, ns, n)]
+                return gone[0] if len(gone) == 1 else None
+
+            victim = await wait_for(one_evicted, 20)
+            evicted = await wait_for(lambda: _events(kube, ns, victim, "Preempted"), 10)
+            assert "evicted for" in evicted[0]["message"] and "l1" in evicted[0]["message"]
+            assert (await one_evicted()) == victim
+        finally:
+            await running.stop()
+            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+            for cq in (f"pods-{ns}", f"lend-{ns}"):
+                await kube.delete(CLUSTERQUEUES, cq)
+
+
+async def _admitted_pod(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    pod = await _pod(kube, ns, name)
+    if pod is None or _gated(pod):
+        return None
+    return pod if ANN_ADMITTED_TYPE in (pod["metadata"].get("annotations") or {}) else None
+
+
+async def _phase(kube: KubeClient, ns: str, name: str, phase: str) -> bool:
+    pod = await _pod(kube, ns, name)
+    return bool(pod) and (pod or {}).get("status", {}).get("phase") == phase
+
+
+async def _gone(kube: KubeClient, ns: str, name: str) -> bool:
+    return await _pod(kube, ns, name) is None
+
+
+async def _events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
+    return [e for e in items if e["reason"] == reason]
+
+
+async def _explain_pod(running: Any, ns: str, name: str, ok: Any) -> Any:
+    async with httpx.AsyncClient() as http:
+        resp = await http.get(f"{running.url}/v1/pods/{ns}/{name}")
+    if resp.status_code != 200:
+        return None
+    doc = resp.json()
+    return doc if ok(doc) else None

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, KINDS
+from alnair.common.errors import InvalidValueError
+from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, KINDS, POD
 from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
 from alnair.scheduler.dispatcher.webhook import hold_patch
 
@@ -69,3 +70,36 @@ def test_events_name_the_kind() -> None:
     assert KINDS["ElasticJob"].ref(elastic())["kind"] == "ElasticJob"
     assert KINDS["Job"].ref(job())["apiVersion"] == "batch/v1"
     assert JOB.writes_conditions and not ELASTIC.writes_conditions
+
+
+def pod(labels: dict[str, str] | None = None, gpus: str = "1", **spec: Any) -> dict[str, Any]:
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+    return {
+        "metadata": {"name": "train", "namespace": "team-a", "labels": labels or {}},
+        "spec": {"containers": [container], **spec},
+    }
+
+
+def test_a_pod_of_its_own_is_one_pod_held_by_its_gate_and_released_with_the_model() -> None:
+    gate = {"name": "alnair.io/admission"}
+    p = pod({LABEL_QUEUE: "lq"}, gpus="2", schedulingGates=[gate, {"name": "other"}])
+    assert POD.queued(p)
+    wl = POD.parse(p, 60.0)
+    assert (wl.request.gpus, wl.request.pods, wl.held, wl.kind) == (2, 1, True, "Pod")
+    assert wl.key == POD.key_of(p) != JOB.key_of(p)
+    assert POD.release(wl, "A100") == {
+        "schedulingGates": [{"name": "other"}],
+        "nodeSelector": {"alnair.io/gpu-model": "A100"},
+    }
+    ungated = POD.parse(pod({LABEL_QUEUE: "lq"}), 60.0)
+    assert not ungated.held  # running outside the queue (created while the webhook was off)
+    assert POD.release(ungated, "T4")["schedulingGates"] is None
+    assert POD.reclaim == "evict" and JOB.reclaim == ELASTIC.reclaim == "suspend"
+    assert POD.finished({**p, "status": {"phase": "Succeeded"}}) == "Succeeded"
+    assert POD.finished({**p, "status": {"phase": "Running"}}) is None
+
+
+def test_a_pod_whose_request_cannot_be_read_is_told_its_own_field() -> None:
+    with pytest.raises(InvalidValueError) as bad:
+        POD.parse(pod({LABEL_QUEUE: "lq"}, gpus="two"), 60.0)
+    assert bad.value.field == "spec.containers[0].resources.nvidia.com/gpu"

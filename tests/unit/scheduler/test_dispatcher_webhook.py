@@ -79,7 +79,8 @@ def test_annotations_only_the_dispatcher_writes_are_dropped_at_creation() -> Non
         ("Job", job({LABEL_QUEUE: ""})),
         ("Job", job({LABEL_QUEUE: "lq"}, managedBy="alnair.io/multicluster")),  # the hub's
         ("ElasticJob", {"metadata": {"name": "e"}, "spec": {"minReplicas": 1}}),
-        ("Pod", {"metadata": {"name": "p", "labels": {LABEL_QUEUE: "lq"}}, "spec": {}}),
+        ("Pod", {"metadata": {"name": "p"}, "spec": {}}),
+        ("Service", {"metadata": {"name": "s", "labels": {LABEL_QUEUE: "lq"}}, "spec": {}}),
     ],
 )
 def test_what_no_queue_holds_passes_unchanged(kind: str, obj: dict[str, Any]) -> None:
@@ -126,3 +127,18 @@ async def test_the_endpoint_answers_reviews_and_counts_them() -> None:
     assert resp.status_code == 200
     assert patched(resp.json()) == [{"op": "add", "path": "/spec/suspend", "value": True}]
     assert metrics.webhook_requests.labels("held")._value.get() == 1
+
+
+def test_a_queued_pod_of_its_own_is_gated_and_one_a_controller_owns_is_not() -> None:
+    pod = {"metadata": {"name": "p", "labels": {LABEL_QUEUE: "lq"}}, "spec": {"containers": []}}
+    ops = patched(review(admission("Pod", pod))[0])
+    assert ops == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "alnair.io/admission"}]}
+    ]
+    gated = {**pod, "spec": {"schedulingGates": [{"name": "other"}]}}
+    assert hold_patch("Pod", gated) == [
+        {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "alnair.io/admission"}}
+    ]
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
+    owned = {**pod, "metadata": {**pod["metadata"], "ownerReferences": [owner]}}
+    assert hold_patch("Pod", owned) == []

@@ -3,7 +3,8 @@
 - `GET /v1/jobs/{namespace}/{name}`: status (waiting, admitted, complete, failed, invalid), the
   ClusterQueue, position in it, the reason it waits (quota, reservation, memory, fair share,
   capacity, queue, prediction), predicted start and finish, the prediction used.
-- `GET /v1/elasticjobs/{namespace}/{name}`: the same for an ElasticJob.
+- `GET /v1/elasticjobs/{namespace}/{name}`, `GET /v1/pods/{namespace}/{name}`: the same for an
+  ElasticJob, or for a queued Pod of its own.
 - `GET /v1/queues`: every ClusterQueue, active or why not, with its status.
 - `GET /metrics`, `/healthz`, `/readyz` (ready once every informer has synced).
 Errors are RFC 7807 problem responses.
@@ -37,6 +38,10 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     @app.get("/v1/elasticjobs/{namespace}/{name}")
     async def elasticjob(namespace: str, name: str) -> dict[str, Any]:
         return dispatcher.explain(namespace, name, kind="ElasticJob")
+
+    @app.get("/v1/pods/{namespace}/{name}")
+    async def pod(namespace: str, name: str) -> dict[str, Any]:
+        return dispatcher.explain(namespace, name, kind="Pod")
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, Any]:

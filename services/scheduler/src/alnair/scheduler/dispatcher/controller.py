@@ -366,7 +366,7 @@ class Dispatcher(ReconcileLoop):
                     workloads[surplus.id] = wl
                 continue
             state.admitted_type = None
-            if not wl.suspended:
+            if not wl.held:
                 continue  # running outside the queue: not ours to admit
             if cq is None:
                 state.reason = WaitReason(
@@ -567,10 +567,7 @@ class Dispatcher(ReconcileLoop):
         }
         patch: dict[str, Any] = {
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
-            "spec": {
-                "suspend": False,
-                "template": {"spec": {"nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}},
-            },
+            "spec": KINDS[wl.kind].release(wl, gpu_type),
         }
         try:
             updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
@@ -608,6 +605,9 @@ class Dispatcher(ReconcileLoop):
         return True
 
     async def _preempt(self, wl: Workload, reason: str, for_job: str) -> None:
+        if KINDS[wl.kind].reclaim == "evict":
+            await self._evict(wl, reason, for_job)
+            return
         meta = wl.obj["metadata"]
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
         # The time this run lasted joins the job's run time, so its wait (for the policy's
@@ -643,6 +643,24 @@ class Dispatcher(ReconcileLoop):
             state.admitted_type = None
         await self._event(updated, "Preempted", f"suspended for {for_job}: {reason}", warning=True)
         await self._condition(wl, "False", "Preempted", f"suspended for {for_job}: {reason}")
+        await self._publish(
+            wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
+        )
+
+    async def _evict(self, wl: Workload, reason: str, for_job: str) -> None:
+        """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
+        delete it, this very object (its uid), and say why on it."""
+        try:
+            await self.kube.delete(wl.resource, wl.name, wl.namespace, preconditions_uid=wl.uid)
+        except (Conflict, NotFound):
+            self.metrics.write_conflicts.inc()
+            self._wake.set()
+            return
+        state = self.states.get(wl.key)
+        if state is not None:
+            state.admitted_type = None
+        await self._event(wl.ref(), "Preempted", f"evicted for {for_job}: {reason}", warning=True)
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
         await self._publish(
             wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
         )

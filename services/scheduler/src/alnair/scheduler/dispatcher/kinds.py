@@ -8,8 +8,10 @@ Events and metrics. An adapter says only what is particular to its kind:
 - how its objects are keyed (an ElasticJob and a Job of one name must not collide);
 - what it asks of the queue (`parse`: pod sets as a `Workload`);
 - when it has finished (`finished`);
-- how it is held and released: both kinds today hold with `spec.suspend` and take the chosen
-  GPU model in `spec.template.spec.nodeSelector`, so the core writes that patch;
+- how it is held at creation (`hold`: the admission webhook's JSON Patch), released with the
+  chosen GPU model (`release`: the `spec` part of the admission patch) and reclaimed
+  (`reclaim`: suspended again, or evicted where the kind cannot be held twice, as a Pod's
+  scheduling gate cannot be put back);
 - whether the core writes the `alnair.io/Admitted` condition (a Job's status conditions are
   open to other writers; an ElasticJob's belong to its controller).
 
@@ -20,17 +22,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from alnair.common.kube import ELASTICJOBS, JOBS, Obj, Resource
+from alnair.common import resources as res
+from alnair.common.kube import ELASTICJOBS, JOBS, PODS, Obj, Resource
 from alnair.scheduler.dispatcher.objects import (
+    ADMISSION_GATE,
     LABEL_QUEUE,
     Workload,
     elastic_finished,
     elastic_key,
     is_finished,
     parse_elastic_workload,
+    parse_pod_workload,
     parse_workload,
+    pod_finished,
+    pod_key,
 )
+
+Patch = list[dict[str, Any]]
 
 JOB_CONTROLLER = "kubernetes.io/job-controller"
 """`spec.managedBy` of a Job the built-in Job controller runs (the default)."""
@@ -48,6 +58,11 @@ class WorkloadKind:
     parse: Callable[[Obj, float], Workload]
     finished: Callable[[Obj], str | None]
     writes_conditions: bool
+    hold: Callable[[Obj], Patch]
+    """The JSON Patch that holds a new object for its queue ([] when it is held already)."""
+    release: Callable[[Workload, str], Obj]
+    """The `spec` of the merge patch that admits it onto a GPU model."""
+    reclaim: Literal["suspend", "evict"]
 
     @property
     def informer(self) -> str:
@@ -73,6 +88,53 @@ def _job_queued(obj: Obj) -> bool:
     return bool(labels.get(LABEL_QUEUE)) and managed_by in (None, "", JOB_CONTROLLER)
 
 
+def _controller(obj: Obj) -> dict[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
+def _pod_queued(obj: Obj) -> bool:
+    """A Pod of its own names its queue with the label. A pod some controller owns (a Job's,
+    a ReplicaSet's) is admitted with its owner, never on its own."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(LABEL_QUEUE)) and _controller(obj) is None
+
+
+def _suspend(obj: Obj) -> Patch:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return [{"op": "add", "path": "/spec", "value": {"suspend": True}}]
+    if spec.get("suspend") is True:
+        return []
+    return [{"op": "add", "path": "/spec/suspend", "value": True}]
+
+
+def _gate(obj: Obj) -> Patch:
+    gate = {"name": ADMISSION_GATE}
+    gates = (obj.get("spec") or {}).get("schedulingGates")
+    if not gates:
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
+    if any(g.get("name") == ADMISSION_GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
+
+
+def _unsuspend(_wl: Workload, gpu_type: str) -> Obj:
+    # The GPU model goes into the pod template while the workload is still suspended: the API
+    # server refuses template changes on a Job that has started.
+    return {
+        "suspend": False,
+        "template": {"spec": {"nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}},
+    }
+
+
+def _ungate(wl: Workload, gpu_type: str) -> Obj:
+    # One patch: the gate goes and the node selector gains the model (allowed while gated).
+    gates = (wl.obj.get("spec") or {}).get("schedulingGates") or []
+    rest = [g for g in gates if g.get("name") != ADMISSION_GATE]
+    return {"schedulingGates": rest or None, "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}
+
+
 def _elastic_queued(obj: Obj) -> bool:
     """An ElasticJob names its queue with the label or `spec.queue`."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -89,6 +151,9 @@ JOB = WorkloadKind(
     parse=parse_workload,
     finished=is_finished,
     writes_conditions=True,
+    hold=_suspend,
+    release=_unsuspend,
+    reclaim="suspend",
 )
 ELASTIC = WorkloadKind(
     kind="ElasticJob",
@@ -100,6 +165,23 @@ ELASTIC = WorkloadKind(
     parse=parse_elastic_workload,
     finished=elastic_finished,
     writes_conditions=False,
+    hold=_suspend,
+    release=_unsuspend,
+    reclaim="suspend",
 )
-KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC)}
+POD = WorkloadKind(
+    kind="Pod",
+    api_version="v1",
+    resource=PODS,
+    label_selector=LABEL_QUEUE,
+    queued=_pod_queued,
+    key=pod_key,
+    parse=parse_pod_workload,
+    finished=pod_finished,
+    writes_conditions=False,
+    hold=_gate,
+    release=_ungate,
+    reclaim="evict",
+)
+KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC, POD)}
 """Every kind the dispatcher queues, by `kind`."""

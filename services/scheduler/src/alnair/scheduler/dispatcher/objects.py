@@ -17,7 +17,7 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS, object_model
 from alnair.common.errors import InvalidValueError
-from alnair.common.kube import ELASTICJOBS, JOBS, Obj, Resource
+from alnair.common.kube import ELASTICJOBS, JOBS, PODS, Obj, Resource
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
@@ -39,6 +39,9 @@ ANN_QUEUE_STATE = "alnair.io/queue-state"
 ANN_TRIAL = "alnair.io/trial"
 """The TrialJob run for this Job's cold start, or `skip` (set by the user) for none."""
 LABEL_TRIAL_FOR = "alnair.io/trial-for"
+ADMISSION_GATE = "alnair.io/admission"
+"""The scheduling gate that holds a queued Pod until the dispatcher admits it (a gated pod's
+node selector may still be added to, KEP-3838, which is how the chosen GPU model reaches it)."""
 GPU = "nvidia.com/gpu"
 
 
@@ -192,6 +195,8 @@ class Workload:
     api_version: str = "batch/v1"
     surplus_gpus: int = 0
     """ElasticJob: GPUs of the workers it runs above its minimum (counted as borrowed quota)."""
+    held: bool = False
+    """Held for its queue: suspended (Job, ElasticJob) or gated (Pod)."""
 
     @property
     def elastic(self) -> bool:
@@ -218,13 +223,9 @@ class Workload:
         return self.obj["metadata"].get("annotations") or {}
 
     @property
-    def suspended(self) -> bool:
-        return bool((self.obj.get("spec") or {}).get("suspend"))
-
-    @property
     def admitted_type(self) -> str | None:
-        """The GPU model it was admitted on, while it is admitted (not suspended)."""
-        if self.suspended:
+        """The GPU model it was admitted on, while it is admitted (not held)."""
+        if self.held:
             return None
         return self.annotations.get(ANN_ADMITTED_TYPE)
 
@@ -249,7 +250,48 @@ def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
         features=features,
         gpu_model=gpu_model_constraint(job),
         restart_cost_s=restart,
+        held=bool((job.get("spec") or {}).get("suspend")),
     )
+
+
+def pod_key(namespace: str, name: str) -> str:
+    """Pods share the queue with Jobs and ElasticJobs: their keys must not collide."""
+    return f"pod:{namespace}/{name}"
+
+
+def gated(pod: Obj) -> bool:
+    """Whether the pod still carries the admission gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def parse_pod_workload(pod: Obj, default_restart_cost_s: float) -> Workload:
+    """A plain Pod as a queued workload: one pod of its own GPU request."""
+    job_like = {"metadata": pod["metadata"], "spec": {"template": {"spec": pod.get("spec") or {}}}}
+    try:
+        wl = parse_workload(job_like, default_restart_cost_s)
+    except InvalidValueError as exc:
+        # Named as the Pod has it (`spec.containers[0]...`), not as the Job it was read as.
+        field = exc.field.replace("spec.template.spec.", "spec.", 1)
+        raise InvalidValueError(field, exc.value, exc.reason) from None
+    return Workload(
+        key=pod_key(pod["metadata"]["namespace"], pod["metadata"]["name"]),
+        obj=pod,
+        local_queue=wl.local_queue,
+        request=wl.request,
+        features=wl.features,
+        gpu_model=wl.gpu_model,
+        restart_cost_s=wl.restart_cost_s,
+        resource=PODS,
+        kind="Pod",
+        api_version="v1",
+        held=gated(pod),
+    )
+
+
+def pod_finished(pod: Obj) -> str | None:
+    phase = (pod.get("status") or {}).get("phase")
+    return str(phase) if phase in ("Succeeded", "Failed") else None
 
 
 def elastic_key(namespace: str, name: str) -> str:
@@ -278,6 +320,7 @@ def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="ElasticJob",
         api_version="alnair.io/v1alpha1",
         surplus_gpus=max(0, current - low) * per_worker,
+        held=bool(spec.get("suspend")),
     )
 
 

@@ -67,12 +67,7 @@ def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     adapter = KINDS.get(kind)
     if adapter is None or not adapter.queued(obj):
         return []
-    ops: list[dict[str, Any]] = []
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        ops.append({"op": "add", "path": "/spec", "value": {"suspend": True}})
-    elif spec.get("suspend") is not True:
-        ops.append({"op": "add", "path": "/spec/suspend", "value": True})
+    ops = adapter.hold(obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     ops.extend(
         {"op": "remove", "path": f"/metadata/annotations/{_pointer(key)}"}
