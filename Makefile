@@ -6,10 +6,10 @@ UV := $(PY) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-python setup-native setup-control-plane test test-unit test-integration test-e2e \
+.PHONY: setup setup-python setup-native setup-control-plane setup-peers test test-unit test-integration test-e2e \
         lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos soak schema clean
 
-setup: setup-python setup-native setup-control-plane ## install everything the tests and the demo need
+setup: setup-python setup-native setup-control-plane setup-peers ## install everything the tests and the demo need
 
 setup-python:
 	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv \
@@ -22,6 +22,10 @@ setup-native:
 
 setup-control-plane:
 	@bash hack/build-control-plane.sh all
+
+# Other projects' parts the e2e tests meet (JobSet's CRDs and controller), from their Go modules.
+setup-peers:
+	@bash hack/build-peers.sh
 
 test: setup ## the whole suite: unit, integration (real nats/redis), e2e (real control plane)
 	@$(BIN)/pytest tests -p no:cacheprovider

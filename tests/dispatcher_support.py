@@ -13,13 +13,17 @@ import httpx
 from alnair.common import resources as r
 from alnair.common.kube import JOBS, KubeClient
 from alnair.common.localstack import ControlPlane
+from alnair.common.localstack.controlplane import load_manifests
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
+from kube_builders import BASE
 
 POOL = "alnair.io/test-pool"
+WEBHOOK_CONFIG = "alnair-dispatcher"
+"""The shipped MutatingWebhookConfiguration's name (deploy/kustomize/base/dispatcher)."""
 
 
 def gpu_job(
@@ -145,3 +149,18 @@ async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await sched.stop()
+
+
+def url_webhook_config(url: str, namespace: str) -> dict[str, Any]:
+    """The shipped configuration, pointed at `url` and limited to the test's namespace (so no
+    other test's Jobs depend on this dispatcher)."""
+    (config,) = [
+        d
+        for d in load_manifests(BASE / "dispatcher" / "webhook.yaml")
+        if d["kind"] == "MutatingWebhookConfiguration"
+    ]
+    for hook in config["webhooks"]:
+        assert hook["failurePolicy"] == "Fail"
+        hook["clientConfig"] = {"url": f"{url}/mutate"}
+        hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    return config

@@ -149,6 +149,8 @@ EXPECTATIONS = [
             Access("watch", "pods"),
             Access("patch", "pods", namespace="team-a"),
             Access("delete", "pods", namespace="team-a"),
+            Access("watch", "jobsets", "jobset.x-k8s.io"),
+            Access("patch", "jobsets", "jobset.x-k8s.io", namespace="team-a"),
             Access("create", "events", namespace="team-a"),
             Access("list", "secrets", namespace=CLUSTERS_NS),
             Access("watch", "secrets", namespace=CLUSTERS_NS),
@@ -509,6 +511,7 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         hook = await limited.get(MUTATING_WEBHOOKS, "alnair-dispatcher")
         assert {h["name"] for h in hook["webhooks"]} == {
             "jobs.hold.alnair.io",
+            "jobsets.hold.alnair.io",
             "elasticjobs.hold.alnair.io",
             "pods.hold.alnair.io",
         }

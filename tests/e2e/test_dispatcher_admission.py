@@ -37,7 +37,6 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.controlplane import load_manifests
 from alnair.common.tls import issue, write_folder
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import (
@@ -49,6 +48,7 @@ from alnair.scheduler.dispatcher.objects import (
 )
 from dispatcher_support import (
     POOL,
+    WEBHOOK_CONFIG,
     admitted_type,
     cluster_queue,
     dispatcher_settings,
@@ -56,32 +56,21 @@ from dispatcher_support import (
     gpu_job,
     local_queue,
     scheduler,
+    url_webhook_config,
     wait_for,
 )
 from elastic_support import elastic_job, start_controller, workers
-from kube_builders import BASE, SYSTEM_NS, make_pod, shipped_account
+from kube_builders import SYSTEM_NS, make_pod, shipped_account
 
 pytestmark = pytest.mark.e2e
 
-WEBHOOK_CONFIG = "alnair-dispatcher"
 WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
-HOOKS = {"jobs.hold.alnair.io", "elasticjobs.hold.alnair.io", "pods.hold.alnair.io"}
-
-
-def url_webhook_config(url: str, namespace: str) -> dict[str, Any]:
-    """The shipped configuration, pointed at `url` and limited to the test's namespace (so no
-    other test's Jobs depend on this dispatcher)."""
-    (config,) = [
-        d
-        for d in load_manifests(BASE / "dispatcher" / "webhook.yaml")
-        if d["kind"] == "MutatingWebhookConfiguration"
-    ]
-    assert {h["name"] for h in config["webhooks"]} == HOOKS
-    for hook in config["webhooks"]:
-        assert hook["failurePolicy"] == "Fail"
-        hook["clientConfig"] = {"url": f"{url}/mutate"}
-        hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    return config
+HOOKS = {
+    "jobs.hold.alnair.io",
+    "jobsets.hold.alnair.io",
+    "elasticjobs.hold.alnair.io",
+    "pods.hold.alnair.io",
+}
 
 
 def running_job(name: str, ns: str, queue: str, gpus: int, **annotations: str) -> dict[str, Any]:
@@ -151,8 +140,10 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             assert running.webhook is not None
             with contextlib.suppress(NotFound):
                 await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
-            await kube.create(MUTATING_WEBHOOKS, url_webhook_config(running.webhook.url, ns))
-            # Run again: the certificate is kept, the CA goes into both webhooks.
+            config = url_webhook_config(running.webhook.url, ns)
+            assert {h["name"] for h in config["webhooks"]} == HOOKS
+            await kube.create(MUTATING_WEBHOOKS, config)
+            # Run again: the certificate is kept, the CA goes into every webhook.
             again = await ensure(
                 as_certs, namespace=SYSTEM_NS, secret=WEBHOOK_SECRET, hosts=hosts,
                 webhooks=[WEBHOOK_CONFIG],

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, KINDS, POD
+from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, JOBSET, KINDS, POD
 from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
 from alnair.scheduler.dispatcher.webhook import hold_patch
 
@@ -103,3 +103,56 @@ def test_a_pod_whose_request_cannot_be_read_is_told_its_own_field() -> None:
     with pytest.raises(InvalidValueError) as bad:
         POD.parse(pod({LABEL_QUEUE: "lq"}, gpus="two"), 60.0)
     assert bad.value.field == "spec.containers[0].resources.nvidia.com/gpu"
+
+
+def jobset_obj(**spec: Any) -> dict[str, Any]:
+    def rj(name: str, replicas: int, gpus: str | None, parallelism: int = 1) -> dict[str, Any]:
+        c: dict[str, Any] = {"name": name}
+        if gpus is not None:
+            c["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+        job = {"parallelism": parallelism, "template": {"spec": {"containers": [c]}}}
+        return {"name": name, "replicas": replicas, "template": {"spec": job}}
+
+    return {
+        "metadata": {"name": "js", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}},
+        "spec": {
+            "replicatedJobs": [rj("workers", 3, "2", parallelism=2), rj("driver", 1, None)],
+            **spec,
+        },
+    }
+
+
+def test_a_jobset_counts_every_replicated_job_and_releases_each_with_the_model() -> None:
+    js = jobset_obj(suspend=True)
+    assert JOBSET.queued(js)
+    assert not JOBSET.queued({**js, "spec": {**js["spec"], "managedBy": "kueue.x-k8s.io/x"}})
+    wl = JOBSET.parse(js, 60.0)
+    # 3 replicas x 2 pods x 2 GPUs; the driver asks for none and counts for nothing.
+    assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod, wl.held) == (12, 6, 2, True)
+    assert wl.key == "jobset:team-a/js"
+    released = JOBSET.release(wl, "H100")
+    assert released["suspend"] is False
+    for rj in released["replicatedJobs"]:
+        pod_spec = rj["template"]["spec"]["template"]["spec"]
+        assert pod_spec["nodeSelector"] == {"alnair.io/gpu-model": "H100"}
+        assert pod_spec["containers"]  # the rest of the template kept
+    assert (
+        js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"].get("nodeSelector")
+        is None
+    )  # the informer's copy is not changed in place
+    done = {"status": {"conditions": [{"type": "Completed", "status": "True"}]}}
+    assert JOBSET.finished({**js, **done}) == "Completed" and JOBSET.finished(js) is None
+    assert JOBSET.optional and not JOB.optional
+
+
+def test_a_jobset_without_gpus_or_with_a_bad_count_is_named() -> None:
+    js = jobset_obj()
+    js["spec"]["replicatedJobs"] = js["spec"]["replicatedJobs"][1:]
+    with pytest.raises(InvalidValueError, match="at least one replicated Job"):
+        JOBSET.parse(js, 60.0)
+    bad = jobset_obj()
+    containers = bad["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    containers["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "lots"
+    with pytest.raises(InvalidValueError) as named:
+        JOBSET.parse(bad, 60.0)
+    assert named.value.field.startswith("spec.replicatedJobs[0].template.spec.template.spec.")

@@ -142,6 +142,7 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments")
 DAEMONSETS = Resource("apps", "v1", "daemonsets")
 SERVICES = Resource("", "v1", "services")
 SECRETS = Resource("", "v1", "secrets")
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
 )

@@ -3,8 +3,8 @@
 - `GET /v1/jobs/{namespace}/{name}`: status (waiting, admitted, complete, failed, invalid), the
   ClusterQueue, position in it, the reason it waits (quota, reservation, memory, fair share,
   capacity, queue, prediction), predicted start and finish, the prediction used.
-- `GET /v1/elasticjobs/{namespace}/{name}`, `GET /v1/pods/{namespace}/{name}`: the same for an
-  ElasticJob, or for a queued Pod of its own.
+- `GET /v1/elasticjobs/{namespace}/{name}`, `/v1/pods/...`, `/v1/jobsets/...`: the same for an
+  ElasticJob, a queued Pod of its own, a JobSet.
 - `GET /v1/queues`: every ClusterQueue, active or why not, with its status.
 - `GET /metrics`, `/healthz`, `/readyz` (ready once every informer has synced).
 Errors are RFC 7807 problem responses.
@@ -42,6 +42,10 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     @app.get("/v1/pods/{namespace}/{name}")
     async def pod(namespace: str, name: str) -> dict[str, Any]:
         return dispatcher.explain(namespace, name, kind="Pod")
+
+    @app.get("/v1/jobsets/{namespace}/{name}")
+    async def jobset(namespace: str, name: str) -> dict[str, Any]:
+        return dispatcher.explain(namespace, name, kind="JobSet")
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, Any]:

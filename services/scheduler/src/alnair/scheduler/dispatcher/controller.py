@@ -191,6 +191,29 @@ class Dispatcher(ReconcileLoop):
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
 
+    async def start_watching(self) -> None:
+        """Watch every kind the cluster serves. A kind from another project whose API is not
+        served (its CRD not installed) is left out, and the log says so once: installing it
+        later takes a restart of the dispatcher."""
+        for name, kind in list(KINDS.items()):
+            if kind.optional and not await self._served(kind):
+                r = kind.resource
+                log.info(
+                    "a kind is not queued: the cluster does not serve its API",
+                    extra={"kind": kind.kind, "api": f"{r.plural}.{r.group}/{r.version}"},
+                )
+                left_out = self.workload_watches.pop(name)
+                self.informers = tuple(i for i in self.informers if i is not left_out)
+        await super().start_watching()
+
+    async def _served(self, kind: WorkloadKind) -> bool:
+        r = kind.resource
+        try:
+            doc = await self.kube.request("GET", f"/apis/{r.group}/{r.version}")
+        except NotFound:
+            return False
+        return any(item.get("name") == r.plural for item in doc.get("resources") or [])
+
     # --- wake-ups -----------------------------------------------------------------------
 
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
@@ -830,7 +853,10 @@ class Dispatcher(ReconcileLoop):
     def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
         adapter: WorkloadKind = KINDS[kind]
         key = adapter.key(namespace, name)
-        obj = self.workload_watches[kind].get(f"{namespace}/{name}")
+        informer = self.workload_watches.get(kind)
+        if informer is None:
+            raise NotFound(404, "NotFound", f"{kind}s are not queued on this cluster", key)
+        obj = informer.get(f"{namespace}/{name}")
         if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)

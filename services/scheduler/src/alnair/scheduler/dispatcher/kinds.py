@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from alnair.common import resources as res
-from alnair.common.kube import ELASTICJOBS, JOBS, PODS, Obj, Resource
+from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
     LABEL_QUEUE,
@@ -33,7 +33,10 @@ from alnair.scheduler.dispatcher.objects import (
     elastic_finished,
     elastic_key,
     is_finished,
+    jobset_finished,
+    jobset_key,
     parse_elastic_workload,
+    parse_jobset_workload,
     parse_pod_workload,
     parse_workload,
     pod_finished,
@@ -44,6 +47,7 @@ Patch = list[dict[str, Any]]
 
 JOB_CONTROLLER = "kubernetes.io/job-controller"
 """`spec.managedBy` of a Job the built-in Job controller runs (the default)."""
+JOBSET_CONTROLLER = "jobset.sigs.k8s.io/jobset-controller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,8 @@ class WorkloadKind:
     release: Callable[[Workload, str], Obj]
     """The `spec` of the merge patch that admits it onto a GPU model."""
     reclaim: Literal["suspend", "evict"]
+    optional: bool = False
+    """Its API comes from another project (a CRD): queued only where the cluster serves it."""
 
     @property
     def informer(self) -> str:
@@ -78,14 +84,25 @@ class WorkloadKind:
         return self.key(str(meta["namespace"]), str(meta["name"]))
 
 
-def _job_queued(obj: Obj) -> bool:
-    """A Job names its LocalQueue with the label and is run by the built-in Job controller.
-
-    A Job another controller runs (`spec.managedBy`: the multi-cluster hub's copy on a worker,
-    a JobSet's child) is that controller's to admit."""
+def _managed_queued(obj: Obj, controller: str) -> bool:
+    """Labelled for a queue, run by `controller` (`spec.managedBy` unset or naming it), and
+    owned by no other controller: a JobSet's child Job, or the multi-cluster hub's copy on a
+    worker, is admitted with its owner."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     managed_by = (obj.get("spec") or {}).get("managedBy")
-    return bool(labels.get(LABEL_QUEUE)) and managed_by in (None, "", JOB_CONTROLLER)
+    return (
+        bool(labels.get(LABEL_QUEUE))
+        and managed_by in (None, "", controller)
+        and _controller(obj) is None
+    )
+
+
+def _job_queued(obj: Obj) -> bool:
+    return _managed_queued(obj, JOB_CONTROLLER)
+
+
+def _jobset_queued(obj: Obj) -> bool:
+    return _managed_queued(obj, JOBSET_CONTROLLER)
 
 
 def _controller(obj: Obj) -> dict[str, Any] | None:
@@ -133,6 +150,20 @@ def _ungate(wl: Workload, gpu_type: str) -> Obj:
     gates = (wl.obj.get("spec") or {}).get("schedulingGates") or []
     rest = [g for g in gates if g.get("name") != ADMISSION_GATE]
     return {"schedulingGates": rest or None, "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}
+
+
+def _unsuspend_jobset(wl: Workload, gpu_type: str) -> Obj:
+    # A merge patch replaces a list whole: every replicated Job, each with the model in its
+    # pod template's node selector (JobSet lets a suspended JobSet's pod templates change).
+    sets = []
+    for rj in (wl.obj.get("spec") or {}).get("replicatedJobs") or []:
+        pod_spec = dict(rj["template"]["spec"]["template"].get("spec") or {})
+        pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}),
+                                    res.LABEL_GPU_MODEL: gpu_type}  # fmt: skip
+        pod_template = {**rj["template"]["spec"]["template"], "spec": pod_spec}
+        job_spec = {**rj["template"]["spec"], "template": pod_template}
+        sets.append({**rj, "template": {**rj["template"], "spec": job_spec}})
+    return {"suspend": False, "replicatedJobs": sets}
 
 
 def _elastic_queued(obj: Obj) -> bool:
@@ -183,5 +214,20 @@ POD = WorkloadKind(
     release=_ungate,
     reclaim="evict",
 )
-KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC, POD)}
+JOBSET = WorkloadKind(
+    kind="JobSet",
+    api_version="jobset.x-k8s.io/v1alpha2",
+    resource=JOBSETS,
+    label_selector=LABEL_QUEUE,
+    queued=_jobset_queued,
+    key=jobset_key,
+    parse=parse_jobset_workload,
+    finished=jobset_finished,
+    writes_conditions=False,
+    hold=_suspend,
+    release=_unsuspend_jobset,
+    reclaim="suspend",
+    optional=True,
+)
+KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC, POD, JOBSET)}
 """Every kind the dispatcher queues, by `kind`."""

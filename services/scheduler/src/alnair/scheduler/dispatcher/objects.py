@@ -17,7 +17,7 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS, object_model
 from alnair.common.errors import InvalidValueError
-from alnair.common.kube import ELASTICJOBS, JOBS, PODS, Obj, Resource
+from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
@@ -121,6 +121,18 @@ class GpuRequest:
 
 def gpu_request(job: Obj) -> GpuRequest:
     """The GPUs a Job's pods ask for, all pods running at once (parallelism)."""
+    request = gpus_asked(job)
+    if request is None:
+        raise InvalidValueError(
+            "spec.template.spec.containers[].resources",
+            0,
+            f"a queued Job must ask for {GPU}, {res.GPU_MEMORY_GIB} or {res.GPU_MEMORY}",
+        )
+    return request
+
+
+def gpus_asked(job: Obj) -> GpuRequest | None:
+    """`gpu_request`, or None when the Job's pods ask for no GPU at all."""
     spec = job.get("spec") or {}
     pods = _int(spec.get("parallelism", 1), "spec.parallelism", minimum=1)
     completions = spec.get("completions")
@@ -151,11 +163,7 @@ def gpu_request(job: Obj) -> GpuRequest:
         # A fraction counts as one GPU of quota: it holds a GPU's share for its lifetime.
         return GpuRequest(gpus=pods, pods=pods, gpus_per_pod=1, memory_mib_per_pod=memory)
     if not whole:
-        raise InvalidValueError(
-            "spec.template.spec.containers[].resources",
-            0,
-            f"a queued Job must ask for {GPU}, {res.GPU_MEMORY_GIB} or {res.GPU_MEMORY}",
-        )
+        return None
     return GpuRequest(gpus=pods * whole, pods=pods, gpus_per_pod=whole)
 
 
@@ -230,18 +238,24 @@ class Workload:
         return self.annotations.get(ANN_ADMITTED_TYPE)
 
 
+def _restart_cost(meta: Obj, default_s: float) -> float:
+    """`alnair.io/restart-cost-s`: the work a preemption loses (default: the setting)."""
+    raw = (meta.get("annotations") or {}).get(ANN_RESTART_COST)
+    if raw is None:
+        return default_s
+    try:
+        restart = float(raw)
+    except ValueError:
+        raise InvalidValueError(ANN_RESTART_COST, raw, "not a number") from None
+    if not 0 <= restart < math.inf:
+        raise InvalidValueError(ANN_RESTART_COST, raw, "must be >= 0")
+    return restart
+
+
 def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
     meta = job["metadata"]
     features = object_model(job).present()
-    restart_raw = (meta.get("annotations") or {}).get(ANN_RESTART_COST)
-    restart = default_restart_cost_s
-    if restart_raw is not None:
-        try:
-            restart = float(restart_raw)
-        except ValueError:
-            raise InvalidValueError(ANN_RESTART_COST, restart_raw, "not a number") from None
-        if not 0 <= restart < math.inf:
-            raise InvalidValueError(ANN_RESTART_COST, restart_raw, "must be >= 0")
+    restart = _restart_cost(meta, default_restart_cost_s)
     return Workload(
         key=f"{meta['namespace']}/{meta['name']}",
         obj=job,
@@ -287,6 +301,71 @@ def parse_pod_workload(pod: Obj, default_restart_cost_s: float) -> Workload:
         api_version="v1",
         held=gated(pod),
     )
+
+
+def jobset_key(namespace: str, name: str) -> str:
+    return f"jobset:{namespace}/{name}"
+
+
+def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """A JobSet as one queued workload: every replicated Job's pods, all running at once
+    (`replicas` x `parallelism` each). Replicated Jobs that ask for no GPU (a coordinator)
+    count for nothing; the per-pod shape the policy places is the largest one asked."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    sets = spec.get("replicatedJobs")
+    if not isinstance(sets, list) or not sets:
+        raise InvalidValueError("spec.replicatedJobs", sets, "a JobSet needs replicated Jobs")
+    gpus = pods = per_pod = 0
+    model: str | None = None
+    for i, rj in enumerate(sets):
+        where = f"spec.replicatedJobs[{i}]"
+        replicas = _int(rj.get("replicas", 1), f"{where}.replicas", minimum=0)
+        job_like = {"metadata": meta, "spec": (rj.get("template") or {}).get("spec") or {}}
+        try:
+            request = gpus_asked(job_like)
+        except InvalidValueError as exc:
+            raise InvalidValueError(
+                f"{where}.template.{exc.field}", exc.value, exc.reason
+            ) from None
+        if request is None:
+            continue  # a replicated Job without GPUs (a coordinator)
+        if request.memory_mib_per_pod is not None:
+            raise InvalidValueError(
+                f"{where}.template.spec.template.spec.containers[].resources",
+                "GPU memory",
+                "a JobSet asks for whole GPUs (fractions are queued for Jobs and Pods)",
+            )
+        gpus += replicas * request.gpus
+        pods += replicas * request.pods
+        per_pod = max(per_pod, request.gpus_per_pod)
+        model = model or gpu_model_constraint(job_like)
+    if not gpus:
+        raise InvalidValueError(
+            "spec.replicatedJobs[].template.spec.template.spec.containers[].resources",
+            0,
+            f"a queued JobSet must ask for {GPU} in at least one replicated Job",
+        )
+    return Workload(
+        key=jobset_key(meta["namespace"], meta["name"]),
+        obj=obj,
+        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE, ""),
+        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        features=object_model(obj).present(),
+        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=JOBSETS,
+        kind="JobSet",
+        api_version="jobset.x-k8s.io/v1alpha2",
+        held=bool(spec.get("suspend")),
+    )
+
+
+def jobset_finished(obj: Obj) -> str | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Completed", "Failed") and cond.get("status") == "True":
+            return str(cond["type"])
+    return None
 
 
 def pod_finished(pod: Obj) -> str | None:
