@@ -106,3 +106,37 @@ async def test_hostile_pods_get_events_and_do_not_stop_scheduling(
     for name in odd:
         assert (await kube.get(PODS, name, namespace))["spec"].get("nodeName"), name
     assert all(scheduler.informers()[i].healthy for i in range(4))
+
+
+async def test_a_pod_another_scheduler_bound_holds_its_gpus_even_when_unreadable(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
+) -> None:
+    """A pod bound by someone else (here: created with `nodeName`, as kube-scheduler's bind
+    leaves it) asking for a GPU model no node has holds all 8 GPUs of its V100 node: an Alnair
+    pod for that node waits instead of being bound onto them, and the foreign pod gets a
+    Warning saying what Alnair counts it as (issue 24)."""
+    pool = f"f{uuid.uuid4().hex[:5]}"
+    (node,) = await control_plane.create_gpu_nodes(
+        "1x V100M32:8", kube=kube, prefix=pool, labels={"alnair.io/test-pool": pool}
+    )
+    foreign = make_pod("foreign", namespace).gpus(8).scheduler("default-scheduler").obj()
+    foreign["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "B200"
+    foreign["spec"]["nodeName"] = node
+    await kube.create(PODS, foreign, namespace)
+
+    async def warned() -> list[str]:
+        return [w for w in await warnings_for(kube, namespace, "foreign") if "Unreadable" in w]
+
+    async with asyncio.timeout(20):
+        while not (said := await warned()):
+            await asyncio.sleep(0.2)
+    assert "holding 8 GPU(s)" in said[0] and "B200" in said[0], said
+    await kube.create(PODS, make_pod("mine", namespace).gpus(1).pool(pool).obj(), namespace)
+    async with asyncio.timeout(20):
+        while not await warnings_for(kube, namespace, "mine"):
+            await asyncio.sleep(0.2)
+    assert not (await kube.get(PODS, "mine", namespace))["spec"].get("nodeName")
+    await kube.delete(PODS, "foreign", namespace)
+    async with asyncio.timeout(20):
+        while not (await kube.get(PODS, "mine", namespace))["spec"].get("nodeName"):
+            await asyncio.sleep(0.2)

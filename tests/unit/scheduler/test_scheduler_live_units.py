@@ -939,3 +939,33 @@ def test_pod_count_and_other_resources_are_checked_and_counted() -> None:
     snap = cache.snapshot()
     verdict = NodeResourcesExtra().filter(parse_pod(huge), snap, state, nodes)
     assert [snap.names[int(n)] for n in nodes[verdict.passed]] == ["big"]
+
+
+def test_a_bound_pod_whose_request_cannot_be_read_still_holds_what_it_holds() -> None:
+    """Bound by another scheduler with a model no node has (issue 24): its 8 GPUs are taken,
+    not free; and a quantity that cannot be read leaves the rest of its request counted."""
+    cache = SchedulerCache()
+    cache.upsert_node(node("n1", 8, model="V100M32"))
+    foreign = make_pod("foreign", "ns").gpus(8).cpu("4").obj()
+    foreign["metadata"]["uid"] = "uf"
+    foreign["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "B200"
+    foreign["spec"]["nodeName"] = "n1"
+    problem = cache.add_bound(foreign)
+    assert problem is not None and "B200" in problem
+    snap = cache.snapshot()
+    assert list(snap.gpu_free[0, :8]) == [0] * 8
+    assert int(snap.cpu_free[0]) == 32000 - 4000
+    assert cache.add_bound(foreign) is None  # said once, when first accounted
+
+    bad_cpu = make_pod("odd", "ns").gpus(2).obj()
+    bad_cpu["metadata"]["uid"] = "uo"
+    bad_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    bad_cpu["spec"]["nodeName"] = "n2"
+    cache.upsert_node(node("n2", 4))
+    assert cache.add_bound(bad_cpu) is not None
+    held = cache.bound["uo"][0]
+    assert (held.num_gpu, held.cpu_milli, held.memory_mib) == (2, 0, 1024)
+    assert int(cache.snapshot().gpu_free[1, :4].sum()) == 2000
+
+    readable = bound("fine", "n2", 1, "3", "ufine")
+    assert cache.add_bound(readable) is None

@@ -276,7 +276,15 @@ class Scheduler:
                 self._room_freed(known[1] if known is not None and victim else None)
             return
         if spec.get("nodeName"):
-            self.cache.add_bound(pod)
+            problem = self.cache.add_bound(pod)
+            if problem is not None:
+                held = self.cache.bound[uid][0]
+                self._emit(
+                    pod, "Warning", "UnreadableRequest",
+                    f"bound to {spec['nodeName']}; Alnair counts it as holding {held.num_gpu} "
+                    f"GPU(s), {held.cpu_milli}m CPU, {held.memory_mib} MiB, the parts of its "
+                    f"request it can read: {problem}",
+                )  # fmt: skip
             labels = meta.get("labels") or {}
             if (
                 old is None

@@ -34,7 +34,7 @@ from alnair.scheduler.budgets import DisruptionBudgets
 from alnair.scheduler.live.pods import (
     MODELLED_RESOURCES,
     LivePod,
-    parse_pod,
+    parse_bound_pod,
     placement_annotations,
 )
 from alnair.scheduler.plugins.coscheduling import GangBook
@@ -237,8 +237,10 @@ class SchedulerCache:
 
     # --- pods ----------------------------------------------------------------------------
 
-    def add_bound(self, pod: Obj) -> None:
-        """Account a pod that the API server shows bound to a node (idempotent)."""
+    def add_bound(self, pod: Obj) -> str | None:
+        """Account a pod that the API server shows bound to a node (idempotent). Returns why
+        its request could not be read in full, the first time it is accounted (None if it
+        could): the caller tells the pod's owner."""
         uid = pod["metadata"]["uid"]
         node = pod["spec"]["nodeName"]
         known = self.bound.get(uid)
@@ -252,12 +254,14 @@ class SchedulerCache:
                     if uid in self._snap.pod_termed:
                         self._snap.pod_termed[uid] = req
             self.bound[uid] = (req, known[1], pod)  # keep the latest status (phase)
-            return
-        try:
-            req = parse_pod(pod, self.gpu_memory_table())
-        except InvalidValueError:
-            # Bound by someone else with a request we cannot read: count CPU/memory only.
-            req = LivePod(name=pod["metadata"]["name"], cpu_milli=0, memory_mib=0, uid=uid)
+            return None
+        # Bound by whoever: what it holds counts, even where its request cannot be read.
+        req, problem = parse_bound_pod(pod, self.gpu_memory_table())
+        if problem is not None:
+            log.warning(
+                "bound pod's request not fully readable; counting what it holds",
+                extra={"pod": uid, "node": node, "gpus": req.num_gpu, "error": problem},
+            )
         if self.claims is not None and pod["spec"].get("resourceClaims"):
             try:
                 req = self.claims.request(pod, req)
@@ -267,13 +271,14 @@ class SchedulerCache:
         self.bound[uid] = (req, node, pod)
         self.nominations.clear(uid)  # placed (by us or by someone else): nothing to promise
         if assumed is not None and assumed[1].node_name == node:
-            return  # our own bind landed: the snapshot already holds it
+            return problem  # our own bind landed: the snapshot already holds it
         snap = self._snap
         if snap is None:
-            return
+            return problem
         if assumed is not None:
             self._forget(snap, uid)
         self._place_bound(snap, req, node, pod)
+        return problem
 
     def remove_pod(self, uid: str) -> bool:
         """A pod finished or was deleted; returns True if it held resources."""

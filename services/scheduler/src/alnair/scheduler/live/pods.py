@@ -250,6 +250,58 @@ def _containers_requests(spec: Obj) -> dict[str, Any]:
     return total
 
 
+def _readable_requests(spec: Obj) -> dict[str, Any]:
+    """`_containers_requests`, leaving out each quantity that cannot be read."""
+    total: dict[str, Any] = {}
+    for part in ("containers", "initContainers"):
+        for c in spec.get(part) or []:
+            res = c.get("resources") or {}
+            merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+            for name, q in merged.items():
+                try:
+                    v = r.parse_quantity(q, f"{c.get('name')}.{name}")
+                except InvalidValueError:
+                    continue
+                if part == "containers":
+                    total[name] = total.get(name, 0) + v
+                else:
+                    total[name] = max(total.get(name, 0), v)
+    return total
+
+
+def parse_bound_pod(
+    pod: Obj, gpu_memory_mib: dict[str, int] | None = None
+) -> tuple[LivePod, str | None]:
+    """What a pod the API server shows bound holds, and why its request could not be read in
+    full (None when it could). Its node is a fact, whoever bound it: what can be read counts,
+    and what cannot is never counted as nothing. A GPU request that names a model no node has
+    still holds its GPUs; a fraction whose size cannot be read holds its whole GPU."""
+    try:
+        return parse_pod(pod, gpu_memory_mib), None
+    except InvalidPodError as exc:
+        problem = str(exc)
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    req = _readable_requests(spec)
+    whole = req.get(r.GPU, 0)
+    fraction = req.get(r.GPU_COMPUTE, 0) or r.gpu_memory_resource(req)
+    num_gpu, milli = 0, 0
+    if whole > 0:
+        num_gpu, milli = math.ceil(whole), r.MILLI_PER_GPU
+    elif fraction:
+        num_gpu, milli = 1, r.MILLI_PER_GPU
+    held = LivePod(
+        name=meta["name"],
+        namespace=meta.get("namespace", "default"),
+        uid=meta.get("uid", ""),
+        cpu_milli=math.ceil(float(req.get("cpu", 0)) * 1000),
+        memory_mib=math.ceil(float(req.get("memory", 0)) / 2**20),
+        num_gpu=num_gpu,
+        gpu_milli=milli,
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
+    )
+    return held, problem
+
+
 def _ts(value: str | None) -> float:
     if not value:
         return 0.0
