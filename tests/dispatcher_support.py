@@ -4,21 +4,36 @@ the dispatcher's settings on a test's own node pool, and how to read what it dec
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from alnair.common import resources as r
-from alnair.common.kube import JOBS, KubeClient
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    COHORTS,
+    JOBS,
+    LOCALQUEUES,
+    MUTATING_WEBHOOKS,
+    ApiError,
+    KubeClient,
+    NotFound,
+    Unavailable,
+)
 from alnair.common.localstack import ControlPlane
 from alnair.common.localstack.controlplane import load_manifests
+from alnair.common.tls import issue, write_folder
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
+from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
+from elastic_support import wait_for
 from kube_builders import BASE
 
 POOL = "alnair.io/test-pool"
@@ -83,6 +98,23 @@ def cluster_queue(
     }
 
 
+async def cohort_queues(
+    kube: KubeClient, ns: str, cohort: str, queues: dict[str, tuple[int, int | None]],
+    model: str = "V100M32",
+) -> None:  # fmt: skip
+    """A Cohort `<cohort>-<ns>`; per LocalQueue name in `queues`, a ClusterQueue
+    `<name>-<ns>` in that cohort with (nominal quota, borrowing limit) GPUs of `model`, and the
+    LocalQueue in `ns` that points at it."""
+    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
+                                "metadata": {"name": f"{cohort}-{ns}"}})  # fmt: skip
+    for name, (nominal, borrowing) in queues.items():
+        cq = f"{name}-{ns}"
+        await kube.create(
+            CLUSTERQUEUES, cluster_queue(cq, f"{cohort}-{ns}", {model: nominal}, borrowing)
+        )
+        await kube.create(LOCALQUEUES, local_queue(name, ns, cq), ns)
+
+
 def local_queue(name: str, ns: str, cq: str) -> dict[str, Any]:
     return {
         "apiVersion": "alnair.io/v1alpha1",
@@ -90,15 +122,6 @@ def local_queue(name: str, ns: str, cq: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": ns},
         "spec": {"clusterQueue": cq},
     }
-
-
-async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.05) -> Any:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(interval_s)
 
 
 async def job(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:
@@ -125,9 +148,12 @@ def dispatcher_settings(cp: ControlPlane, ns: str, **kw: Any) -> DispatcherSetti
     return DispatcherSettings(**base)
 
 
-async def explain(running: RunningDispatcher, ns: str, name: str, ok: Any) -> Any:
+async def explain(
+    running: RunningDispatcher, ns: str, name: str, ok: Any, *, kind: str = "jobs"
+) -> Any:
+    """The dispatcher's explanation of a workload (`kind`: the API's plural), if `ok(it)`."""
     async with httpx.AsyncClient() as http:
-        resp = await http.get(f"{running.url}/v1/jobs/{ns}/{name}")
+        resp = await http.get(f"{running.url}/v1/{kind}/{ns}/{name}")
     if resp.status_code != 200:
         return None
     doc = resp.json()
@@ -135,10 +161,11 @@ async def explain(running: RunningDispatcher, ns: str, name: str, ok: Any) -> An
 
 
 @contextlib.asynccontextmanager
-async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
+async def scheduler(kube: KubeClient, identity: str = "disp-e2e") -> AsyncIterator[Scheduler]:
+    """Alnair's scheduler in this process (no leader election, no bus), until exit."""
     sched = Scheduler(
         kube,
-        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity="disp-e2e"),
+        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity=identity),
     )
     await sched.start_watching()
     task = asyncio.create_task(sched.run())
@@ -164,3 +191,49 @@ def url_webhook_config(url: str, namespace: str) -> dict[str, Any]:
         hook["clientConfig"] = {"url": f"{url}/mutate"}
         hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     return config
+
+
+def running_job(name: str, ns: str, queue: str, gpus: int, **annotations: str) -> dict[str, Any]:
+    """A queue-labelled Job as a Kueue user writes it: no `suspend`."""
+    job = gpu_job(name, ns, queue, gpus)
+    del job["spec"]["suspend"]
+    job["metadata"]["annotations"].update(annotations)
+    return job
+
+
+async def held_on_dry_run(kube: KubeClient, ns: str) -> bool:
+    """Whether the API server calls the webhook yet (it loads configurations asynchronously):
+    a dry-run create, which calls webhooks without side effects and stores nothing."""
+    probe = running_job("probe", ns, "jobs", 1)
+    try:
+        made = await kube.request("POST", JOBS.path(ns), body=probe, params={"dryRun": "All"})
+    except (ApiError, Unavailable):
+        return False  # registered, its CA not yet loaded
+    return made["spec"].get("suspend") is True
+
+
+@contextlib.asynccontextmanager
+async def webhooked_dispatcher(
+    cp: ControlPlane, kube: KubeClient, ns: str, workdir: Path, client: KubeClient
+) -> AsyncIterator[RunningDispatcher]:
+    """The dispatcher on `ns`'s pool with `client`'s identity, serving its webhook with a
+    certificate for 127.0.0.1; the shipped webhook configuration registered by URL for `ns`,
+    answering before this yields; both gone on exit."""
+    made = issue(["127.0.0.1"])
+    write_folder(workdir / "tls", made.secret_data())
+    settings = dispatcher_settings(cp, ns, webhook_cert_dir=str(workdir / "tls"), webhook_port=0)
+    running = await start_dispatcher(settings, kube=client)
+    try:
+        assert running.webhook is not None
+        config = url_webhook_config(running.webhook.url, ns)
+        for hook in config["webhooks"]:
+            hook["clientConfig"]["caBundle"] = base64.b64encode(made.ca_pem).decode()
+        with contextlib.suppress(NotFound):
+            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+        await kube.create(MUTATING_WEBHOOKS, config)
+        await wait_for(lambda: held_on_dry_run(kube, ns), 30, 0.2)
+        yield running
+    finally:
+        await running.stop()
+        with contextlib.suppress(NotFound):
+            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)

@@ -21,7 +21,6 @@ from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, JobPhase
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    COHORTS,
     ELASTICJOBS,
     EVENTS,
     JOBS,
@@ -43,6 +42,7 @@ from dispatcher_support import (
     POOL,
     admitted_type,
     cluster_queue,
+    cohort_queues,
     dispatcher_settings,
     explain,
     gpu_job,
@@ -72,13 +72,7 @@ async def test_quota_borrowing_preemption_completion_and_restart(
 ) -> None:
     ns = namespace
     await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
-    cohort = f"c-{ns}"
-    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
-                                "metadata": {"name": cohort}})  # fmt: skip
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"a-{ns}", cohort, {"V100M32": 4}, 4))
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"b-{ns}", cohort, {"V100M32": 4}, 4))
-    await kube.create(LOCALQUEUES, local_queue("team-a", ns, f"a-{ns}"), ns)
-    await kube.create(LOCALQUEUES, local_queue("team-b", ns, f"b-{ns}"), ns)
+    await cohort_queues(kube, ns, "c", {"team-a": (4, 4), "team-b": (4, 4)})
     async with scheduler(kube):
         running: RunningDispatcher = await start_dispatcher(dispatcher_settings(control_plane, ns))
         try:
@@ -119,7 +113,7 @@ async def test_quota_borrowing_preemption_completion_and_restart(
             delay = time.time() - done
             assert delay < 1.0, f"b2 admitted {delay:.2f} s after b1 completed"
 
-            cq = await kube.get(CLUSTERQUEUES, f"b-{ns}")
+            cq = await kube.get(CLUSTERQUEUES, f"team-b-{ns}")
             assert cq["status"]["admittedWorkloads"] >= 1
             lq = await kube.get(LOCALQUEUES, "team-a", ns)
             assert lq["status"]["pendingWorkloads"] == 1  # a2 waits for room again
@@ -347,13 +341,7 @@ async def test_an_elastic_job_is_admitted_at_its_minimum_and_its_borrowed_surplu
 
     ns = namespace
     await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
-    cohort = f"e-{ns}"
-    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
-                                "metadata": {"name": cohort}})  # fmt: skip
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"ela-{ns}", cohort, {"V100M32": 4}, 4))
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"oth-{ns}", cohort, {"V100M32": 4}, 4))
-    await kube.create(LOCALQUEUES, local_queue("elastic", ns, f"ela-{ns}"), ns)
-    await kube.create(LOCALQUEUES, local_queue("other", ns, f"oth-{ns}"), ns)
+    await cohort_queues(kube, ns, "e", {"elastic": (4, 4), "other": (4, 4)})
     ej = elastic_job("ej", ns, lo=2, hi=8, pool=ns, scaleCooldownSeconds=0, suspend=True)
     ej["metadata"]["labels"] = {LABEL_QUEUE: "elastic"}
     ej["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
@@ -374,7 +362,7 @@ async def test_an_elastic_job_is_admitted_at_its_minimum_and_its_borrowed_surplu
             await wait_for(lambda: _has_replicas(elastic_status, 8), 40)
 
             async def queue_borrows() -> Any:
-                st = (await kube.get(CLUSTERQUEUES, f"ela-{ns}")).get("status") or {}
+                st = (await kube.get(CLUSTERQUEUES, f"elastic-{ns}")).get("status") or {}
                 return st if st.get("usedGPUs") == 8 and st.get("borrowedGPUs") == 6 else None
 
             await wait_for(queue_borrows, 20)

@@ -16,14 +16,12 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from alnair.common import resources as r
 from alnair.common.certs_cli import ensure
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    COHORTS,
     ELASTICJOBS,
     EVENTS,
     JOBS,
@@ -37,7 +35,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.localstack import ControlPlane
-from alnair.common.tls import issue, write_folder
+from alnair.common.tls import write_folder
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
@@ -51,13 +49,17 @@ from dispatcher_support import (
     WEBHOOK_CONFIG,
     admitted_type,
     cluster_queue,
+    cohort_queues,
     dispatcher_settings,
     explain,
     gpu_job,
+    held_on_dry_run,
     local_queue,
+    running_job,
     scheduler,
     url_webhook_config,
     wait_for,
+    webhooked_dispatcher,
 )
 from elastic_support import elastic_job, start_controller, workers
 from kube_builders import SYSTEM_NS, make_pod, shipped_account
@@ -71,25 +73,6 @@ HOOKS = {
     "elasticjobs.hold.alnair.io",
     "pods.hold.alnair.io",
 }
-
-
-def running_job(name: str, ns: str, queue: str, gpus: int, **annotations: str) -> dict[str, Any]:
-    """A queue-labelled Job as a Kueue user writes it: no `suspend`."""
-    job = gpu_job(name, ns, queue, gpus)
-    del job["spec"]["suspend"]
-    job["metadata"]["annotations"].update(annotations)
-    return job
-
-
-async def held_on_dry_run(kube: KubeClient, ns: str) -> bool:
-    """Whether the API server calls the webhook yet (it loads configurations asynchronously):
-    a dry-run create, which calls webhooks without side effects and stores nothing."""
-    probe = running_job("probe", ns, "jobs", 1)
-    try:
-        made = await kube.request("POST", JOBS.path(ns), body=probe, params={"dryRun": "All"})
-    except ApiError:
-        return False  # registered, its CA not yet loaded
-    return made["spec"].get("suspend") is True
 
 
 async def forbidden(request: Any) -> None:
@@ -249,31 +232,17 @@ async def test_pods_of_their_own_queue_admit_complete_and_are_evicted_for_the_le
     cp = control_plane
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    cohort = f"pc-{ns}"
-    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
-                                "metadata": {"name": cohort}})  # fmt: skip
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"pods-{ns}", cohort, {"V100M32": 2}, 2))
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"lend-{ns}", cohort, {"V100M32": 2}, 0))
-    await kube.create(LOCALQUEUES, local_queue("pods", ns, f"pods-{ns}"), ns)
-    await kube.create(LOCALQUEUES, local_queue("lender", ns, f"lend-{ns}"), ns)
-    made = issue(["127.0.0.1"])
-    write_folder(tmp_path / "tls", made.secret_data())
-    settings = dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0)
+    await cohort_queues(kube, ns, "pc", {"pods": (2, 2), "lender": (2, 0)})
 
     def pod(name: str, gpus: int, seconds: float) -> dict[str, Any]:
         return make_pod(name, ns).pool(ns).gpus(gpus).runs_for(seconds).queue("pods").obj()
 
-    async with KubeClient(dispatcher_cfg) as as_dispatcher, scheduler(kube):
-        running = await start_dispatcher(settings, kube=as_dispatcher)
-        assert running.webhook is not None
-        config = url_webhook_config(running.webhook.url, ns)
-        for hook in config["webhooks"]:
-            hook["clientConfig"]["caBundle"] = base64.b64encode(made.ca_pem).decode()
-        with contextlib.suppress(NotFound):
-            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
-        await kube.create(MUTATING_WEBHOOKS, config)
+    async with (
+        KubeClient(dispatcher_cfg) as as_dispatcher,
+        scheduler(kube),
+        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher) as running,
+    ):
         try:
-            await wait_for(lambda: held_on_dry_run(kube, ns), 30, 0.2)
             # Within the queue's own quota, then on quota borrowed from the idle lender.
             first = await kube.create(PODS, pod("p1", 2, 4), ns)
             assert _gated(first)
@@ -289,7 +258,8 @@ async def test_pods_of_their_own_queue_admit_complete_and_are_evicted_for_the_le
             # Full: the third waits, gated, for quota.
             assert _gated(await kube.create(PODS, pod("p3", 2, 600), ns))
             waiting = await wait_for(
-                lambda: _explain_pod(running, ns, "p3", lambda d: d["reason"] is not None), 10
+                lambda: explain(running, ns, "p3", lambda d: d["reason"] is not None, kind="pods"),
+                10,
             )
             assert (waiting["kind"], waiting["status"]) == ("Pod", "waiting")
             assert waiting["reason"]["kind"] in ("quota", "capacity", "reservation")
@@ -315,9 +285,7 @@ async def test_pods_of_their_own_queue_admit_complete_and_are_evicted_for_the_le
             assert "evicted for" in evicted[0]["message"] and "l1" in evicted[0]["message"]
             assert (await one_evicted()) == victim
         finally:
-            await running.stop()
-            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
-            for cq in (f"pods-{ns}", f"lend-{ns}"):
+            for cq in (f"pods-{ns}", f"lender-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)
 
 
@@ -340,12 +308,3 @@ async def _gone(kube: KubeClient, ns: str, name: str) -> bool:
 async def _events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
     items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
     return [e for e in items if e["reason"] == reason]
-
-
-async def _explain_pod(running: Any, ns: str, name: str, ok: Any) -> Any:
-    async with httpx.AsyncClient() as http:
-        resp = await http.get(f"{running.url}/v1/pods/{ns}/{name}")
-    if resp.status_code != 200:
-        return None
-    doc = resp.json()
-    return doc if ok(doc) else None

@@ -11,8 +11,6 @@ needs its quota back.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +19,23 @@ import pytest
 from alnair.common import resources as r
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    COHORTS,
     JOBS,
     JOBSETS,
-    LOCALQUEUES,
-    MUTATING_WEBHOOKS,
     PODS,
     ApiError,
     KubeClient,
-    NotFound,
     Unavailable,
 )
 from alnair.common.localstack import ControlPlane
-from alnair.common.tls import issue, write_folder
-from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
-    WEBHOOK_CONFIG,
     admitted_type,
-    cluster_queue,
-    dispatcher_settings,
+    cohort_queues,
     gpu_job,
-    local_queue,
     scheduler,
-    url_webhook_config,
     wait_for,
+    webhooked_dispatcher,
 )
 from kube_builders import shipped_account
 from peers_support import install_jobset_crds, jobset_controller
@@ -124,30 +113,13 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
     await install_jobset_crds(kube)
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    cohort = f"jc-{ns}"
-    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
-                                "metadata": {"name": cohort}})  # fmt: skip
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"js-{ns}", cohort, {"V100M32": 2}, 2))
-    await kube.create(CLUSTERQUEUES, cluster_queue(f"lend-{ns}", cohort, {"V100M32": 2}, 0))
-    await kube.create(LOCALQUEUES, local_queue("train", ns, f"js-{ns}"), ns)
-    await kube.create(LOCALQUEUES, local_queue("lender", ns, f"lend-{ns}"), ns)
-    made = issue(["127.0.0.1"])
-    write_folder(tmp_path / "tls", made.secret_data())
-    settings = dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0)
-
+    await cohort_queues(kube, ns, "jc", {"train": (2, 2), "lender": (2, 0)})
     async with (
         KubeClient(dispatcher_cfg) as as_dispatcher,
         scheduler(kube),
         jobset_controller(cp, kube, tmp_path, ns),
+        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
     ):
-        running = await start_dispatcher(settings, kube=as_dispatcher)
-        assert running.webhook is not None
-        config = url_webhook_config(running.webhook.url, ns)
-        for hook in config["webhooks"]:
-            hook["clientConfig"]["caBundle"] = base64.b64encode(made.ca_pem).decode()
-        with contextlib.suppress(NotFound):
-            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
-        await kube.create(MUTATING_WEBHOOKS, config)
         try:
             # Both projects' webhooks answer before anything is created (a dry run).
             await wait_for(lambda: _defaulted_and_held(kube, ns), 30, 0.2)
@@ -165,7 +137,7 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
             for pod in pods:  # two workers and the driver
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
             # Counted: the workers' two GPUs, nothing for the driver.
-            assert await wait_for(lambda: _used(kube, f"js-{ns}"), 10) == 2
+            assert await wait_for(lambda: _used(kube, f"train-{ns}"), 10) == 2
 
             # On quota borrowed from the idle lender; then one more waits for quota.
             await kube.create(JOBSETS, jobset("js2", ns, "train", 2, 600), ns)
@@ -192,9 +164,7 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
             victim = await wait_for(one_suspended, 20)
             await wait_for(lambda: _no_pods(kube, ns, victim), 30)
         finally:
-            await running.stop()
-            await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
-            for cq in (f"js-{ns}", f"lend-{ns}"):
+            for cq in (f"train-{ns}", f"lender-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)
 
 

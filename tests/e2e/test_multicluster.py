@@ -12,7 +12,6 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ from alnair.scheduler.dispatcher.workers import (
     SECRETS,
 )
 from alnair.scheduler.live.binder import Scheduler
-from alnair.scheduler.settings import SchedulerSettings
+from dispatcher_support import scheduler
 
 pytestmark = pytest.mark.e2e
 WORKERS = {  # name: (node spec, link Mbit/s)
@@ -126,23 +125,6 @@ async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.
             await asyncio.sleep(interval_s)
 
 
-@contextlib.asynccontextmanager
-async def binder(kube: KubeClient, name: str) -> AsyncIterator[Scheduler]:
-    sched = Scheduler(
-        kube,
-        SchedulerSettings(leader_elect=False, nats_enabled=False, seed=3, identity=f"mc-{name}"),
-    )
-    await sched.start_watching()
-    task = asyncio.create_task(sched.run())
-    try:
-        yield sched
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await sched.stop()
-
-
 async def test_one_queue_over_three_clusters(
     control_plane: ControlPlane,
     kube: KubeClient,
@@ -176,7 +158,7 @@ async def test_one_queue_over_three_clusters(
     try:
         for name, (nodes, _) in WORKERS.items():
             await planes[name].create_gpu_nodes(nodes, kube=clients[name], prefix=name)
-            binders[name] = binder(clients[name], name)
+            binders[name] = scheduler(clients[name], f"mc-{name}")
             await binders[name].__aenter__()
         for name, (_, mbps) in WORKERS.items():
             text = planes[name].kubeconfig.read_text()

@@ -70,6 +70,26 @@ _CA_USAGE = x509.KeyUsage(
 )  # fmt: skip
 
 
+def new_ca(
+    name: x509.Name, not_before: dt.datetime, not_after: dt.datetime
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA that signs leaf certificates only (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_CA_USAGE, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
 def issue(hosts: Iterable[str], *, days: int = 365, now: dt.datetime | None = None) -> Issued:
     """A new CA and a serving certificate for `hosts` (DNS names or IP addresses), valid
     `days` from `now`. The CA's key is not kept: nothing else can be signed with it."""
@@ -86,20 +106,8 @@ def issue(hosts: Iterable[str], *, days: int = 365, now: dt.datetime | None = No
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
-    ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name(f"alnair-ca-{int(now.timestamp())}")
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_CA_USAGE, critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca, ca_key = new_ca(ca_name, start, end)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()

@@ -661,14 +661,7 @@ class Dispatcher(ReconcileLoop):
             self.metrics.write_conflicts.inc()
             self._wake.set()
             return
-        state = self.states.get(wl.key)
-        if state is not None:
-            state.admitted_type = None
-        await self._event(updated, "Preempted", f"suspended for {for_job}: {reason}", warning=True)
-        await self._condition(wl, "False", "Preempted", f"suspended for {for_job}: {reason}")
-        await self._publish(
-            wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
-        )
+        await self._preempted(wl, updated, "suspended", reason, for_job, count)
 
     async def _evict(self, wl: Workload, reason: str, for_job: str) -> None:
         """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
@@ -679,11 +672,20 @@ class Dispatcher(ReconcileLoop):
             self.metrics.write_conflicts.inc()
             self._wake.set()
             return
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count)
+
+    async def _preempted(
+        self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int
+    ) -> None:
+        """What follows a reclaim, however it was done (`how`): no longer admitted, and said
+        so on the workload (Event, condition) and on the bus."""
         state = self.states.get(wl.key)
         if state is not None:
             state.admitted_type = None
-        await self._event(wl.ref(), "Preempted", f"evicted for {for_job}: {reason}", warning=True)
-        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        message = f"{how} for {for_job}: {reason}"
+        await self._event(obj, "Preempted", message, warning=True)
+        await self._condition(wl, "False", "Preempted", message)
         await self._publish(
             wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
         )
