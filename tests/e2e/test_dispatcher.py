@@ -20,6 +20,8 @@ from alnair.common import resources as r
 from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, JobPhase
 from alnair.common.kube import (
+    ADMISSION_POLICIES,
+    ADMISSION_POLICY_BINDINGS,
     CLUSTERQUEUES,
     ELASTICJOBS,
     EVENTS,
@@ -393,3 +395,80 @@ async def _elastic_admitted(kube: KubeClient, ns: str) -> bool:
 async def _has_replicas(status: Any, n: int) -> bool:
     st = await status()
     return st.get("currentReplicas") == n and st.get("readyReplicas") == n
+
+
+async def test_a_decision_the_api_refuses_on_one_job_never_stops_the_queue(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """A ValidatingAdmissionPolicy (the API server's own CEL admission) refuses to suspend one
+    running Job: the dispatcher's preemption of it fails with a Warning on that Job, and the
+    queue goes on deciding for every other workload (issue 26: it used to end the loop)."""
+    ns = namespace
+    await control_plane.create_gpu_nodes(
+        "1x V100M32:4, 1x T4:2", kube=kube, prefix=ns, labels={POOL: ns}
+    )
+    await cohort_queues(kube, ns, "v", {"pin": (2, 2), "lender": (2, 0)})
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"t4-{ns}", None, {"T4": 2}))
+    await kube.create(LOCALQUEUES, local_queue("t4", ns, f"t4-{ns}"), ns)
+    policy = f"pinned-{ns}"
+    await kube.create(ADMISSION_POLICIES, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": policy},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["jobs"],
+            }]},
+            "validations": [{
+                "expression": "!(object.metadata.name == 'pinned' && "
+                              "object.spec.suspend == true && oldObject.spec.suspend == false)",
+                "message": "pinned runs to the end",
+            }],
+        },
+    })  # fmt: skip
+    await kube.create(ADMISSION_POLICY_BINDINGS, {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy},
+        "spec": {
+            "policyName": policy, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": ns}}},
+        },
+    })  # fmt: skip
+    running = await start_dispatcher(dispatcher_settings(control_plane, ns))
+    try:
+        await kube.create(JOBS, gpu_job("first", ns, "pin", 2), ns)
+        await wait_for(lambda: admitted_type(kube, ns, "first"), 20)
+        await kube.create(JOBS, gpu_job("pinned", ns, "pin", 2), ns)
+        await wait_for(lambda: admitted_type(kube, ns, "pinned"), 20)
+        pinned = await job(kube, ns, "pinned")
+        assert pinned["metadata"]["annotations"][ANN_BORROWING] == "true"
+
+        async def policy_loaded() -> bool:
+            try:
+                await kube.request(
+                    "PATCH", JOBS.path(ns, "pinned"), body={"spec": {"suspend": True}},
+                    params={"dryRun": "All"}, content_type="application/merge-patch+json",
+                )  # fmt: skip
+            except ApiError as exc:
+                return "pinned runs to the end" in str(exc)
+            return False
+
+        await wait_for(policy_loaded, 30, 0.2)
+        # The lender wants its quota back; the borrower cannot be suspended.
+        await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+        failed = await wait_for(lambda: events(kube, ns, "pinned", "PreemptionFailed"), 20)
+        assert "pinned runs to the end" in failed[0]["message"]
+        assert failed[0]["type"] == "Warning"
+        assert await admitted_type(kube, ns, "pinned") == "V100M32"
+        # The queue goes on: a job of another queue is admitted after the refusal.
+        await kube.create(JOBS, gpu_job("after", ns, "t4", 1), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "after"), 20) == "T4"
+        assert not running.loop.done()
+        assert running.dispatcher.metrics.write_refusals._value.get() >= 1
+    finally:
+        await running.stop()
+        await kube.delete(ADMISSION_POLICY_BINDINGS, policy)
+        await kube.delete(ADMISSION_POLICIES, policy)

@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from alnair.common.kube import PODS, ApiError, Conflict, KubeClient, Resource
+from alnair.common.kube import (
+    ADMISSION_POLICIES,
+    ADMISSION_POLICY_BINDINGS,
+    PODS,
+    ApiError,
+    Conflict,
+    KubeClient,
+)
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
 from e2e.test_scheduler_live import (
@@ -26,12 +33,8 @@ from kube_builders import make_pod, priority_classes
 
 pytestmark = pytest.mark.e2e
 
-VAPS = Resource(
-    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", namespaced=False
-)
-VAP_BINDINGS = Resource(
-    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", namespaced=False
-)
+VAPS = ADMISSION_POLICIES
+VAP_BINDINGS = ADMISSION_POLICY_BINDINGS
 UNDELETABLE = "alnair.io/test-undeletable"
 
 

@@ -149,6 +149,12 @@ MUTATING_WEBHOOKS = Resource(
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", namespaced=False
 )
+ADMISSION_POLICIES = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", namespaced=False
+)
+ADMISSION_POLICY_BINDINGS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", namespaced=False
+)
 _RBAC = "rbac.authorization.k8s.io"
 
 KIND_RESOURCES: dict[str, Resource] = {

@@ -15,7 +15,6 @@ second write of a decision taken on stale data (409) instead of admitting twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -477,8 +476,9 @@ class Dispatcher(ReconcileLoop):
             log.warning("trial not created", extra={"job": wl.key, "error": str(exc)})
             return False
         annotate = {"metadata": {"annotations": {ANN_TRIAL: name}}}
-        with contextlib.suppress(NotFound, Conflict):
-            self._remember(wl, await self.kube.patch(wl.resource, wl.name, annotate, wl.namespace))
+        updated = await self._note(wl, annotate)
+        if updated is not None:
+            self._remember(wl, updated)
         await self._event(
             wl.ref(), "TrialStarted",
             f"never measured on {', '.join(models)}: trial run {name} (1 GPU each, "
@@ -601,7 +601,7 @@ class Dispatcher(ReconcileLoop):
         except NotFound:
             return False
         except ApiError as exc:
-            await self._event(wl.ref(), "AdmissionFailed", f"could not admit: {exc}", warning=True)
+            await self._refused(wl, "AdmissionFailed", "could not admit it", exc)
             return False
         # Our own write is the newest state of the Job: the next reconcile must not decide on
         # the informer's older copy while the watch event is still on its way.
@@ -661,6 +661,9 @@ class Dispatcher(ReconcileLoop):
             self.metrics.write_conflicts.inc()
             self._wake.set()
             return
+        except ApiError as exc:
+            await self._refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
+            return
         await self._preempted(wl, updated, "suspended", reason, for_job, count)
 
     async def _evict(self, wl: Workload, reason: str, for_job: str) -> None:
@@ -671,6 +674,9 @@ class Dispatcher(ReconcileLoop):
         except (Conflict, NotFound):
             self.metrics.write_conflicts.inc()
             self._wake.set()
+            return
+        except ApiError as exc:
+            await self._refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
             return
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
         await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count)
@@ -702,9 +708,26 @@ class Dispatcher(ReconcileLoop):
         reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
         await self._event(wl.ref(), reason, f"waiting ({text})", warning=warning)
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
-        with contextlib.suppress(NotFound, Conflict):
-            await self.kube.patch(wl.resource, wl.name, note, wl.namespace)
+        await self._note(wl, note)
         await self._condition(wl, "False", _camel(state.reason.kind), state.reason.message)
+
+    async def _note(self, wl: Workload, patch: Obj) -> Obj | None:
+        """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
+        and one the API server refuses is logged, never a reason to stop the queue."""
+        try:
+            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+        except (NotFound, Conflict):
+            return None
+        except ApiError as exc:
+            log.warning("annotation refused", extra={"job": wl.key, "error": str(exc)})
+            return None
+
+    async def _refused(self, wl: Workload, reason: str, what: str, exc: ApiError) -> None:
+        """The API server refused a decision on one workload (a 422, a policy's 403): said on
+        it, and the rest of the queue goes on. The next reconcile decides again."""
+        self.metrics.write_refusals.inc()
+        log.warning(what, extra={"job": wl.key, "error": str(exc)})
+        await self._event(wl.ref(), reason, f"{what}: {exc}"[:1024], warning=True)
 
     async def _condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
         """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
@@ -822,6 +845,8 @@ class Dispatcher(ReconcileLoop):
                 await self.kube.patch(CLUSTERQUEUES, name, {"status": status}, sub="status")
             except (NotFound, Conflict):
                 continue
+            except ApiError as exc:
+                log.warning("queue status refused", extra={"queue": name, "error": str(exc)})
         lq_pending: Counter[str] = Counter()
         lq_admitted: Counter[str] = Counter()
         for key, job_state in self.states.items():
@@ -849,6 +874,8 @@ class Dispatcher(ReconcileLoop):
                 )
             except (NotFound, Conflict):
                 continue
+            except ApiError as exc:
+                log.warning("queue status refused", extra={"error": str(exc)})
 
     # --- explanations -------------------------------------------------------------------
 

@@ -40,6 +40,10 @@ class DispatcherMetrics:
         self.write_conflicts = m.counter(
             "write_conflicts_total", "Admissions skipped because the Job changed meanwhile"
         )
+        self.write_refusals = m.counter(
+            "write_refusals_total",
+            "Decisions the API server refused on one workload (it gets a Warning Event)",
+        )
         self.webhook_requests = m.counter(
             "webhook_requests_total",
             "Admission reviews answered, by outcome (held, ignored, invalid)",
