@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from alnair.common.http import install_problem_handlers
-from alnair.common.httpauth import TokenReviewer, install_token_auth, reviewer_for
+from alnair.common.httpauth import Access, TokenReviewer, install_token_auth, reviewer_for
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
 from alnair.common.localstack import ControlPlane
 from alnair.common.settings import ServiceSettings
@@ -26,10 +26,21 @@ from alnair.common.settings import ServiceSettings
 pytestmark = pytest.mark.e2e
 
 
-def make_app(reviewer: TokenReviewer | None) -> FastAPI:
+SCALE = "update deployments/scale.apps web"
+
+
+def make_app(reviewer: TokenReviewer | None, namespace: str = "default") -> FastAPI:
+    """POST /v1/scale amounts to scaling Deployment `web` in `namespace`; DELETE names no
+    access (so nobody may use it)."""
+
+    def authorize(request: Request) -> Access | None:
+        if request.url.path == "/v1/scale":
+            return Access("update", "apps", "deployments", namespace, "web", "scale")
+        return None
+
     app = FastAPI()
     install_problem_handlers(app)
-    install_token_auth(app, reviewer, service="test", exempt={"/v1/query"})
+    install_token_auth(app, reviewer, service="test", exempt={"/v1/query"}, authorize=authorize)
     state: dict[str, int] = {"scaled": 0}
 
     @app.post("/v1/scale")
@@ -52,15 +63,33 @@ def make_app(reviewer: TokenReviewer | None) -> FastAPI:
     return app
 
 
-@pytest.fixture
-async def account(kube: KubeClient, namespace: str) -> str:
-    name = "caller"
+async def token_of(kube: KubeClient, namespace: str, name: str) -> str:
     await kube.create(
         SERVICEACCOUNTS,
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
         namespace,
     )
     return await kube.service_account_token(namespace, name)
+
+
+@pytest.fixture
+async def account(kube: KubeClient, namespace: str) -> str:
+    """A ServiceAccount's token, the account allowed to scale Deployment `web` (RBAC)."""
+    token = await token_of(kube, namespace, "caller")
+    rbac = "rbac.authorization.k8s.io"
+    await kube.create(KIND_RESOURCES["Role"], {
+        "apiVersion": f"{rbac}/v1", "kind": "Role",
+        "metadata": {"name": "scaler", "namespace": namespace},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                   "resourceNames": ["web"], "verbs": ["update"]}],
+    }, namespace)  # fmt: skip
+    await kube.create(KIND_RESOURCES["RoleBinding"], {
+        "apiVersion": f"{rbac}/v1", "kind": "RoleBinding",
+        "metadata": {"name": "scaler", "namespace": namespace},
+        "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "scaler"},
+        "subjects": [{"kind": "ServiceAccount", "name": "caller", "namespace": namespace}],
+    }, namespace)  # fmt: skip
+    return token
 
 
 def client(app: FastAPI) -> httpx.AsyncClient:
@@ -70,8 +99,8 @@ def client(app: FastAPI) -> httpx.AsyncClient:
 async def test_service_account_token_accepted_garbage_refused(
     kube: KubeClient, namespace: str, account: str
 ) -> None:
-    reviewer = TokenReviewer(kube)
-    async with client(make_app(reviewer)) as http:
+    reviewer = TokenReviewer(kube, cache_s=0.0, rejected_cache_s=0.0)
+    async with client(make_app(reviewer, namespace)) as http:
         missing = await http.post("/v1/scale")
         garbage = await http.post("/v1/scale", headers={"Authorization": "Bearer not-a-token"})
         basic = await http.delete("/v1/things/x", headers={"Authorization": "Basic YTpi"})
@@ -83,16 +112,44 @@ async def test_service_account_token_accepted_garbage_refused(
         assert "does not authenticate" in garbage.json()["detail"]
         assert (await http.get("/v1/scale")).json() == {"scaled": 0}  # nothing happened
 
-        ok = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
+        for _ in range(50):  # RBAC caches take a moment to see the new binding
+            ok = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
+            if ok.status_code != 403:
+                break
+            await asyncio.sleep(0.1)
         assert ok.status_code == 200
         assert ok.json()["by"] == f"system:serviceaccount:{namespace}:caller"
+        scaled = ok.json()["scaled"]
         again = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
-        assert again.json()["scaled"] == 2
+        assert again.json()["scaled"] == scaled + 1
         # reads and exempt queries need nothing
         assert (await http.get("/v1/scale")).status_code == 200
         assert (await http.post("/v1/query")).json() == {"answer": "42"}
-    # one review per distinct token: the good one and the garbage one
-    assert reviewer.reviews == 2
+
+
+async def test_an_authenticated_caller_may_do_only_what_its_rbac_allows(
+    kube: KubeClient, namespace: str, account: str
+) -> None:
+    """Authentication is not authorization: a valid token of an account without the right
+    gets a 403 naming the access; a route the service names no access for is closed to all."""
+    stranger = await token_of(kube, namespace, "stranger")
+    reviewer = TokenReviewer(kube)
+    async with client(make_app(reviewer, namespace)) as http:
+        refused = await http.post("/v1/scale", headers={"Authorization": f"Bearer {stranger}"})
+        assert refused.status_code == 403
+        assert refused.headers["content-type"] == "application/problem+json"
+        detail = refused.json()["detail"]
+        assert f"system:serviceaccount:{namespace}:stranger may not" in detail
+        assert SCALE in detail and namespace in detail
+        closed = await http.delete("/v1/things/x", headers={"Authorization": f"Bearer {account}"})
+        assert closed.status_code == 403
+        assert "names no access" in closed.json()["detail"]
+        assert (await http.get("/v1/scale")).json() == {"scaled": 0}  # nothing happened
+        # Decisions are cached like identities: one review per (identity, access).
+        again = await http.post("/v1/scale", headers={"Authorization": f"Bearer {stranger}"})
+        assert again.status_code == 403
+    assert reviewer.access_reviews == 1
+    assert reviewer.reviews == 2  # one per distinct token
 
 
 async def test_reviewer_without_tokenreview_rights_fails_closed(
@@ -109,7 +166,7 @@ async def test_reviewer_without_tokenreview_rights_fails_closed(
     own = await kube.service_account_token(namespace, name)
     config = dataclasses.replace(kube.config, cert_file=None, key_file=None, token=own)
     async with KubeClient(config) as as_service:
-        async with client(make_app(TokenReviewer(as_service))) as http:
+        async with client(make_app(TokenReviewer(as_service), namespace)) as http:
             denied = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
         assert denied.status_code == 503
         assert denied.headers["content-type"] == "application/problem+json"
@@ -129,7 +186,7 @@ async def test_reviewer_without_tokenreview_rights_fails_closed(
             },
         )
         try:
-            async with client(make_app(TokenReviewer(as_service))) as http:
+            async with client(make_app(TokenReviewer(as_service), namespace)) as http:
                 for _ in range(50):  # RBAC caches take a moment to see the binding
                     ok = await http.post(
                         "/v1/scale", headers={"Authorization": f"Bearer {account}"}

@@ -11,9 +11,18 @@ a route added later is guarded without anyone remembering to; queries that use P
 carry a body (the predictor's `/v1/predict`) are listed as `exempt` by their service. Reads
 (GET, HEAD, OPTIONS) stay open, as the metrics and readiness probes need.
 
+Then who asks must be allowed to do it. A service names, per mutating route, the Kubernetes
+access it amounts to (`Access`: resizing an ElasticJob is `update` on `elasticjobs/scale` in
+its namespace), and the API server's authorizer is asked with a SubjectAccessReview for that
+identity, as aggregated API servers do: RBAC (or whatever authorizer the cluster runs) decides,
+so a token valid in the cluster is not by itself a right to change anything. A mutating route
+for which the service names no access is refused: a route added later is closed until someone
+says who may use it.
+
 Answers: no or malformed header -> 401 problem with `WWW-Authenticate: Bearer`; a token the
-API server does not authenticate -> 401; the API server unreachable -> 503 (the caller may
-retry; we do not guess). Reviews are cached briefly by the token's SHA-256 (a bounded LRU,
+API server does not authenticate -> 401; an identity the authorizer does not allow -> 403
+naming the access asked; the API server unreachable -> 503 (the caller may retry; we do not
+guess). Reviews are cached briefly by the token's SHA-256 (a bounded LRU,
 rejections for a shorter time), so a burst of requests costs one review and a flood of
 garbage tokens cannot become a flood of TokenReviews. `ALNAIR_HTTP_AUTH=false` turns the
 check off for local development; the service logs that it runs unauthenticated.
@@ -27,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -38,8 +48,10 @@ from alnair.common.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,29 @@ class Identity:
     username: str
     uid: str = ""
     groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Access:
+    """What a request amounts to, in Kubernetes terms (a SubjectAccessReview's attributes)."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str = ""
+    name: str = ""
+    subresource: str = ""
+
+    def __str__(self) -> str:
+        sub = f"/{self.subresource}" if self.subresource else ""
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        return f"{self.verb} {self.resource}{sub}.{self.group} {self.name}{where}".replace(
+            "  ", " "
+        )
+
+
+Authorize = Callable[[Request], "Access | None"]
+"""Per request: the access it amounts to, or None when the service names none (refused)."""
 
 
 class TokenReviewer:
@@ -69,8 +104,11 @@ class TokenReviewer:
         self.rejected_cache_s = rejected_cache_s
         self.max_entries = max_entries
         self._cache: OrderedDict[str, tuple[float, Identity | None]] = OrderedDict()
+        self._decisions: OrderedDict[str, tuple[float, tuple[bool, str]]] = OrderedDict()
         self.reviews = 0
         """TokenReviews sent (the cache's misses)."""
+        self.access_reviews = 0
+        """SubjectAccessReviews sent (the cache's misses)."""
 
     async def review(self, token: str) -> Identity | None:
         """The token's identity, or None when the API server does not authenticate it.
@@ -105,11 +143,53 @@ class TokenReviewer:
                 groups=tuple(str(g) for g in user.get("groups") or ()),
             )
         ttl = self.cache_s if identity is not None else self.rejected_cache_s
-        self._cache[key] = (now + ttl, identity)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        self._remember(self._cache, key, now + ttl, identity)
         return identity
+
+    def _remember(self, cache: OrderedDict[str, tuple[float, T]], key: str, until: float,
+                  value: T) -> None:  # fmt: skip
+        cache[key] = (until, value)
+        cache.move_to_end(key)
+        while len(cache) > self.max_entries:
+            cache.popitem(last=False)
+
+    async def allowed(self, identity: Identity, access: Access) -> tuple[bool, str]:
+        """Whether the API server's authorizer lets `identity` do `access`, and its reason.
+
+        Raises `Unavailable` when the API server cannot be asked."""
+        key = f"{identity.username}|{identity.uid}|{','.join(identity.groups)}|{access!r}"
+        now = time.monotonic()
+        hit = self._decisions.get(key)
+        if hit is not None and hit[0] > now:
+            self._decisions.move_to_end(key)
+            return hit[1]
+        attributes = {
+            "verb": access.verb, "group": access.group, "resource": access.resource,
+            "namespace": access.namespace, "name": access.name,
+            "subresource": access.subresource,
+        }  # fmt: skip
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": identity.username,
+                "uid": identity.uid,
+                "groups": list(identity.groups),
+                "resourceAttributes": {k: v for k, v in attributes.items() if v},
+            },
+        }
+        self.access_reviews += 1
+        try:
+            doc = await self.kube.request("POST", SUBJECTACCESSREVIEWS, body=body)
+        except ApiError as exc:
+            raise Unavailable(
+                f"SubjectAccessReview refused by the API server: {exc}", status=exc.status
+            ) from exc
+        status = doc.get("status") or {}
+        decision = (bool(status.get("allowed")), str(status.get("reason") or ""))
+        ttl = self.cache_s if decision[0] else self.rejected_cache_s
+        self._remember(self._decisions, key, now + ttl, decision)
+        return decision
 
 
 def reviewer_for(settings: ServiceSettings, kube: KubeClient | None) -> TokenReviewer | None:
@@ -136,11 +216,15 @@ def install_token_auth(
     *,
     service: str,
     exempt: Collection[str] = (),
+    authorize: Authorize | None = None,
 ) -> None:
-    """Guard every mutating request to `app` with a reviewed bearer token (see the module).
+    """Guard every mutating request to `app` with a reviewed bearer token and an access review
+    (see the module).
 
     `reviewer` None means authentication is off (local development): logged once, loudly.
-    `exempt` lists paths whose POST is a query that changes nothing.
+    `exempt` lists paths whose POST is a query that changes nothing. `authorize` names the
+    access each mutating request amounts to; without it, or where it names none, a mutating
+    request is refused after authentication.
     """
     if reviewer is None:
         log.warning(
@@ -166,6 +250,23 @@ def install_token_auth(
             return problem(503, "Service Unavailable", "cannot verify the token right now")
         if identity is None:
             return _unauthorized("the API server does not authenticate this token")
+        access = authorize(request) if authorize is not None else None
+        if access is None:
+            return problem(
+                403, "Forbidden",
+                f"{request.method} {request.url.path} is not open to anyone: {service} names "
+                "no access for it",
+            )  # fmt: skip
+        try:
+            allowed, reason = await reviewer.allowed(identity, access)
+        except Unavailable as exc:
+            log.warning("access review failed", extra={"service": service, "error": str(exc)})
+            return problem(503, "Service Unavailable", "cannot authorize the request right now")
+        if not allowed:
+            log.info("refused mutation", extra={"service": service, "user": identity.username,
+                                                "access": str(access)})  # fmt: skip
+            why = f" ({reason})" if reason else ""
+            return problem(403, "Forbidden", f"{identity.username} may not {access}{why}")
         request.state.identity = identity
         log.info(
             "authenticated mutation",

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from fastapi import Request
 from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import ScaleEvent
 from alnair.common.http import bound_port, named_task, start_http, stop_http
-from alnair.common.httpauth import install_token_auth, reviewer_for
+from alnair.common.httpauth import Access, install_token_auth, reviewer_for
 from alnair.common.kube import KubeClient
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import until_stopped
@@ -93,14 +95,27 @@ async def start(
     await controller.start()
     subscriptions = await subscribe(bus, controller, settings.durable) if bus else []
     app = create_app(controller, metrics)
-    # POST .../scale resizes a job: only callers the API server authenticates (TokenReview).
-    install_token_auth(app, reviewer_for(settings, kube), service="elastic")
+    # POST .../scale resizes a job: only callers the API server authenticates (TokenReview)
+    # and allows to update that ElasticJob's scale (SubjectAccessReview).
+    install_token_auth(app, reviewer_for(settings, kube), service="elastic", authorize=scale_access)
     server, http_task = await start_http(
         app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death
     )
     return Running(
         settings, metrics, kube, controller, server, bus, subscriptions, [http_task], died
     )
+
+
+SCALE_PATH = re.compile(r"^/v1/elasticjobs/(?P<namespace>[^/]+)/(?P<name>[^/]+)/scale$")
+
+
+def scale_access(request: Request) -> Access | None:
+    """Resizing an ElasticJob is `update` on its `elasticjobs/scale`, as `kubectl scale` is for
+    a Deployment; no other mutation is open."""
+    m = SCALE_PATH.match(request.url.path)
+    if m is None:
+        return None
+    return Access("update", "alnair.io", "elasticjobs", m["namespace"], m["name"], "scale")
 
 
 async def serve(settings: ElasticSettings) -> int:
