@@ -193,6 +193,20 @@ def url_webhook_config(url: str, namespace: str) -> dict[str, Any]:
     return config
 
 
+def url_validating_config(url: str) -> dict[str, Any]:
+    """The shipped ClusterQueue validation, pointed at `url` (cluster-scoped objects: it sees
+    every ClusterQueue created while it is registered)."""
+    (config,) = [
+        d
+        for d in load_manifests(BASE / "dispatcher" / "webhook.yaml")
+        if d["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    for hook in config["webhooks"]:
+        assert hook["failurePolicy"] == "Ignore"
+        hook["clientConfig"] = {"url": f"{url}{hook['clientConfig']['service']['path']}"}
+    return config
+
+
 def running_job(name: str, ns: str, queue: str, gpus: int, **annotations: str) -> dict[str, Any]:
     """A queue-labelled Job as a Kueue user writes it: no `suspend`."""
     job = gpu_job(name, ns, queue, gpus)

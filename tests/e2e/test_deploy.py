@@ -30,6 +30,7 @@ from alnair.common.kube import (
     NODES,
     PODS,
     SECRETS,
+    VALIDATING_WEBHOOKS,
     ApiError,
     KubeClient,
     KubeConfig,
@@ -185,6 +186,12 @@ EXPECTATIONS = [
                 "admissionregistration.k8s.io",
                 name="alnair-dispatcher",
             ),
+            Access(
+                "patch",
+                "validatingwebhookconfigurations",
+                "admissionregistration.k8s.io",
+                name="alnair-dispatcher",
+            ),
         ],
         denied=[
             Access("get", "secrets", namespace=NS, name="alnair-nats-users"),
@@ -192,6 +199,7 @@ EXPECTATIONS = [
             Access("delete", "secrets", namespace=NS, name=WEBHOOK_SECRET),
             Access("create", "secrets", namespace="team-a"),
             Access("list", "mutatingwebhookconfigurations", "admissionregistration.k8s.io"),
+            Access("list", "validatingwebhookconfigurations", "admissionregistration.k8s.io"),
             Access(
                 "patch",
                 "mutatingwebhookconfigurations",
@@ -481,6 +489,8 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             # Its Service has no endpoints here: left registered, it would refuse every
             # queue-labelled Job the later tests create (failurePolicy Fail).
             await kube.delete(MUTATING_WEBHOOKS, "alnair-dispatcher")
+        with contextlib.suppress(Exception):
+            await kube.delete(VALIDATING_WEBHOOKS, "alnair-dispatcher")
         with contextlib.suppress(Exception):
             await kube.delete(NODES, gpu_node)
 

@@ -29,6 +29,7 @@ from alnair.common.kube import (
     MUTATING_WEBHOOKS,
     PODS,
     SECRETS,
+    VALIDATING_WEBHOOKS,
     ApiError,
     KubeClient,
     NotFound,
@@ -57,6 +58,7 @@ from dispatcher_support import (
     local_queue,
     running_job,
     scheduler,
+    url_validating_config,
     url_webhook_config,
     wait_for,
     webhooked_dispatcher,
@@ -86,7 +88,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
 ) -> None:
     ns = namespace
     cp = control_plane
-    skip = {"MutatingWebhookConfiguration", "Job"}
+    skip = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Job"}
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     elastic_cfg = await shipped_account(cp, kube, "alnair-elastic", "elastic/rbac.yaml")
     certs_cfg = await shipped_account(
@@ -126,14 +128,33 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             config = url_webhook_config(running.webhook.url, ns)
             assert {h["name"] for h in config["webhooks"]} == HOOKS
             await kube.create(MUTATING_WEBHOOKS, config)
+            with contextlib.suppress(NotFound):
+                await kube.delete(VALIDATING_WEBHOOKS, WEBHOOK_CONFIG)
+            await kube.create(VALIDATING_WEBHOOKS, url_validating_config(running.webhook.url))
             # Run again: the certificate is kept, the CA goes into every webhook.
             again = await ensure(
                 as_certs, namespace=SYSTEM_NS, secret=WEBHOOK_SECRET, hosts=hosts,
                 webhooks=[WEBHOOK_CONFIG],
             )  # fmt: skip
-            assert issued.issued and not again.issued and again.webhooks_patched == len(HOOKS)
+            assert issued.issued and not again.issued and again.webhooks_patched == len(HOOKS) + 1
             assert again.ca_pem == files["ca.crt"]
             await wait_for(lambda: held_on_dry_run(kube, ns), 30, 0.2)
+
+            # What the CRD schema cannot check about a queue is refused, with the reason.
+            async def refused_queue(body: dict[str, Any]) -> str | None:
+                try:
+                    await kube.create(CLUSTERQUEUES, body)
+                except ApiError as exc:
+                    return str(exc)
+                await kube.delete(CLUSTERQUEUES, body["metadata"]["name"])
+                return None  # created: the validation is not loaded yet
+
+            typo = await wait_for(
+                lambda: refused_queue(cluster_queue(f"typo-{ns}", None, {"V100M23": 2})), 30, 0.2
+            )
+            assert "V100M23" in typo and "no node has" in typo
+            orphan = await refused_queue(cluster_queue(f"orphan-{ns}", f"nope-{ns}", {"T4": 1}))
+            assert orphan is not None and f"no Cohort named 'nope-{ns}'" in orphan
 
             # Created running, asking more than its queue's quota: held, and never runs.
             big = await kube.create(JOBS, running_job("big", ns, "jobs", 3), ns)
@@ -205,6 +226,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             assert stored["spec"].get("suspend") is not True
         finally:
             await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+            await kube.delete(VALIDATING_WEBHOOKS, WEBHOOK_CONFIG)
             await kube.delete(SECRETS, WEBHOOK_SECRET, SYSTEM_NS)
             for cq in (f"jobs-{ns}", f"ela-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_RAN, LABEL_QUEUE
-from alnair.scheduler.dispatcher.webhook import build_webhook_api, hold_patch, review
+from alnair.scheduler.dispatcher.webhook import build_webhook_api, hold_patch, review, validation
 
 
 def admission(kind: str, obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
@@ -142,3 +142,22 @@ def test_a_queued_pod_of_its_own_is_gated_and_one_a_controller_owns_is_not() -> 
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
     owned = {**pod, "metadata": {**pod["metadata"], "ownerReferences": [owner]}}
     assert hold_patch("Pod", owned) == []
+
+
+def test_a_validation_refuses_with_the_reason_and_passes_what_is_fine() -> None:
+    def validate(obj: dict[str, Any]) -> str | None:
+        return "bad flavor" if obj["metadata"]["name"] == "bad" else None
+
+    body = admission("ClusterQueue", {"metadata": {"name": "bad"}, "spec": {}})
+    answer, outcome = validation(body, validate)
+    assert outcome == "refused" and answer["response"]["allowed"] is False
+    assert answer["response"]["status"] == {
+        "code": 422,
+        "reason": "Invalid",
+        "message": "bad flavor",
+    }
+    fine = admission("ClusterQueue", {"metadata": {"name": "ok"}, "spec": {}}, "UPDATE")
+    answer, outcome = validation(fine, validate)
+    assert (outcome, answer["response"]["allowed"]) == ("valid", True)
+    gone = admission("ClusterQueue", {"metadata": {"name": "bad"}}, "DELETE")
+    assert validation(gone, validate)[1] == "ignored"

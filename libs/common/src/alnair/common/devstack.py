@@ -26,8 +26,8 @@ starts once its `python -m` module exists; `optional` ones (the device plugin, w
 kubelet that KWOK nodes do not have) start only when named with `--with`.
 
 The dispatcher serves its admission webhook (HTTPS, a certificate for 127.0.0.1 kept in
-`<dir>/dispatcher/webhook-tls`) and, once it is ready, the shipped MutatingWebhookConfiguration
-is registered by URL (the local control plane routes no Services): a queue-labelled Job created
+`<dir>/dispatcher/webhook-tls`) and, once it is ready, the shipped webhook configurations are
+registered by URL (the local control plane routes no Services): a queue-labelled Job created
 without `suspend` is held for its queue, as in a cluster.
 """
 
@@ -146,22 +146,25 @@ def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
 
 
 def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> None:
-    """The shipped webhook configuration, pointed at the dispatcher's port by URL."""
+    """The shipped webhook configurations, pointed at the dispatcher's port by URL."""
     root = repo_root() or repo_root(Path(__file__))
     if root is None:
         print("dispatcher webhook not registered: deploy/kustomize is not here", file=sys.stderr)
         return
     shipped = root / "deploy" / "kustomize" / "base" / "dispatcher" / "webhook.yaml"
-    (config,) = [d for d in load_manifests(shipped) if d["kind"] == "MutatingWebhookConfiguration"]
+    configs = [d for d in load_manifests(shipped) if d["kind"].endswith("WebhookConfiguration")]
     folder = Path(env["ALNAIR_DISPATCHER_WEBHOOK_CERT_DIR"])
     bundle = base64.b64encode((folder / CA_FILE).read_bytes()).decode()
-    url = f"https://127.0.0.1:{env['ALNAIR_DISPATCHER_WEBHOOK_PORT']}/mutate"
-    for hook in config["webhooks"]:
-        hook["clientConfig"] = {"url": url, "caBundle": bundle}
+    base = f"https://127.0.0.1:{env['ALNAIR_DISPATCHER_WEBHOOK_PORT']}"
+    for config in configs:
+        for hook in config["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"{base}{path}", "caBundle": bundle}
 
     async def apply() -> None:
         async with KubeClient.from_config(kubeconfig) as kube:
-            await kube.apply(config, field_manager="alnair-devstack")
+            for config in configs:
+                await kube.apply(config, field_manager="alnair-devstack")
 
     asyncio.run(apply())
 

@@ -100,11 +100,14 @@ class Webhook:
         return f"https://127.0.0.1:{bound_port(self.server)}"
 
     @classmethod
-    async def start(cls, settings: DispatcherSettings, metrics: DispatcherMetrics) -> Webhook:
+    async def start(
+        cls, settings: DispatcherSettings, metrics: DispatcherMetrics, dispatcher: Dispatcher
+    ) -> Webhook:
         assert settings.webhook_cert_dir is not None
         tls = CertReloader(settings.webhook_cert_dir)
         server, http = await start_http(
-            build_webhook_api(metrics), settings.http_host, settings.webhook_port,
+            build_webhook_api(metrics, dispatcher.validate_queue),
+            settings.http_host, settings.webhook_port,
             name="dispatcher.webhook", tls=tls,
         )  # fmt: skip
         return cls(tls, server, http)
@@ -140,8 +143,8 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         api, settings.http_host, settings.http_port, name="dispatcher.http"
     )
     webhook = None
-    if settings.webhook_cert_dir and settings.mode == "cluster":
-        webhook = await Webhook.start(settings, metrics)
+    if settings.webhook_cert_dir and isinstance(dispatcher, Dispatcher):
+        webhook = await Webhook.start(settings, metrics, dispatcher)
     loop = spawn(dispatcher.run(), name="dispatcher.loop")
     return Running(dispatcher, kube, bus, loop, http, server, webhook)
 

@@ -255,6 +255,26 @@ class Dispatcher(ReconcileLoop):
         self.queues = seen
         return queues
 
+    def validate_queue(self, obj: Obj) -> str | None:
+        """What is wrong with a ClusterQueue that the CRD schema cannot say (the admission
+        webhook refuses it): a cohort that does not exist, a field the policies cannot read,
+        a flavor naming a GPU model neither Alnair nor any node it sees knows. None if it is
+        fine. (Cohorts have no parents here, so there is no cycle to find.)"""
+        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
+        try:
+            spec = parse_cluster_queue(obj, cohorts)
+        except InvalidValueError as exc:
+            return f"ClusterQueue {obj['metadata'].get('name')}: {exc}"
+        seen = {g.model for n in self.nodes.values() if (g := node_gpus(n)) is not None}
+        known = seen | set(res.GPU_MODEL_MEMORY_MIB)
+        unknown = sorted(m for m in spec.quota if m not in known)
+        if unknown:
+            return (
+                f"ClusterQueue {spec.name}: flavor {unknown[0]!r} names a GPU model no node "
+                f"has and Alnair does not know (nodes have: {', '.join(sorted(seen)) or 'none'})"
+            )
+        return None
+
     def _capacity(self, running: list[RunningJob]) -> dict[str, GpuPool]:
         totals: Counter[str] = Counter()
         memory: dict[str, float] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,6 +41,8 @@ from alnair.scheduler.dispatcher.objects import (
 log = logging.getLogger(__name__)
 
 ADMISSION_API = "admission.k8s.io/v1"
+Validate = Callable[[dict[str, Any]], str | None]
+"""An object's problem in words, or None when it is valid."""
 DISPATCHER_OWNED = (
     ANN_ADMITTED_TYPE,
     ANN_ADMITTED_AT,
@@ -77,8 +80,8 @@ def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def review(body: Any) -> tuple[dict[str, Any], str]:
-    """The AdmissionReview answering `body`, and what was done (for the metric)."""
+def _request(body: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(the request, the answer, its response) of an AdmissionReview body; raises ReviewError."""
     if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
         raise ReviewError("body is not an AdmissionReview")
     request = body.get("request")
@@ -86,6 +89,27 @@ def review(body: Any) -> tuple[dict[str, Any], str]:
         raise ReviewError("AdmissionReview has no request.uid")
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     answer = {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "response": response}
+    return request, answer, response
+
+
+def validation(body: Any, validate: Validate) -> tuple[dict[str, Any], str]:
+    """The AdmissionReview answering a validation request: refused (422, the reason named)
+    when `validate` finds the object wrong."""
+    request, answer, response = _request(body)
+    obj = request.get("object")
+    if request.get("operation") not in ("CREATE", "UPDATE") or not isinstance(obj, dict):
+        return answer, "ignored"
+    problem_text = validate(obj)
+    if problem_text is None:
+        return answer, "valid"
+    response["allowed"] = False
+    response["status"] = {"code": 422, "reason": "Invalid", "message": problem_text}
+    return answer, "refused"
+
+
+def review(body: Any) -> tuple[dict[str, Any], str]:
+    """The AdmissionReview answering `body`, and what was done (for the metric)."""
+    request, answer, response = _request(body)
     kind = (request.get("kind") or {}).get("kind", "")
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, dict):
@@ -104,20 +128,34 @@ def review(body: Any) -> tuple[dict[str, Any], str]:
     return answer, "held"
 
 
-def build_webhook_api(metrics: DispatcherMetrics) -> FastAPI:
+def build_webhook_api(metrics: DispatcherMetrics, validate: Validate | None = None) -> FastAPI:
+    """`POST /mutate` holds queued workloads; `POST /validate` (with `validate`) refuses queue
+    objects the CRD schema cannot catch."""
     app = FastAPI(title="alnair-dispatcher-webhook", version="0.1.0", docs_url=None)
     install_problem_handlers(app)
 
-    @app.post("/mutate", response_model=None)
-    async def mutate(req: Request) -> dict[str, Any] | JSONResponse:
+    async def answer(
+        req: Request, decide: Callable[[Any], tuple[dict[str, Any], str]]
+    ) -> dict[str, Any] | JSONResponse:
         try:
             body = json.loads(await req.body())
-            answer, outcome = review(body)
+            reply, outcome = decide(body)
         except ValueError as exc:  # not JSON, or a ReviewError
             metrics.webhook_requests.labels("invalid").inc()
             return problem(400, "Bad Request", f"not an admission review: {exc}")
         metrics.webhook_requests.labels(outcome).inc()
-        return answer
+        return reply
+
+    @app.post("/mutate", response_model=None)
+    async def mutate(req: Request) -> dict[str, Any] | JSONResponse:
+        return await answer(req, review)
+
+    if validate is not None:
+        check = validate
+
+        @app.post("/validate", response_model=None)
+        async def validate_queue(req: Request) -> dict[str, Any] | JSONResponse:
+            return await answer(req, lambda body: validation(body, check))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
