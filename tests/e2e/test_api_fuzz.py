@@ -175,19 +175,32 @@ async def test_aggregator_api(control_plane: ControlPlane, nats_url: str, redis_
 
 
 async def test_elastic_api(control_plane: ControlPlane, kube: KubeClient, namespace: str) -> None:
-    from alnair.common.kube import SERVICEACCOUNTS
+    from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS
+    from alnair.common.localstack.controlplane import load_manifests
     from elastic_support import start_controller
+    from kube_builders import BASE
 
-    # authenticated, so the scale route's own validation is what the requests meet
+    # authenticated and allowed to scale ElasticJobs in every namespace (the fuzzer picks
+    # them), so the scale route's own validation is what the requests meet
     await kube.create(
         SERVICEACCOUNTS,
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "fuzz"}},
         namespace,
     )
-    token = await kube.service_account_token(namespace, "fuzz")
+    for doc in load_manifests(BASE / "elastic" / "user-roles.yaml"):
+        await kube.apply(doc)
+    binding = f"fuzz-{namespace}"
+    rbac = "rbac.authorization.k8s.io"
+    await kube.create(KIND_RESOURCES["ClusterRoleBinding"], {
+        "apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": binding},
+        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "alnair-elasticjobs-edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "fuzz", "namespace": namespace}],
+    })  # fmt: skip
+    token = await kube.service_account_token(namespace, "fuzz", audiences=["alnair"])
     running = await start_controller(control_plane, namespace)
     try:
         sent = await asyncio.to_thread(fuzz, running.url, {"Authorization": f"Bearer {token}"})
         assert sent > 0
     finally:
         await running.stop()
+        await kube.delete(KIND_RESOURCES["ClusterRoleBinding"], binding)

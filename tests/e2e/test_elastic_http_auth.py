@@ -1,5 +1,5 @@
 """The elastic controller's only mutating endpoint needs a token the API server authenticates
-(issue 16) and an identity it authorizes (issue 25). `POST /v1/elasticjobs/{ns}/{name}/scale`
+(issue 16), minted for the `alnair` audience, and an identity it authorizes (issue 25). `POST /v1/elasticjobs/{ns}/{name}/scale`
 without a token is a 401 problem. With a ServiceAccount's valid token but no right to update
 that ElasticJob's scale, it is a 403 naming the access. Once the account is bound to the
 built-in `edit` role in the namespace, which gains the right from the shipped
@@ -34,7 +34,9 @@ async def test_scale_needs_a_reviewed_token_and_the_right_to_scale(
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ops"}},
         namespace,
     )
-    token = await kube.service_account_token(namespace, "ops")
+    token = await kube.service_account_token(namespace, "ops", audiences=["alnair"])
+    # The same account's token for the API server's audience is not one the service takes.
+    api_token = await kube.service_account_token(namespace, "ops")
     running = await start_controller(control_plane, namespace)
     path = f"/v1/elasticjobs/{namespace}/nope/scale"
     bearer = {"Authorization": f"Bearer {token}"}
@@ -45,6 +47,9 @@ async def test_scale_needs_a_reviewed_token_and_the_right_to_scale(
                 path, json={"replicas": 2}, headers={"Authorization": "Bearer forged"}
             )
             unauthorized = await http.post(path, json={"replicas": 2}, headers=bearer)
+            wrong_audience = await http.post(
+                path, json={"replicas": 2}, headers={"Authorization": f"Bearer {api_token}"}
+            )
             await kube.create(KIND_RESOURCES["RoleBinding"], {
                 "apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
                 "metadata": {"name": "ops-edit", "namespace": namespace},
@@ -64,7 +69,7 @@ async def test_scale_needs_a_reviewed_token_and_the_right_to_scale(
             listing = await http.get("/v1/elasticjobs")
     finally:
         await running.stop()
-    for refused in (anonymous, forged):
+    for refused in (anonymous, forged, wrong_audience):
         assert refused.status_code == 401
         assert refused.headers["content-type"] == "application/problem+json"
     assert unauthorized.status_code == 403

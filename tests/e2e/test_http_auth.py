@@ -69,7 +69,7 @@ async def token_of(kube: KubeClient, namespace: str, name: str) -> str:
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
         namespace,
     )
-    return await kube.service_account_token(namespace, name)
+    return await kube.service_account_token(namespace, name, audiences=["alnair"])
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def client(app: FastAPI) -> httpx.AsyncClient:
 async def test_service_account_token_accepted_garbage_refused(
     kube: KubeClient, namespace: str, account: str
 ) -> None:
-    reviewer = TokenReviewer(kube, cache_s=0.0, rejected_cache_s=0.0)
+    reviewer = TokenReviewer(kube, audiences=["alnair"], cache_s=0.0, rejected_cache_s=0.0)
     async with client(make_app(reviewer, namespace)) as http:
         missing = await http.post("/v1/scale")
         garbage = await http.post("/v1/scale", headers={"Authorization": "Bearer not-a-token"})
@@ -133,7 +133,7 @@ async def test_an_authenticated_caller_may_do_only_what_its_rbac_allows(
     """Authentication is not authorization: a valid token of an account without the right
     gets a 403 naming the access; a route the service names no access for is closed to all."""
     stranger = await token_of(kube, namespace, "stranger")
-    reviewer = TokenReviewer(kube)
+    reviewer = TokenReviewer(kube, audiences=["alnair"])
     async with client(make_app(reviewer, namespace)) as http:
         refused = await http.post("/v1/scale", headers={"Authorization": f"Bearer {stranger}"})
         assert refused.status_code == 403
@@ -166,7 +166,9 @@ async def test_reviewer_without_tokenreview_rights_fails_closed(
     own = await kube.service_account_token(namespace, name)
     config = dataclasses.replace(kube.config, cert_file=None, key_file=None, token=own)
     async with KubeClient(config) as as_service:
-        async with client(make_app(TokenReviewer(as_service), namespace)) as http:
+        async with client(
+            make_app(TokenReviewer(as_service, audiences=["alnair"]), namespace)
+        ) as http:
             denied = await http.post("/v1/scale", headers={"Authorization": f"Bearer {account}"})
         assert denied.status_code == 503
         assert denied.headers["content-type"] == "application/problem+json"
@@ -186,7 +188,8 @@ async def test_reviewer_without_tokenreview_rights_fails_closed(
             },
         )
         try:
-            async with client(make_app(TokenReviewer(as_service), namespace)) as http:
+            reviewer = TokenReviewer(as_service, audiences=["alnair"])
+            async with client(make_app(reviewer, namespace)) as http:
                 for _ in range(50):  # RBAC caches take a moment to see the binding
                     ok = await http.post(
                         "/v1/scale", headers={"Authorization": f"Bearer {account}"}

@@ -5,6 +5,9 @@ a Kubernetes token (`Authorization: Bearer <token>`: a ServiceAccount's projecte
 user's token from their kubeconfig), and the service asks the API server whether it is valid
 (`authentication.k8s.io/v1` TokenReview), exactly as the kubelet and aggregated API servers
 do. Nothing is stored: no second user database, and revoking the ServiceAccount revokes access.
+The review names the audiences a token must be minted for (`alnair` by default, see
+`ServiceSettings.http_auth_audiences`): a token a caller hands to a service is then one the API
+server itself refuses, so the service cannot replay it against the cluster.
 
 `install_token_auth` adds one middleware that guards every mutating method on every route, so
 a route added later is guarded without anyone remembering to; queries that use POST only to
@@ -201,7 +204,9 @@ def reviewer_for(settings: ServiceSettings, kube: KubeClient | None) -> TokenRev
             "ALNAIR_HTTP_AUTH needs a Kubernetes client to review tokens; set it to false"
             " for a service run without one"
         )
-    return TokenReviewer(kube, cache_s=settings.http_auth_cache_s)
+    return TokenReviewer(
+        kube, audiences=settings.http_auth_audiences, cache_s=settings.http_auth_cache_s
+    )
 
 
 def _unauthorized(detail: str) -> Response:

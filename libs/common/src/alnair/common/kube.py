@@ -21,7 +21,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -590,14 +590,18 @@ class KubeClient:
         )
 
     async def service_account_token(
-        self, namespace: str, name: str, expiration_s: int = 3600
+        self,
+        namespace: str,
+        name: str,
+        expiration_s: int = 3600,
+        audiences: Sequence[str] = (),
     ) -> str:
-        """A token for a ServiceAccount through the TokenRequest API (tests, tools)."""
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": expiration_s},
-        }
+        """A token for a ServiceAccount through the TokenRequest API (tests, tools); for
+        `audiences` (default: the API server's own)."""
+        spec: dict[str, Any] = {"expirationSeconds": expiration_s}
+        if audiences:
+            spec["audiences"] = list(audiences)
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         doc = await self.request("POST", SERVICEACCOUNTS.path(namespace, name, "token"), body=body)
         token: str = doc["status"]["token"]
         return token

@@ -128,6 +128,16 @@ class ServiceSettings(CommonSettings):
             " (TokenReview); false only for local development"
         ),
     )
+    http_auth_audiences: list[str] = Field(
+        validation_alias=AliasChoices("ALNAIR_HTTP_AUTH_AUDIENCES", "http_auth_audiences"),
+        default=["alnair"],
+        description=(
+            "audiences a caller's token must carry (TokenReview spec.audiences): a token minted "
+            "for Alnair (`kubectl create token SA --audience alnair`) is not one the API "
+            "server accepts, so a service that sees it cannot replay it there; empty: the API "
+            "server's own audiences"
+        ),
+    )
     http_auth_cache_s: float = Field(
         validation_alias=AliasChoices("ALNAIR_HTTP_AUTH_CACHE_S", "http_auth_cache_s"),
         default=10.0,
