@@ -99,6 +99,8 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
     await kube.create(CLUSTERQUEUES, cluster_queue(f"ela-{ns}", None, {"V100M32": 2}))
     await kube.create(LOCALQUEUES, local_queue("jobs", ns, f"jobs-{ns}"), ns)
     await kube.create(LOCALQUEUES, local_queue("elastic", ns, f"ela-{ns}"), ns)
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"kq-{ns}", None, {"V100M32": 1}))
+    await kube.create(LOCALQUEUES, local_queue("kq", ns, f"kq-{ns}"), ns)
 
     async with (
         KubeClient(dispatcher_cfg) as as_dispatcher,
@@ -183,6 +185,15 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
                 forged["metadata"].get("annotations") or {}
             )
 
+            # Written for Kueue (its label, no suspend): held and admitted the same way.
+            kueue_job = running_job("kueue-style", ns, "kq", 1)
+            del kueue_job["metadata"]["labels"][LABEL_QUEUE]
+            kueue_job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "kq"
+            assert (await kube.create(JOBS, kueue_job, ns))["spec"]["suspend"] is True
+            assert await wait_for(lambda: admitted_type(kube, ns, "kueue-style"), 20) == "V100M32"
+            explained = await explain(running, ns, "kueue-style", lambda d: True)
+            assert explained["queue"] == "kq" and explained["cluster_queue"] == f"kq-{ns}"
+
             # An ElasticJob naming its queue in its spec, created running: held, admitted at
             # its minimum by the dispatcher; the elastic controller, under its own account,
             # then runs it.
@@ -228,7 +239,7 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
             await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
             await kube.delete(VALIDATING_WEBHOOKS, WEBHOOK_CONFIG)
             await kube.delete(SECRETS, WEBHOOK_SECRET, SYSTEM_NS)
-            for cq in (f"jobs-{ns}", f"ela-{ns}"):
+            for cq in (f"jobs-{ns}", f"ela-{ns}", f"kq-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)
 
 

@@ -156,3 +156,15 @@ def test_a_jobset_without_gpus_or_with_a_bad_count_is_named() -> None:
     with pytest.raises(InvalidValueError) as named:
         JOBSET.parse(bad, 60.0)
     assert named.value.field.startswith("spec.replicatedJobs[0].template.spec.template.spec.")
+
+
+def test_kueues_queue_label_queues_too_and_alnairs_wins_when_both_are_set() -> None:
+    kueue = job({"kueue.x-k8s.io/queue-name": "kq"})
+    assert JOB.queued(kueue) and JOB.parse(kueue, 60.0).local_queue == "kq"
+    both = job({"kueue.x-k8s.io/queue-name": "kq", LABEL_QUEUE: "lq"})
+    assert JOB.parse(both, 60.0).local_queue == "lq"
+    assert POD.queued(pod({"kueue.x-k8s.io/queue-name": "kq"}))
+    assert list(JOB.label_selectors) == [LABEL_QUEUE, "kueue.x-k8s.io/queue-name"]
+    assert ELASTIC.label_selectors == (None,)
+    held = [op["path"] for op in hold_patch("Job", kueue)]
+    assert held == ["/spec/suspend"]

@@ -53,11 +53,11 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_RAN,
     ANN_SELECTED_TYPE,
     ANN_TRIAL,
-    LABEL_QUEUE,
     LABEL_TRIAL_FOR,
     Workload,
     node_gpus,
     parse_cluster_queue,
+    queue_label,
     trial_phase,
     trialjob_manifest,
 )
@@ -163,11 +163,15 @@ class Dispatcher(ReconcileLoop):
         self.cohorts = Informer(kube, COHORTS, name="cohorts")
         self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
         self.trials = Informer(kube, TRIALJOBS, label_selector=LABEL_TRIAL_FOR, name="trialjobs")
-        # One informer per kind of workload it queues (kinds.py).
-        self.workload_watches = {
-            name: Informer(kube, k.resource, label_selector=k.label_selector, name=k.informer)
+        # Informers per kind of workload it queues (kinds.py): one per queue label it reads.
+        self.workload_watches: dict[str, tuple[Informer, ...]] = {
+            name: tuple(
+                Informer(kube, k.resource, label_selector=sel, name=k.informer(sel))
+                for sel in k.label_selectors
+            )
             for name, k in KINDS.items()
         }
+        watching = [i for group in self.workload_watches.values() for i in group]
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -178,14 +182,9 @@ class Dispatcher(ReconcileLoop):
             self.cohorts,
             self.nodes,
             self.trials,
-            *self.workload_watches.values(),
+            *watching,
         )
-        for informer in (
-            self.local_queues,
-            self.cohorts,
-            self.trials,
-            *self.workload_watches.values(),
-        ):
+        for informer in (self.local_queues, self.cohorts, self.trials, *watching):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
@@ -202,7 +201,7 @@ class Dispatcher(ReconcileLoop):
                     extra={"kind": kind.kind, "api": f"{r.plural}.{r.group}/{r.version}"},
                 )
                 left_out = self.workload_watches.pop(name)
-                self.informers = tuple(i for i in self.informers if i is not left_out)
+                self.informers = tuple(i for i in self.informers if i not in left_out)
         await super().start_watching()
 
     async def _served(self, kind: WorkloadKind) -> bool:
@@ -359,8 +358,8 @@ class Dispatcher(ReconcileLoop):
         live_keys: set[str] = set()
         queued = [
             (obj, KINDS[name])
-            for name, informer in self.workload_watches.items()
-            for obj in informer.values()
+            for name in self.workload_watches
+            for obj in self._objects(name).values()
             if KINDS[name].queued(obj)
         ]
         for obj, kind in queued:
@@ -509,14 +508,25 @@ class Dispatcher(ReconcileLoop):
 
     # --- applying decisions ---------------------------------------------------------------
 
+    def _objects(self, kind: str) -> dict[str, Obj]:
+        """Every object of `kind` its informers hold, by namespace/name; one labelled both
+        ways is held twice, and the newer copy counts."""
+        merged: dict[str, Obj] = {}
+        for informer in self.workload_watches.get(kind, ()):
+            for key, obj in informer.store.items():
+                if key not in merged or _rv(merged[key]) < _rv(obj):
+                    merged[key] = obj
+        return merged
+
     def _remember(self, wl: Workload, updated: Obj) -> None:
-        """Put an object we just wrote into its informer's store (unless a newer copy is)."""
+        """Put an object we just wrote into the stores of the informers that hold it (unless a
+        newer copy is there)."""
         meta = updated["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
-        store = self.workload_watches[wl.kind].store
-        current = store.get(key)
-        if current is None or _rv(current) <= _rv(updated):
-            store[key] = updated
+        for informer in self.workload_watches[wl.kind]:
+            current = informer.store.get(key)
+            if current is not None and _rv(current) <= _rv(updated):
+                informer.store[key] = updated
 
     async def _shrink(self, wl: Workload, reason: str, for_job: str) -> None:
         """Ask the elastic controller to give back the workers above the minimum."""
@@ -902,10 +912,9 @@ class Dispatcher(ReconcileLoop):
     def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
         adapter: WorkloadKind = KINDS[kind]
         key = adapter.key(namespace, name)
-        informer = self.workload_watches.get(kind)
-        if informer is None:
+        if kind not in self.workload_watches:
             raise NotFound(404, "NotFound", f"{kind}s are not queued on this cluster", key)
-        obj = informer.get(f"{namespace}/{name}")
+        obj = self._objects(kind).get(f"{namespace}/{name}")
         if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)
@@ -923,7 +932,7 @@ class Dispatcher(ReconcileLoop):
             "job": f"{namespace}/{name}",
             "kind": kind,
             "status": status,
-            "queue": (obj["metadata"].get("labels") or {}).get(LABEL_QUEUE),
+            "queue": queue_label(obj["metadata"]) or (obj.get("spec") or {}).get("queue"),
             "cluster_queue": state.cluster_queue,
             "policy": self.policy.name,
             "position": state.position if status == "waiting" else None,

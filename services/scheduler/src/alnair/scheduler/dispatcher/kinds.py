@@ -28,7 +28,7 @@ from alnair.common import resources as res
 from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
-    LABEL_QUEUE,
+    QUEUE_LABELS,
     Workload,
     elastic_finished,
     elastic_key,
@@ -41,6 +41,7 @@ from alnair.scheduler.dispatcher.objects import (
     parse_workload,
     pod_finished,
     pod_key,
+    queue_label,
 )
 
 Patch = list[dict[str, Any]]
@@ -55,8 +56,9 @@ class WorkloadKind:
     kind: str
     api_version: str
     resource: Resource
-    label_selector: str | None
-    """What the informer lists (None: every object, `queued` decides)."""
+    label_selectors: tuple[str | None, ...]
+    """What its informers list, one informer each (a selector cannot say "this label or that
+    one"; None: every object, `queued` decides)."""
     queued: Callable[[Obj], bool]
     key: Callable[[str, str], str]
     parse: Callable[[Obj, float], Workload]
@@ -70,10 +72,10 @@ class WorkloadKind:
     optional: bool = False
     """Its API comes from another project (a CRD): queued only where the cluster serves it."""
 
-    @property
-    def informer(self) -> str:
-        """The name of its informer (logs, metrics)."""
-        return f"queued-{self.resource.plural}"
+    def informer(self, selector: str | None) -> str:
+        """The name of its informer for `selector` (logs, metrics)."""
+        by = f"-by-{selector.split('/')[0]}" if selector else ""
+        return f"queued-{self.resource.plural}{by}"
 
     def ref(self, obj: Obj) -> Obj:
         """The object with its kind, for Events (list results carry no kind)."""
@@ -88,10 +90,9 @@ def _managed_queued(obj: Obj, controller: str) -> bool:
     """Labelled for a queue, run by `controller` (`spec.managedBy` unset or naming it), and
     owned by no other controller: a JobSet's child Job, or the multi-cluster hub's copy on a
     worker, is admitted with its owner."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
     managed_by = (obj.get("spec") or {}).get("managedBy")
     return (
-        bool(labels.get(LABEL_QUEUE))
+        bool(queue_label(obj.get("metadata") or {}))
         and managed_by in (None, "", controller)
         and _controller(obj) is None
     )
@@ -113,8 +114,7 @@ def _controller(obj: Obj) -> dict[str, Any] | None:
 def _pod_queued(obj: Obj) -> bool:
     """A Pod of its own names its queue with the label. A pod some controller owns (a Job's,
     a ReplicaSet's) is admitted with its owner, never on its own."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(LABEL_QUEUE)) and _controller(obj) is None
+    return bool(queue_label(obj.get("metadata") or {})) and _controller(obj) is None
 
 
 def _suspend(obj: Obj) -> Patch:
@@ -168,15 +168,14 @@ def _unsuspend_jobset(wl: Workload, gpu_type: str) -> Obj:
 
 def _elastic_queued(obj: Obj) -> bool:
     """An ElasticJob names its queue with the label or `spec.queue`."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(LABEL_QUEUE) or (obj.get("spec") or {}).get("queue"))
+    return bool(queue_label(obj.get("metadata") or {}) or (obj.get("spec") or {}).get("queue"))
 
 
 JOB = WorkloadKind(
     kind="Job",
     api_version="batch/v1",
     resource=JOBS,
-    label_selector=LABEL_QUEUE,
+    label_selectors=QUEUE_LABELS,
     queued=_job_queued,
     key=lambda namespace, name: f"{namespace}/{name}",
     parse=parse_workload,
@@ -190,7 +189,7 @@ ELASTIC = WorkloadKind(
     kind="ElasticJob",
     api_version="alnair.io/v1alpha1",
     resource=ELASTICJOBS,
-    label_selector=None,  # `spec.queue` alone queues one too
+    label_selectors=(None,),  # `spec.queue` alone queues one too
     queued=_elastic_queued,
     key=elastic_key,
     parse=parse_elastic_workload,
@@ -204,7 +203,7 @@ POD = WorkloadKind(
     kind="Pod",
     api_version="v1",
     resource=PODS,
-    label_selector=LABEL_QUEUE,
+    label_selectors=QUEUE_LABELS,
     queued=_pod_queued,
     key=pod_key,
     parse=parse_pod_workload,
@@ -218,7 +217,7 @@ JOBSET = WorkloadKind(
     kind="JobSet",
     api_version="jobset.x-k8s.io/v1alpha2",
     resource=JOBSETS,
-    label_selector=LABEL_QUEUE,
+    label_selectors=QUEUE_LABELS,
     queued=_jobset_queued,
     key=jobset_key,
     parse=parse_jobset_workload,

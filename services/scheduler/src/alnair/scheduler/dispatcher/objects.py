@@ -21,7 +21,19 @@ from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
-"""The label a Job names its LocalQueue with (Kueue: `kueue.x-k8s.io/queue-name`)."""
+"""The label a workload names its LocalQueue with."""
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+"""Kueue's label for the same: manifests written for Kueue queue here unchanged (a LocalQueue of
+that name in the namespace). Do not run Kueue beside Alnair on one cluster: both would admit."""
+QUEUE_LABELS = (LABEL_QUEUE, LABEL_KUEUE_QUEUE)
+
+
+def queue_label(meta: Mapping[str, Any]) -> str:
+    """The LocalQueue a workload's labels name ('' for none): Alnair's label first."""
+    labels = meta.get("labels") or {}
+    return str(labels.get(LABEL_QUEUE) or labels.get(LABEL_KUEUE_QUEUE) or "")
+
+
 MANAGED_BY_HUB = "alnair.io/multicluster"
 """`spec.managedBy` of a Job the multi-cluster hub runs on a worker (`dispatcher/hub.py`); the
 single-cluster dispatcher leaves such Jobs alone."""
@@ -259,7 +271,7 @@ def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
     return Workload(
         key=f"{meta['namespace']}/{meta['name']}",
         obj=job,
-        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE, ""),
+        local_queue=queue_label(meta),
         request=gpu_request(job),
         features=features,
         gpu_model=gpu_model_constraint(job),
@@ -349,7 +361,7 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     return Workload(
         key=jobset_key(meta["namespace"], meta["name"]),
         obj=obj,
-        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE, ""),
+        local_queue=queue_label(meta),
         request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
@@ -390,7 +402,7 @@ def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     return Workload(
         key=elastic_key(meta["namespace"], meta["name"]),
         obj=obj,
-        local_queue=(meta.get("labels") or {}).get(LABEL_QUEUE) or str(spec.get("queue") or ""),
+        local_queue=queue_label(meta) or str(spec.get("queue") or ""),
         request=GpuRequest(gpus=low * per_worker, pods=low, gpus_per_pod=per_worker),
         features=object_model(obj).present(),
         gpu_model=gpu_model_constraint(job_like),
