@@ -472,3 +472,54 @@ async def test_a_decision_the_api_refuses_on_one_job_never_stops_the_queue(
         await running.stop()
         await kube.delete(ADMISSION_POLICY_BINDINGS, policy)
         await kube.delete(ADMISSION_POLICIES, policy)
+
+
+async def test_a_workload_whose_pods_never_start_gives_its_quota_back(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    """Admitted, but its pods can never be ready (they ask for a node nobody has): after the
+    pods-ready timeout it is suspended with a PodsNotReady Warning, its quota goes to the next
+    job, and after the allowed tries it is deactivated, not queued again (issue 24)."""
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
+    await kube.create(CLUSTERQUEUES, cluster_queue(f"ready-{ns}", None, {"V100M32": 2}))
+    await kube.create(LOCALQUEUES, local_queue("ready", ns, f"ready-{ns}"), ns)
+    settings = dispatcher_settings(
+        control_plane, ns, pods_ready_timeout_s=3.0, pods_ready_retries=1
+    )
+    async with scheduler(kube):
+        running = await start_dispatcher(settings)
+        try:
+            stuck = gpu_job("stuck", ns, "ready", 2)
+            stuck["spec"]["template"]["spec"]["nodeSelector"]["example.com/nowhere"] = "true"
+            await kube.create(JOBS, stuck, ns)
+            await wait_for(lambda: admitted_type(kube, ns, "stuck"), 20)
+            await kube.create(JOBS, gpu_job("next", ns, "ready", 2), ns)
+            waiting = await wait_for(
+                lambda: explain(running, ns, "next", lambda d: d["reason"] is not None), 10
+            )
+            assert waiting["reason"]["kind"] == "quota"
+            # Nothing else happens until the timeout: the reconcile it takes is the one the
+            # dispatcher set for itself at the deadline.
+            evicted = await wait_for(lambda: events(kube, ns, "stuck", "PodsNotReady"), 20)
+            assert "not all ready 3 s after admission" in evicted[0]["message"]
+            assert await wait_for(lambda: admitted_type(kube, ns, "next"), 20) == "V100M32"
+            gone = await job(kube, ns, "stuck")
+            assert gone["spec"]["suspend"] is True
+            assert gone["metadata"]["annotations"]["alnair.io/pods-not-ready-evictions"] == "1"
+            held = await wait_for(
+                lambda: explain(running, ns, "stuck", lambda d: d["reason"] is not None), 10
+            )
+            assert held["status"] == "waiting" and "deactivated" in held["reason"]["message"]
+            # The job that runs was seen ready once: its timeout no longer applies.
+            ready_at = await wait_for(
+                lambda: _annotation(kube, ns, "next", "alnair.io/pods-ready-at"), 20
+            )
+            assert float(ready_at) > 0
+            assert running.dispatcher.metrics.not_ready_evictions._value.get() == 1
+        finally:
+            await running.stop()
+
+
+async def _annotation(kube: KubeClient, ns: str, name: str, key: str) -> str | None:
+    return ((await job(kube, ns, name))["metadata"].get("annotations") or {}).get(key)

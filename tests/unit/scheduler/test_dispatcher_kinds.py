@@ -168,3 +168,60 @@ def test_kueues_queue_label_queues_too_and_alnairs_wins_when_both_are_set() -> N
     assert ELASTIC.label_selectors == (None,)
     held = [op["path"] for op in hold_patch("Job", kueue)]
     assert held == ["/spec/suspend"]
+
+
+def test_after_pods_were_not_ready_a_job_backs_off_then_is_deactivated() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from alnair.common.kube import KubeClient, KubeConfig
+    from alnair.scheduler.dispatcher.controller import Dispatcher
+    from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+    from alnair.scheduler.dispatcher.settings import DispatcherSettings
+
+    settings = DispatcherSettings(nats_enabled=False, pods_ready_retries=3)
+    dispatcher = Dispatcher(
+        KubeClient(KubeConfig(server="https://127.0.0.1:1")), settings,
+        DispatcherMetrics(CollectorRegistry()),
+    )  # fmt: skip
+
+    def held(**annotations: str) -> Any:
+        obj = job({LABEL_QUEUE: "lq"}, suspend=True)
+        obj["metadata"]["annotations"] = annotations
+        return JOB.parse(obj, 60.0)
+
+    assert dispatcher._backing_off(held(), 100.0) is None
+    once = held(**{"alnair.io/pods-not-ready-evictions": "1", "alnair.io/requeue-at": "160"})
+    assert dispatcher._backing_off(once, 100.0) == (
+        "backing off after its pods were not ready, until 160",
+        160.0,
+    )
+    assert dispatcher._backing_off(once, 170.0) is None  # queued again
+    thrice = held(**{"alnair.io/pods-not-ready-evictions": "3"})
+    reason = dispatcher._backing_off(thrice, 100.0)
+    assert reason is not None and reason[0].startswith("deactivated") and reason[1] is None
+    nonsense = held(**{"alnair.io/pods-not-ready-evictions": "x", "alnair.io/requeue-at": "y"})
+    assert dispatcher._backing_off(nonsense, 100.0) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "ready"),
+    [
+        (JOB, {"ready": 4, "succeeded": 2}, True),  # parallelism 3 x 2 GPUs: 6 pods
+        (JOB, {"ready": 5}, False),
+        (POD, {"conditions": [{"type": "Ready", "status": "True"}]}, True),
+        (POD, {"phase": "Pending"}, False),
+        (ELASTIC, {"readyReplicas": 2}, True),
+        (ELASTIC, {"readyReplicas": 1}, False),
+        (JOBSET, {"replicatedJobsStatus": [{"ready": 3}, {"succeeded": 1}]}, True),
+        (JOBSET, {"replicatedJobsStatus": [{"ready": 3}]}, False),
+    ],
+)
+def test_ready_means_every_pod_admitted_for(kind: Any, status: dict[str, Any], ready: bool) -> None:
+    objs = {
+        "Job": job({LABEL_QUEUE: "lq"}, parallelism=6),
+        "Pod": pod({LABEL_QUEUE: "lq"}),
+        "ElasticJob": elastic(queue="lq"),
+        "JobSet": jobset_obj(),
+    }
+    obj = {**objs[kind.kind], "status": status}
+    assert kind.ready(kind.parse(obj, 60.0)) is ready

@@ -48,9 +48,12 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
+    ANN_NOT_READY_EVICTIONS,
+    ANN_PODS_READY_AT,
     ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_RAN,
+    ANN_REQUEUE_AT,
     ANN_SELECTED_TYPE,
     ANN_TRIAL,
     LABEL_TRIAL_FOR,
@@ -176,6 +179,7 @@ class Dispatcher(ReconcileLoop):
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
         self.last_decisions = Decisions()
+        self._deadline: asyncio.TimerHandle | None = None
         self.informers = (
             self.cluster_queues,
             self.local_queues,
@@ -356,6 +360,7 @@ class Dispatcher(ReconcileLoop):
         workloads: dict[str, Workload] = {}
         pending_ws: list[Workload] = []
         live_keys: set[str] = set()
+        deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         queued = [
             (obj, KINDS[name])
             for name in self.workload_watches
@@ -388,6 +393,8 @@ class Dispatcher(ReconcileLoop):
                 state.admitted_type = admitted
                 queue = cq or ""
                 start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
+                if await self._pods_not_ready(wl, kind, start, now, deadlines):
+                    continue  # its admission was taken back: it holds nothing now
                 spec = self._job_spec(
                     wl, queue, state, _epoch(meta.get("creationTimestamp")), start
                 )
@@ -409,6 +416,13 @@ class Dispatcher(ReconcileLoop):
             state.admitted_type = None
             if not wl.held:
                 continue  # running outside the queue: not ours to admit
+            backoff = self._backing_off(wl, now)
+            if backoff is not None:
+                state.reason = WaitReason("queue", backoff[0])
+                await self._wait_event(wl, state)
+                if backoff[1] is not None:
+                    deadlines.append(backoff[1])
+                continue
             if cq is None:
                 state.reason = WaitReason(
                     "queue", f"LocalQueue {wl.namespace}/{wl.local_queue} does not exist"
@@ -428,6 +442,7 @@ class Dispatcher(ReconcileLoop):
         for key in [k for k in self.states if k not in live_keys]:
             del self.states[key]
         self.workloads = workloads
+        self._wake_at(min(deadlines, default=None))
 
         capacity = self._capacity(running)
         models = list(capacity)
@@ -657,9 +672,14 @@ class Dispatcher(ReconcileLoop):
         )
         return True
 
-    async def _preempt(self, wl: Workload, reason: str, for_job: str) -> None:
+    async def _preempt(
+        self, wl: Workload, reason: str, for_job: str, *,
+        cause: str = "Preempted", extra: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Take the workload's admission back: suspended (or evicted, by kind), its run time
+        kept, `extra` annotations written with it, the `cause` said in an Event."""
         if KINDS[wl.kind].reclaim == "evict":
-            await self._evict(wl, reason, for_job)
+            await self._evict(wl, reason, for_job, cause=cause)
             return
         meta = wl.obj["metadata"]
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
@@ -680,7 +700,9 @@ class Dispatcher(ReconcileLoop):
                     ANN_ADMITTED_TYPE: None,
                     ANN_ADMITTED_AT: None,
                     ANN_BORROWING: None,
+                    ANN_PODS_READY_AT: None,
                     ANN_QUEUE_STATE: f"preempted: {reason}",
+                    **(extra or {}),
                 },
             },
             "spec": spec,
@@ -694,9 +716,9 @@ class Dispatcher(ReconcileLoop):
         except ApiError as exc:
             await self._refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
             return
-        await self._preempted(wl, updated, "suspended", reason, for_job, count)
+        await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
 
-    async def _evict(self, wl: Workload, reason: str, for_job: str) -> None:
+    async def _evict(self, wl: Workload, reason: str, for_job: str, *, cause: str) -> None:
         """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
         delete it, this very object (its uid), and say why on it."""
         try:
@@ -709,19 +731,20 @@ class Dispatcher(ReconcileLoop):
             await self._refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
             return
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
-        await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count)
+        await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count, cause)
 
     async def _preempted(
-        self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int
-    ) -> None:
+        self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int,
+        cause: str,
+    ) -> None:  # fmt: skip
         """What follows a reclaim, however it was done (`how`): no longer admitted, and said
         so on the workload (Event, condition) and on the bus."""
         state = self.states.get(wl.key)
         if state is not None:
             state.admitted_type = None
         message = f"{how} for {for_job}: {reason}"
-        await self._event(obj, "Preempted", message, warning=True)
-        await self._condition(wl, "False", "Preempted", message)
+        await self._event(obj, cause, message, warning=True)
+        await self._condition(wl, "False", cause, message)
         await self._publish(
             wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
         )
@@ -740,6 +763,65 @@ class Dispatcher(ReconcileLoop):
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
         await self._note(wl, note)
         await self._condition(wl, "False", _camel(state.reason.kind), state.reason.message)
+
+    def _wake_at(self, when: float | None) -> None:
+        """One reconcile at `when` (epoch seconds): a deadline no event announces, the end of a
+        pods-ready timeout or of a backoff. Not a poll: nothing is looked at before it."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if when is not None:
+            delay = max(0.0, when - time.time()) + 0.05
+            self._deadline = asyncio.get_running_loop().call_later(delay, self._wake.set)
+
+    async def _pods_not_ready(
+        self, wl: Workload, kind: WorkloadKind, admitted_at: float, now: float,
+        deadlines: list[float],
+    ) -> bool:  # fmt: skip
+        """Kueue's waitForPodsReady: an admitted workload whose pods are not all ready within
+        `pods_ready_timeout_s` gives its quota back and is queued again (after a backoff of
+        one timeout); after `pods_ready_retries` such tries it stays out until someone looks.
+        True when its admission was taken back now."""
+        timeout = self.settings.pods_ready_timeout_s
+        if not timeout or ANN_PODS_READY_AT in wl.annotations:
+            return False
+        if kind.ready(wl):
+            updated = await self._note(
+                wl, {"metadata": {"annotations": {ANN_PODS_READY_AT: f"{now:.3f}"}}}
+            )
+            if updated is not None:
+                self._remember(wl, updated)
+            return False
+        if now < admitted_at + timeout:
+            deadlines.append(admitted_at + timeout)
+            return False
+        tries = _count(wl.annotations.get(ANN_NOT_READY_EVICTIONS)) + 1
+        self.metrics.not_ready_evictions.inc()
+        await self._preempt(
+            wl, f"its pods were not all ready {timeout:.0f} s after admission "
+            f"(try {tries} of {self.settings.pods_ready_retries})", "its queue",
+            cause="PodsNotReady",
+            extra={ANN_NOT_READY_EVICTIONS: str(tries),
+                   ANN_REQUEUE_AT: f"{now + timeout:.3f}"},
+        )  # fmt: skip
+        return True
+
+    def _backing_off(self, wl: Workload, now: float) -> tuple[str, float | None] | None:
+        """Why a held workload is not queued yet after its pods were not ready (and until
+        when), or None when it is queued."""
+        tries = _count(wl.annotations.get(ANN_NOT_READY_EVICTIONS))
+        if not tries:
+            return None
+        if tries >= self.settings.pods_ready_retries:
+            return (
+                f"deactivated: its pods were not all ready after {tries} admissions; remove "
+                f"the annotation {ANN_NOT_READY_EVICTIONS} to queue it again",
+                None,
+            )
+        until = _float(wl.annotations.get(ANN_REQUEUE_AT))
+        if until is not None and until > now:
+            return f"backing off after its pods were not ready, until {until:.0f}", until
+        return None
 
     async def _note(self, wl: Workload, patch: Obj) -> Obj | None:
         """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
@@ -977,6 +1059,22 @@ class Dispatcher(ReconcileLoop):
                 }
             )
         return out
+
+
+def _count(raw: str | None) -> int:
+    """A count we wrote in an annotation (nonsense reads as none)."""
+    try:
+        return max(0, int(raw or 0))
+    except ValueError:
+        return 0
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _ran_s(wl: Workload) -> float:

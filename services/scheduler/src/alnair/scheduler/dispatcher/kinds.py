@@ -69,6 +69,8 @@ class WorkloadKind:
     release: Callable[[Workload, str], Obj]
     """The `spec` of the merge patch that admits it onto a GPU model."""
     reclaim: Literal["suspend", "evict"]
+    ready: Callable[[Workload], bool]
+    """Whether every pod it was admitted for is ready (or already done)."""
     optional: bool = False
     """Its API comes from another project (a CRD): queued only where the cluster serves it."""
 
@@ -166,6 +168,41 @@ def _unsuspend_jobset(wl: Workload, gpu_type: str) -> Obj:
     return {"suspend": False, "replicatedJobs": sets}
 
 
+def _status(wl: Workload) -> dict[str, Any]:
+    return wl.obj.get("status") or {}
+
+
+def _job_ready(wl: Workload) -> bool:
+    st = _status(wl)
+    return int(st.get("ready") or 0) + int(st.get("succeeded") or 0) >= wl.request.pods
+
+
+def _elastic_ready(wl: Workload) -> bool:
+    low = int((wl.obj.get("spec") or {}).get("minReplicas", 1))
+    return int(_status(wl).get("readyReplicas") or 0) >= low
+
+
+def _pod_ready(wl: Workload) -> bool:
+    st = _status(wl)
+    if st.get("phase") == "Succeeded":
+        return True
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
+
+
+def _jobset_ready(wl: Workload) -> bool:
+    """JobSet counts child Jobs: one is ready when its ready and finished pods reach its
+    parallelism; all of them, over every replicated Job."""
+    jobs = sum(int(rj.get("replicas", 1)) for rj in (wl.obj.get("spec") or {}).get(
+        "replicatedJobs") or [])  # fmt: skip
+    done = sum(
+        int(rj.get("ready") or 0) + int(rj.get("succeeded") or 0)
+        for rj in _status(wl).get("replicatedJobsStatus") or []
+    )
+    return done >= jobs
+
+
 def _elastic_queued(obj: Obj) -> bool:
     """An ElasticJob names its queue with the label or `spec.queue`."""
     return bool(queue_label(obj.get("metadata") or {}) or (obj.get("spec") or {}).get("queue"))
@@ -184,6 +221,7 @@ JOB = WorkloadKind(
     hold=_suspend,
     release=_unsuspend,
     reclaim="suspend",
+    ready=_job_ready,
 )
 ELASTIC = WorkloadKind(
     kind="ElasticJob",
@@ -198,6 +236,7 @@ ELASTIC = WorkloadKind(
     hold=_suspend,
     release=_unsuspend,
     reclaim="suspend",
+    ready=_elastic_ready,
 )
 POD = WorkloadKind(
     kind="Pod",
@@ -212,6 +251,7 @@ POD = WorkloadKind(
     hold=_gate,
     release=_ungate,
     reclaim="evict",
+    ready=_pod_ready,
 )
 JOBSET = WorkloadKind(
     kind="JobSet",
@@ -226,6 +266,7 @@ JOBSET = WorkloadKind(
     hold=_suspend,
     release=_unsuspend_jobset,
     reclaim="suspend",
+    ready=_jobset_ready,
     optional=True,
 )
 KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC, POD, JOBSET)}

@@ -44,6 +44,10 @@ class DispatcherMetrics:
             "write_refusals_total",
             "Decisions the API server refused on one workload (it gets a Warning Event)",
         )
+        self.not_ready_evictions = m.counter(
+            "pods_not_ready_evictions_total",
+            "Admissions taken back because the workload's pods were not all ready in time",
+        )
         self.webhook_requests = m.counter(
             "webhook_requests_total",
             "Admission reviews answered, by outcome (held, ignored, invalid)",

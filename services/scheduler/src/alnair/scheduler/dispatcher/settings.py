@@ -55,6 +55,19 @@ class DispatcherSettings(ServiceSettings):
         description="work a preempted job is assumed to lose (checkpoint reload, warm-up) "
         "unless it says otherwise in alnair.io/restart-cost-s",
     )
+    pods_ready_timeout_s: float = Field(
+        default=1800.0,
+        ge=0,
+        description="an admitted workload whose pods are not all ready this long after "
+        "admission (an image that never pulls, a gang that cannot fit) gives its quota back "
+        "and is queued again after as long again; 0: never",
+    )
+    pods_ready_retries: int = Field(
+        default=3,
+        ge=1,
+        description="after this many such evictions the workload stays suspended, not queued, "
+        "until its alnair.io/pods-not-ready-evictions annotation is removed",
+    )
     webhook_cert_dir: str | None = Field(
         default=None,
         description="folder of the admission webhook's serving certificate (tls.crt, tls.key: "

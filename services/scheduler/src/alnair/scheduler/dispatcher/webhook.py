@@ -32,9 +32,11 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
+    ANN_PODS_READY_AT,
     ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_RAN,
+    ANN_REQUEUE_AT,
     ANN_SELECTED_TYPE,
 )
 
@@ -51,6 +53,8 @@ DISPATCHER_OWNED = (
     ANN_RAN,
     ANN_SELECTED_TYPE,
     ANN_QUEUE_STATE,
+    ANN_PODS_READY_AT,
+    ANN_REQUEUE_AT,
 )
 """Annotations only the dispatcher writes: a workload is never created with them."""
 
