@@ -28,7 +28,11 @@ from alnair.scheduler.plugins.constraints import (
     PreferredInterPodAffinity,
     PreferredNodeAffinity,
 )
-from alnair.scheduler.plugins.node_state import NodeResourcesExtra, TopologyAwareGpus
+from alnair.scheduler.plugins.node_state import (
+    GpuUtilization,
+    NodeResourcesExtra,
+    TopologyAwareGpus,
+)
 from alnair.scheduler.plugins.preemption import select_victims
 from alnair.scheduler.plugins.registry import build_profile
 from alnair.scheduler.plugins.reservation import (
@@ -969,3 +973,36 @@ def test_a_bound_pod_whose_request_cannot_be_read_still_holds_what_it_holds() ->
 
     readable = bound("fine", "n2", 1, "3", "ufine")
     assert cache.add_bound(readable) is None
+
+
+def test_a_shared_gpus_use_is_the_sum_of_its_pods_and_idle_again_when_they_end() -> None:
+    """Issue 27: each pod's sample used to overwrite the GPU's value, and a GPU whose pods
+    ended kept its last reading forever."""
+    cache = SchedulerCache()
+    cache.upsert_node(node("n1", 2))
+    cache.upsert_node(node("n2", 2))
+    for name, uid in (("a", "ua"), ("b", "ub")):
+        cache.add_bound(bound(name, "n1", 1, "0", uid))
+    cache.set_gpu_util("n1", 0, 30.0, "ua")
+    cache.set_gpu_util("n1", 0, 45.0, "ub")
+    snap = cache.snapshot()
+    assert cache.util[("n1", 0)] == 75.0 and float(snap.gpu_util[0, 0]) == 75.0
+    cache.set_gpu_util("n1", 0, 70.0, "ub")  # a newer sample replaces that pod's own share
+    assert cache.util[("n1", 0)] == 100.0  # capped
+    cache.set_gpu_util("n1", 0, 50.0, "gone")  # a pod not bound here: dropped
+    assert cache.util[("n1", 0)] == 100.0
+    cache.remove_pod("ub")
+    assert float(snap.gpu_util[0, 0]) == 30.0
+    cache.remove_pod("ua")
+    assert ("n1", 0) not in cache.util and float(snap.gpu_util[0, 0]) == 0.0
+
+    # The score follows: a whole-GPU pod goes to the node whose GPUs are measured idle.
+    cache.add_bound(bound("c", "n1", 1, "1", "uc"))
+    cache.set_gpu_util("n1", 1, 90.0, "uc")
+    scorer = GpuUtilization()
+    pod = parse_pod(make_pod("new", "ns").gpus(1).obj())
+    nodes = np.array([0, 1])
+    scores = scorer.score(pod, cache.snapshot(), None, nodes)  # type: ignore[arg-type]
+    assert scores[1] > scores[0]  # n1's free GPU sits beside a busy one: n2 scores higher
+    cache.remove_pod("uc")
+    assert not cache.snapshot().gpu_util.any()

@@ -2,8 +2,8 @@
 
 - GpuHealthChanged (durable `scheduler-health`): unhealthy GPUs are withheld from placement and
   come back when healthy; a GPU coming back drains the unschedulable pool.
-- PodMetric (core NATS, a queue group per replica so every replica sees every sample): the
-  latest GPU utilization per (node, GPU) feeds the GpuUtilization score.
+- PodMetric (core NATS, a queue group per replica so every replica sees every sample): each
+  pod's latest GPU utilization, summed per (node, GPU), feeds the GpuUtilization score.
 - JobEvent completed/failed (durable `scheduler-jobs`): room may have freed; drain the pool.
 - GpuInventory (a watch on the whole `gpu-inventory` KV bucket): each node's GPU link matrix,
   so multi-GPU pods get the best-connected GPUs (`TopologyAwareGpus`).
@@ -36,7 +36,7 @@ async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subsc
 
     async def on_metric(ev: PodMetric, env: Envelope[PodMetric]) -> None:
         if ev.gpu_index is not None:
-            scheduler.on_gpu_util(ev.node, ev.gpu_index, ev.gpu_util_pct)
+            scheduler.on_gpu_util(ev.node, ev.gpu_index, ev.gpu_util_pct, ev.pod_uid)
 
     async def on_job(ev: JobEvent, env: Envelope[JobEvent]) -> None:
         if ev.phase in (JobPhase.COMPLETED, JobPhase.FAILED):

@@ -350,8 +350,8 @@ class Scheduler:
         if self.cache.set_gpu_health(node, gpu, healthy):
             self.queue.move_all_to_active()
 
-    def on_gpu_util(self, node: str, gpu: int, pct: float) -> None:
-        self.cache.set_gpu_util(node, gpu, pct)
+    def on_gpu_util(self, node: str, gpu: int, pct: float, pod_uid: str = "") -> None:
+        self.cache.set_gpu_util(node, gpu, pct, pod_uid)
 
     def on_inventory(self, node: str, topology: Topology) -> None:
         """A node's GPU link matrix from the profiler (an empty one forgets it)."""

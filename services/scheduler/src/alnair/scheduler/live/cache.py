@@ -128,6 +128,11 @@ class SchedulerCache:
         self.assumed: dict[str, tuple[LivePod, Placement]] = {}
         self.unhealthy: set[tuple[str, int]] = set()
         self.util: dict[tuple[str, int], float] = {}
+        """Measured use per (node, GPU): the sum of its pods' latest shares, at most 100."""
+        self.util_shares: dict[tuple[str, int], dict[str, float]] = {}
+        """Each pod's latest measured share of each GPU it runs on (by pod uid)."""
+        self.util_of_pod: dict[str, set[tuple[str, int]]] = {}
+        """The GPUs each pod has a share on (so a pod's end finds them at once)."""
         self._snap: ClusterSnapshot | None = None
         self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
@@ -234,6 +239,7 @@ class SchedulerCache:
         # bounded: measured use of a node that is gone is never read again
         for key in [k for k in self.util if k[0] == name]:
             del self.util[key]
+            self.util_shares.pop(key, None)
 
     # --- pods ----------------------------------------------------------------------------
 
@@ -283,6 +289,9 @@ class SchedulerCache:
     def remove_pod(self, uid: str) -> bool:
         """A pod finished or was deleted; returns True if it held resources."""
         self.nominations.gone(uid)
+        for node, gpu in self.util_of_pod.pop(uid, ()):
+            self.util_shares.get((node, gpu), {}).pop(uid, None)
+            self._set_util(node, gpu)  # an idle GPU reads idle again
         held = self.bound.pop(uid, None) is not None
         held = self.assumed.pop(uid, None) is not None or held
         if held and self._snap is not None and uid in self._snap.placed:
@@ -327,11 +336,28 @@ class SchedulerCache:
                 snap.generation[i] += 1
         return healthy
 
-    def set_gpu_util(self, node: str, gpu: int, pct: float) -> None:
-        self.util[(node, gpu)] = pct
+    def set_gpu_util(self, node: str, gpu: int, pct: float, pod_uid: str = "") -> None:
+        """A pod's measured share of one GPU (the profiler's latest sample). A shared GPU's
+        use is the sum over the pods on it, not the last one heard; a pod's share goes when
+        the pod does (`remove_pod`). A sample for a pod not bound here (one that just ended)
+        is dropped, so it cannot leave a share behind."""
+        if pod_uid and pod_uid not in self.bound and pod_uid not in self.assumed:
+            return
+        self.util_shares.setdefault((node, gpu), {})[pod_uid] = pct
+        self.util_of_pod.setdefault(pod_uid, set()).add((node, gpu))
+        self._set_util(node, gpu)
+
+    def _set_util(self, node: str, gpu: int) -> None:
+        shares = self.util_shares.get((node, gpu)) or {}
+        total = min(100.0, sum(shares.values()))
+        if shares:
+            self.util[(node, gpu)] = total
+        else:
+            self.util.pop((node, gpu), None)
+            self.util_shares.pop((node, gpu), None)
         snap = self._snap
         if snap is not None and node in snap._index and gpu < snap.gpu_util.shape[1]:
-            snap.gpu_util[snap.node_index(node), gpu] = pct
+            snap.gpu_util[snap.node_index(node), gpu] = total
 
     # --- internals -----------------------------------------------------------------------
 
