@@ -524,6 +524,7 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
             "jobsets.hold.alnair.io",
             "elasticjobs.hold.alnair.io",
             "pods.hold.alnair.io",
+            "serving.hold.alnair.io",
         }
     elif account == "alnair-elastic":
         assert "items" in await limited.list(NODES)

@@ -22,6 +22,7 @@ from alnair.common import resources as r
 from alnair.common.certs_cli import ensure
 from alnair.common.kube import (
     CLUSTERQUEUES,
+    DEPLOYMENTS,
     ELASTICJOBS,
     EVENTS,
     JOBS,
@@ -74,6 +75,7 @@ HOOKS = {
     "jobsets.hold.alnair.io",
     "elasticjobs.hold.alnair.io",
     "pods.hold.alnair.io",
+    "serving.hold.alnair.io",
 }
 
 
@@ -341,3 +343,104 @@ async def _gone(kube: KubeClient, ns: str, name: str) -> bool:
 async def _events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
     items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
     return [e for e in items if e["reason"] == reason]
+
+
+def deployment(name: str, ns: str, queue: str, replicas: int) -> dict[str, Any]:
+    """A serving Deployment as a user writes it: a queue label, nothing held."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "schedulerName": r.SCHEDULER_NAME,
+                    "nodeSelector": {POOL: ns},
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "serve", "image": "example.invalid/serve:1",
+                                    "resources": {"limits": {r.GPU: "1"}}}],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+async def _serving(kube: KubeClient, ns: str, app: str) -> list[dict[str, Any]]:
+    pods = (await kube.list(PODS, ns, label_selector=f"app={app}"))["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+async def _all_running(kube: KubeClient, ns: str, app: str, n: int) -> list[dict[str, Any]]:
+    pods = await _serving(kube, ns, app)
+    ok = [p for p in pods if p["spec"].get("nodeName") and not p["spec"].get("schedulingGates")]
+    return ok if len(ok) == n and len(pods) == n else []
+
+
+async def test_serving_deployments_are_admitted_whole_and_evicted_whole(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """A Deployment labelled for a queue: its pods are gated as the ReplicaSet makes them,
+    all ungated together when the dispatcher admits it (the model in each node selector),
+    counted while it runs, its quota back when it is deleted; one on borrowed quota is
+    evicted whole for the lender, and its recreated pods wait gated again."""
+    ns = namespace
+    cp = control_plane
+    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
+    await cohort_queues(kube, ns, "sc", {"serve": (2, 2), "lender": (2, 0)})
+    async with (
+        KubeClient(dispatcher_cfg) as as_dispatcher,
+        scheduler(kube),
+        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher) as running,
+    ):
+        try:
+            made = await kube.create(DEPLOYMENTS, deployment("web", ns, "serve", 2), ns)
+            assert made["spec"]["template"]["metadata"]["labels"]["alnair.io/workload"] == (
+                "deployment.web"
+            )
+            pods = await wait_for(lambda: _all_running(kube, ns, "web", 2), 30)
+            for pod in pods:
+                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
+                assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
+            admitted = await wait_for(lambda: _events(kube, ns, "web", "Admitted"), 10)
+            assert "2 x V100M32" in admitted[0]["message"]
+            # The whole of it counts; the next one borrows the idle lender's quota.
+            await kube.create(DEPLOYMENTS, deployment("api", ns, "serve", 2), ns)
+            await wait_for(lambda: _all_running(kube, ns, "api", 2), 30)
+            # A third waits, its pods gated, for quota.
+            await kube.create(DEPLOYMENTS, deployment("more", ns, "serve", 1), ns)
+            waiting = await wait_for(
+                lambda: explain(running, ns, "more", lambda d: d["reason"] is not None,
+                                kind="deployments"), 20,
+            )  # fmt: skip
+            assert waiting["status"] == "waiting"
+            gated_pods = await wait_for(lambda: _serving(kube, ns, "more"), 20)
+            assert all(p["spec"].get("schedulingGates") for p in gated_pods)
+            # Deleting web gives its quota back: more is admitted.
+            await kube.delete(DEPLOYMENTS, "web", ns, propagation="Foreground")
+            await wait_for(lambda: _all_running(kube, ns, "more", 1), 40)
+
+            # The lender needs its quota: a borrowing Deployment is evicted whole.
+            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+            evicted = await wait_for(lambda: _evicted_one(kube, ns), 20)
+            reasons = await _events(kube, ns, evicted, "Preempted")
+            assert "evicted whole" in reasons[0]["message"]
+        finally:
+            for cq in (f"serve-{ns}", f"lender-{ns}"):
+                await kube.delete(CLUSTERQUEUES, cq)
+
+
+async def _evicted_one(kube: KubeClient, ns: str) -> str | None:
+    """The serving Deployment that was evicted: its pods are back, gated."""
+    for app in ("api", "more"):
+        pods = await _serving(kube, ns, app)
+        regated = pods and all(p["spec"].get("schedulingGates") for p in pods)
+        if regated and await _events(kube, ns, app, "Preempted"):
+            return app
+    return None

@@ -225,3 +225,42 @@ def test_ready_means_every_pod_admitted_for(kind: Any, status: dict[str, Any], r
     }
     obj = {**objs[kind.kind], "status": status}
     assert kind.ready(kind.parse(obj, 60.0)) is ready
+
+
+def test_a_serving_deployment_is_held_by_its_pods_and_admitted_whole() -> None:
+    from alnair.scheduler.dispatcher.kinds import DEPLOYMENT, STATEFULSET
+
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    dep = {
+        "metadata": {"name": "web", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}},
+        "spec": {"replicas": 3, "template": {"metadata": {"labels": {"app": "web"}},
+                                             "spec": {"containers": [container]}}},
+    }  # fmt: skip
+    assert DEPLOYMENT.queued(dep)
+    assert not DEPLOYMENT.queued({**dep, "spec": {**dep["spec"], "replicas": 0}})
+    assert hold_patch("Deployment", dep) == [
+        {"op": "add", "path": "/spec/template/metadata/labels/alnair.io~1workload",
+         "value": "deployment.web"}
+    ]  # fmt: skip
+    bare = {**dep, "spec": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
+    assert STATEFULSET.hold(bare) == [
+        {"op": "add", "path": "/spec/template/metadata",
+         "value": {"labels": {"alnair.io/workload": "statefulset.web"}}}
+    ]  # fmt: skip
+    wl = DEPLOYMENT.parse(dep, 60.0)
+    assert (wl.request.gpus, wl.request.pods, wl.held, wl.key) == (
+        6,
+        3,
+        True,
+        "deployment:team-a/web",
+    )
+    assert DEPLOYMENT.release(wl, "A100") == {}  # nothing in the spec: its pods are ungated
+    assert not DEPLOYMENT.writable and DEPLOYMENT.reclaim == "regate"
+    assert DEPLOYMENT.finished(dep) is None  # serving: runs until deleted
+    # A pod its ReplicaSet makes carries the label: gated, though a controller owns it.
+    owner = {"kind": "ReplicaSet", "name": "web-1", "uid": "u", "controller": True}
+    rs_pod = {"metadata": {"name": "web-1-x", "labels": {"alnair.io/workload": "deployment.web"},
+                           "ownerReferences": [owner]}, "spec": {}}  # fmt: skip
+    assert hold_patch("Pod", rs_pod) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "alnair.io/admission"}]}
+    ]

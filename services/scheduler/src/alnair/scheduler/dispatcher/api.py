@@ -3,8 +3,8 @@
 - `GET /v1/jobs/{namespace}/{name}`: status (waiting, admitted, complete, failed, invalid), the
   ClusterQueue, position in it, the reason it waits (quota, reservation, memory, fair share,
   capacity, queue, prediction), predicted start and finish, the prediction used.
-- `GET /v1/elasticjobs/{namespace}/{name}`, `/v1/pods/...`, `/v1/jobsets/...`: the same for an
-  ElasticJob, a queued Pod of its own, a JobSet.
+- `GET /v1/{elasticjobs,pods,jobsets,deployments,statefulsets}/{namespace}/{name}`: the same
+  for every other queued kind (`kinds.py`).
 - `GET /v1/queues`: every ClusterQueue, active or why not, with its status.
 - `GET /metrics`, `/healthz`, `/readyz` (ready once every informer has synced).
 Errors are RFC 7807 problem responses.
@@ -21,6 +21,7 @@ from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.dispatcher.controller import Dispatcher
+from alnair.scheduler.dispatcher.kinds import KINDS
 
 
 def build_api(dispatcher: Dispatcher) -> FastAPI:
@@ -31,21 +32,15 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not Found", exc.api_message)
 
-    @app.get("/v1/jobs/{namespace}/{name}")
-    async def job(namespace: str, name: str) -> dict[str, Any]:
-        return dispatcher.explain(namespace, name)
+    by_plural = {k.resource.plural: k.kind for k in KINDS.values()}
 
-    @app.get("/v1/elasticjobs/{namespace}/{name}")
-    async def elasticjob(namespace: str, name: str) -> dict[str, Any]:
-        return dispatcher.explain(namespace, name, kind="ElasticJob")
-
-    @app.get("/v1/pods/{namespace}/{name}")
-    async def pod(namespace: str, name: str) -> dict[str, Any]:
-        return dispatcher.explain(namespace, name, kind="Pod")
-
-    @app.get("/v1/jobsets/{namespace}/{name}")
-    async def jobset(namespace: str, name: str) -> dict[str, Any]:
-        return dispatcher.explain(namespace, name, kind="JobSet")
+    @app.get("/v1/{plural}/{namespace}/{name}")
+    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any]:
+        kind = by_plural.get(plural)
+        if kind is None:
+            known = ", ".join(sorted(by_plural))
+            raise NotFound(404, "NotFound", f"no queued kind {plural!r} (known: {known})", plural)
+        return dispatcher.explain(namespace, name, kind=kind)
 
     @app.get("/v1/queues")
     async def queues() -> dict[str, Any]:

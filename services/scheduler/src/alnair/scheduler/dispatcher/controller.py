@@ -34,6 +34,7 @@ from alnair.common.kube import (
     JOBS,
     LOCALQUEUES,
     NODES,
+    PODS,
     TRIALJOBS,
     ApiError,
     Conflict,
@@ -41,10 +42,11 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
-from alnair.scheduler.dispatcher.kinds import KINDS, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
+    ADMISSION_GATE,
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
@@ -57,12 +59,15 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_SELECTED_TYPE,
     ANN_TRIAL,
     LABEL_TRIAL_FOR,
+    LABEL_WORKLOAD,
     Workload,
+    gated,
     node_gpus,
     parse_cluster_queue,
     queue_label,
     trial_phase,
     trialjob_manifest,
+    workload_label,
 )
 from alnair.scheduler.dispatcher.predictions import (
     JobPrediction,
@@ -175,6 +180,9 @@ class Dispatcher(ReconcileLoop):
             for name, k in KINDS.items()
         }
         watching = [i for group in self.workload_watches.values() for i in group]
+        # The pods of serving workloads (gated until their owner is admitted, kinds.py).
+        self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
+        watching.append(self.serving_pods)
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -362,7 +370,7 @@ class Dispatcher(ReconcileLoop):
         live_keys: set[str] = set()
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         queued = [
-            (obj, KINDS[name])
+            (obj if KINDS[name].writable else self._with_admission(KINDS[name], obj), KINDS[name])
             for name in self.workload_watches
             for obj in self._objects(name).values()
             if KINDS[name].queued(obj)
@@ -395,6 +403,8 @@ class Dispatcher(ReconcileLoop):
                 start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
                 if await self._pods_not_ready(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
+                if kind.kind in SERVING:
+                    await self._ungate(wl, admitted)
                 spec = self._job_spec(
                     wl, queue, state, _epoch(meta.get("creationTimestamp")), start
                 )
@@ -484,7 +494,7 @@ class Dispatcher(ReconcileLoop):
         """
         prediction = state.prediction
         chosen = wl.annotations.get(ANN_TRIAL)
-        if chosen == "skip" or not self.settings.trials:
+        if chosen == "skip" or not self.settings.trials or not KINDS[wl.kind].writable:
             return False
         if chosen:
             trial = self.trials.get(f"{wl.namespace}/{chosen}")
@@ -637,8 +647,14 @@ class Dispatcher(ReconcileLoop):
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
             "spec": KINDS[wl.kind].release(wl, gpu_type),
         }
+        if not KINDS[wl.kind].writable:
+            # A serving workload: its admission is its pods', written as their gates come off.
+            if not await self._ungate(wl, gpu_type, annotations):
+                return False  # no pod yet to carry it: decided again when they come
+            updated = wl.ref()
         try:
-            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+            if KINDS[wl.kind].writable:
+                updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except Conflict:
             self.metrics.write_conflicts.inc()
             self._wake.set()  # decide again on the newer Job
@@ -650,7 +666,8 @@ class Dispatcher(ReconcileLoop):
             return False
         # Our own write is the newest state of the Job: the next reconcile must not decide on
         # the informer's older copy while the watch event is still on its way.
-        self._remember(wl, updated)
+        if KINDS[wl.kind].writable:
+            self._remember(wl, updated)
         state = self.states[wl.key]
         state.admitted_type = gpu_type
         state.reason = None
@@ -690,6 +707,12 @@ class Dispatcher(ReconcileLoop):
         # Only `suspend`: the API server refuses template changes on a Job that has started.
         # Our node selector stays (recorded in ANN_SELECTED_TYPE, so it is not read as the
         # user's constraint) and is overwritten by the next admission.
+        if KINDS[wl.kind].reclaim == "regate":
+            # Evicted whole: its pods (and the admission they carry) go; the ones its
+            # controller makes again are gated until it is admitted again.
+            await self._delete_pods(wl)
+            await self._preempted(wl, wl.ref(), "evicted whole", reason, for_job, 0, cause)
+            return
         spec: dict[str, Any] = {"suspend": True}
         patch = {
             "metadata": {
@@ -717,6 +740,84 @@ class Dispatcher(ReconcileLoop):
             await self._refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
             return
         await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
+
+    def _serving_pods_of(self, wl: Workload) -> list[Obj]:
+        """The pods of a serving workload its controller made (gated or not), not leaving."""
+        value = workload_label(wl.kind, wl.name)
+        return [
+            pod
+            for pod in self.serving_pods.values()
+            if pod["metadata"].get("namespace") == wl.namespace
+            and (pod["metadata"].get("labels") or {}).get(LABEL_WORKLOAD) == value
+            and not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    async def _ungate(
+        self, wl: Workload, gpu_type: str, admission: dict[str, str] | None = None
+    ) -> bool:
+        """Take the gates off an admitted serving workload's pods, each given the model's node
+        selector and the admission record: the ones there at admission, and each its
+        controller makes later (a restart, a rollout), up to the replicas it was admitted for.
+        True when a pod carries the admission now."""
+        record = admission or {k: v for k, v in wl.annotations.items() if k in ADMISSION_RECORD}
+        pods = self._serving_pods_of(wl)
+        running = sum(1 for p in pods if not gated(p))
+        room = max(0, wl.request.pods - running)
+        carried = running > 0 and admission is None
+        for pod in [p for p in pods if gated(p)][:room]:
+            gates = [g for g in pod["spec"].get("schedulingGates") or []
+                     if g.get("name") != ADMISSION_GATE]  # fmt: skip
+            patch = {
+                "metadata": {
+                    "resourceVersion": pod["metadata"]["resourceVersion"],
+                    "annotations": record,
+                },
+                "spec": {"schedulingGates": gates or None,
+                         "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}},
+            }  # fmt: skip
+            try:
+                updated = await self.kube.patch(PODS, pod["metadata"]["name"], patch, wl.namespace)
+            except (Conflict, NotFound):
+                self._wake.set()
+                continue
+            except ApiError as exc:
+                await self._refused(wl, "AdmissionFailed", "could not ungate its pod", exc)
+                continue
+            self.serving_pods.store[f"{wl.namespace}/{pod['metadata']['name']}"] = updated
+            carried = True
+        return carried
+
+    def _with_admission(self, kind: WorkloadKind, obj: Obj) -> Obj:
+        """A serving workload as admitted or not: the admission record its ungated pods
+        carry (never annotations on the object itself, which anyone could write)."""
+        meta = obj["metadata"]
+        value = workload_label(kind.kind, meta["name"])
+        own = {k: v for k, v in (meta.get("annotations") or {}).items()
+               if k not in ADMISSION_RECORD}  # fmt: skip
+        for pod in self.serving_pods.values():
+            pm = pod["metadata"]
+            labels = pm.get("labels") or {}
+            if (
+                pm.get("namespace") == meta["namespace"]
+                and labels.get(LABEL_WORKLOAD) == value
+                and not gated(pod)
+                and ANN_ADMITTED_TYPE in (pm.get("annotations") or {})
+            ):
+                record = {k: v for k, v in pm["annotations"].items() if k in ADMISSION_RECORD}
+                return {**obj, "metadata": {**meta, "annotations": {**own, **record}}}
+        return {**obj, "metadata": {**meta, "annotations": own}}
+
+    async def _delete_pods(self, wl: Workload) -> None:
+        for pod in self._serving_pods_of(wl):
+            meta = pod["metadata"]
+            try:
+                await self.kube.delete(
+                    PODS, meta["name"], wl.namespace, preconditions_uid=meta.get("uid")
+                )
+            except (Conflict, NotFound):
+                continue
+            except ApiError as exc:
+                await self._refused(wl, "PreemptionFailed", "could not evict its pod", exc)
 
     async def _evict(self, wl: Workload, reason: str, for_job: str, *, cause: str) -> None:
         """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
@@ -783,8 +884,8 @@ class Dispatcher(ReconcileLoop):
         one timeout); after `pods_ready_retries` such tries it stays out until someone looks.
         True when its admission was taken back now."""
         timeout = self.settings.pods_ready_timeout_s
-        if not timeout or ANN_PODS_READY_AT in wl.annotations:
-            return False
+        if not timeout or not kind.writable or ANN_PODS_READY_AT in wl.annotations:
+            return False  # (serving workloads run for good: nothing records "was ready")
         if kind.ready(wl):
             updated = await self._note(
                 wl, {"metadata": {"annotations": {ANN_PODS_READY_AT: f"{now:.3f}"}}}
@@ -826,6 +927,8 @@ class Dispatcher(ReconcileLoop):
     async def _note(self, wl: Workload, patch: Obj) -> Obj | None:
         """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
         and one the API server refuses is logged, never a reason to stop the queue."""
+        if not KINDS[wl.kind].writable:
+            return None  # never written (its Events say the same)
         try:
             return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except (NotFound, Conflict):
@@ -1059,6 +1162,10 @@ class Dispatcher(ReconcileLoop):
                 }
             )
         return out
+
+
+ADMISSION_RECORD = frozenset({ANN_ADMITTED_TYPE, ANN_ADMITTED_AT, ANN_BORROWING})
+"""What a serving workload's pods carry of its admission."""
 
 
 def _count(raw: str | None) -> int:

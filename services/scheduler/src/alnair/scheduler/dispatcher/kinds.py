@@ -25,9 +25,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from alnair.common import resources as res
-from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
+from alnair.common.kube import (
+    DEPLOYMENTS,
+    ELASTICJOBS,
+    JOBS,
+    JOBSETS,
+    PODS,
+    STATEFULSETS,
+    Obj,
+    Resource,
+)
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
+    LABEL_WORKLOAD,
     QUEUE_LABELS,
     Workload,
     elastic_finished,
@@ -35,13 +45,16 @@ from alnair.scheduler.dispatcher.objects import (
     is_finished,
     jobset_finished,
     jobset_key,
+    parse_deployment,
     parse_elastic_workload,
     parse_jobset_workload,
     parse_pod_workload,
+    parse_statefulset,
     parse_workload,
     pod_finished,
     pod_key,
     queue_label,
+    workload_label,
 )
 
 Patch = list[dict[str, Any]]
@@ -68,11 +81,15 @@ class WorkloadKind:
     """The JSON Patch that holds a new object for its queue ([] when it is held already)."""
     release: Callable[[Workload, str], Obj]
     """The `spec` of the merge patch that admits it onto a GPU model."""
-    reclaim: Literal["suspend", "evict"]
+    reclaim: Literal["suspend", "evict", "regate"]
     ready: Callable[[Workload], bool]
     """Whether every pod it was admitted for is ready (or already done)."""
     optional: bool = False
     """Its API comes from another project (a CRD): queued only where the cluster serves it."""
+    writable: bool = True
+    """Whether the dispatcher writes the object itself (its admission in annotations). A
+    serving workload's admission lives on its pods instead: the dispatcher may not patch
+    Deployments anywhere, alnair-system's included."""
 
     def informer(self, selector: str | None) -> str:
         """The name of its informer for `selector` (logs, metrics)."""
@@ -203,6 +220,49 @@ def _jobset_ready(wl: Workload) -> bool:
     return done >= jobs
 
 
+def _serving_queued(obj: Obj) -> bool:
+    """A Deployment or StatefulSet of its own, labelled for a queue, with replicas to run."""
+    replicas = (obj.get("spec") or {}).get("replicas", 1)
+    return (
+        bool(queue_label(obj.get("metadata") or {})) and _controller(obj) is None and replicas != 0
+    )
+
+
+def _label_pods(kind: str) -> Callable[[Obj], Patch]:
+    """Hold a serving workload: its pod template gains `alnair.io/workload`, so every pod its
+    controller makes is gated at creation (pods.hold.alnair.io) until the dispatcher admits
+    the whole workload and takes the gates off."""
+
+    def hold(obj: Obj) -> Patch:
+        name = (obj.get("metadata") or {}).get("name")
+        template = (obj.get("spec") or {}).get("template")
+        if not name or not isinstance(template, dict):
+            return []  # no name yet, or no template: the API server refuses it anyway
+        value = workload_label(kind, name)
+        meta = template.get("metadata")
+        if not isinstance(meta, dict):
+            return [{"op": "add", "path": "/spec/template/metadata",
+                     "value": {"labels": {LABEL_WORKLOAD: value}}}]  # fmt: skip
+        if not isinstance(meta.get("labels"), dict):
+            return [{"op": "add", "path": "/spec/template/metadata/labels",
+                     "value": {LABEL_WORKLOAD: value}}]  # fmt: skip
+        path = "/spec/template/metadata/labels/" + LABEL_WORKLOAD.replace("/", "~1")
+        return [{"op": "add", "path": path, "value": value}]
+
+    return hold
+
+
+def _no_release(_wl: Workload, _gpu_type: str) -> Obj:
+    # Nothing in the spec changes (a template change would roll every pod); the dispatcher
+    # takes the gates off its pods, each given the model's node selector, instead.
+    return {}
+
+
+def _serving_ready(wl: Workload) -> bool:
+    replicas = int((wl.obj.get("spec") or {}).get("replicas", 1))
+    return int(_status(wl).get("readyReplicas") or 0) >= replicas
+
+
 def _elastic_queued(obj: Obj) -> bool:
     """An ElasticJob names its queue with the label or `spec.queue`."""
     return bool(queue_label(obj.get("metadata") or {}) or (obj.get("spec") or {}).get("queue"))
@@ -269,5 +329,41 @@ JOBSET = WorkloadKind(
     ready=_jobset_ready,
     optional=True,
 )
-KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (JOB, ELASTIC, POD, JOBSET)}
+DEPLOYMENT = WorkloadKind(
+    kind="Deployment",
+    api_version="apps/v1",
+    resource=DEPLOYMENTS,
+    label_selectors=QUEUE_LABELS,
+    queued=_serving_queued,
+    key=lambda namespace, name: f"deployment:{namespace}/{name}",
+    parse=parse_deployment,
+    finished=lambda _obj: None,  # serving: counted for as long as it runs
+    writes_conditions=False,
+    hold=_label_pods("Deployment"),
+    release=_no_release,
+    reclaim="regate",
+    ready=_serving_ready,
+    writable=False,
+)
+STATEFULSET = WorkloadKind(
+    kind="StatefulSet",
+    api_version="apps/v1",
+    resource=STATEFULSETS,
+    label_selectors=QUEUE_LABELS,
+    queued=_serving_queued,
+    key=lambda namespace, name: f"statefulset:{namespace}/{name}",
+    parse=parse_statefulset,
+    finished=lambda _obj: None,
+    writes_conditions=False,
+    hold=_label_pods("StatefulSet"),
+    release=_no_release,
+    reclaim="regate",
+    ready=_serving_ready,
+    writable=False,
+)
+KINDS: dict[str, WorkloadKind] = {
+    k.kind: k for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET)
+}
+SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")
+"""Kinds held by gating their controller's pods, admitted whole."""
 """Every kind the dispatcher queues, by `kind`."""

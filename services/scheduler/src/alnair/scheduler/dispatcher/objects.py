@@ -17,7 +17,16 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS, object_model
 from alnair.common.errors import InvalidValueError
-from alnair.common.kube import ELASTICJOBS, JOBS, JOBSETS, PODS, Obj, Resource
+from alnair.common.kube import (
+    DEPLOYMENTS,
+    ELASTICJOBS,
+    JOBS,
+    JOBSETS,
+    PODS,
+    STATEFULSETS,
+    Obj,
+    Resource,
+)
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
 
 LABEL_QUEUE = "alnair.io/queue-name"
@@ -57,6 +66,9 @@ ANN_REQUEUE_AT = "alnair.io/requeue-at"
 ANN_TRIAL = "alnair.io/trial"
 """The TrialJob run for this Job's cold start, or `skip` (set by the user) for none."""
 LABEL_TRIAL_FOR = "alnair.io/trial-for"
+LABEL_WORKLOAD = "alnair.io/workload"
+"""On a serving workload's pod template (set by the webhook at creation): `<kind>.<name>`, so
+each pod its controller makes is gated, and the dispatcher knows whose pod it is."""
 ADMISSION_GATE = "alnair.io/admission"
 """The scheduling gate that holds a queued Pod until the dispatcher admits it (a gated pod's
 node selector may still be added to, KEP-3838, which is how the chosen GPU model reaches it)."""
@@ -376,6 +388,53 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="JobSet",
         api_version="jobset.x-k8s.io/v1alpha2",
         held=bool(spec.get("suspend")),
+    )
+
+
+def workload_label(kind: str, name: str) -> str:
+    """The `alnair.io/workload` value of a serving workload's pods."""
+    return f"{kind.lower()}.{name}"
+
+
+def parse_serving_workload(
+    obj: Obj, default_restart_cost_s: float, *, kind: str, resource: Resource
+) -> Workload:
+    """A Deployment or StatefulSet as one queued workload: admitted whole, `replicas` pods of
+    its template's GPUs, counted for as long as it runs. It is held until admitted (its pods
+    are gated); there is nothing to suspend."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    replicas = _int(spec.get("replicas", 1), "spec.replicas", minimum=0)
+    job_like = {"metadata": meta, "spec": {"parallelism": max(1, replicas),
+                                           "template": spec.get("template") or {}}}  # fmt: skip
+    request = gpu_request(job_like)
+    if replicas == 0:
+        request = GpuRequest(gpus=0, pods=0, gpus_per_pod=request.gpus_per_pod)
+    annotations = meta.get("annotations") or {}
+    return Workload(
+        key=f"{kind.lower()}:{meta['namespace']}/{meta['name']}",
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=request,
+        features=object_model(obj).present(),
+        gpu_model=gpu_model_constraint(job_like),
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=resource,
+        kind=kind,
+        api_version="apps/v1",
+        held=ANN_ADMITTED_TYPE not in annotations,
+    )
+
+
+def parse_deployment(obj: Obj, default_restart_cost_s: float) -> Workload:
+    return parse_serving_workload(
+        obj, default_restart_cost_s, kind="Deployment", resource=DEPLOYMENTS
+    )
+
+
+def parse_statefulset(obj: Obj, default_restart_cost_s: float) -> Workload:
+    return parse_serving_workload(
+        obj, default_restart_cost_s, kind="StatefulSet", resource=STATEFULSETS
     )
 
 

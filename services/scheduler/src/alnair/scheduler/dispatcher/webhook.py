@@ -38,6 +38,7 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_RAN,
     ANN_REQUEUE_AT,
     ANN_SELECTED_TYPE,
+    LABEL_WORKLOAD,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,11 @@ def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch that holds a newly created workload for its queue ([] if not queued):
     what the dispatcher queues (`kinds.py`) is what this holds."""
     adapter = KINDS.get(kind)
+    if kind == "Pod" and adapter is not None and not adapter.queued(obj):
+        # A pod of a serving workload (its template carries alnair.io/workload): gated until
+        # the dispatcher admits the whole workload.
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return adapter.hold(obj) if labels.get(LABEL_WORKLOAD) else []
     if adapter is None or not adapter.queued(obj):
         return []
     ops = adapter.hold(obj)
