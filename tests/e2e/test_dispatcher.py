@@ -495,10 +495,8 @@ async def test_a_workload_whose_pods_never_start_gives_its_quota_back(
             await kube.create(JOBS, stuck, ns)
             await wait_for(lambda: admitted_type(kube, ns, "stuck"), 20)
             await kube.create(JOBS, gpu_job("next", ns, "ready", 2), ns)
-            waiting = await wait_for(
-                lambda: explain(running, ns, "next", lambda d: d["reason"] is not None), 10
-            )
-            assert waiting["reason"]["kind"] == "quota"
+            waiting = await wait_for(lambda: events(kube, ns, "next", "Waiting"), 10)
+            assert "quota" in waiting[0]["message"]
             # Nothing else happens until the timeout: the reconcile it takes is the one the
             # dispatcher set for itself at the deadline.
             evicted = await wait_for(lambda: events(kube, ns, "stuck", "PodsNotReady"), 20)
@@ -516,7 +514,9 @@ async def test_a_workload_whose_pods_never_start_gives_its_quota_back(
                 lambda: _annotation(kube, ns, "next", "alnair.io/pods-ready-at"), 20
             )
             assert float(ready_at) > 0
-            assert running.dispatcher.metrics.not_ready_evictions._value.get() == 1
+            # (>= 1: this dispatcher watches every namespace, and earlier tests' admitted jobs
+            # whose nodes are gone are not ready either.)
+            assert running.dispatcher.metrics.not_ready_evictions._value.get() >= 1
         finally:
             await running.stop()
 

@@ -516,13 +516,23 @@ async def test_nats_events_drive_the_scheduler(
         source="test",
     )
     await wait_for(lambda: _true((nodes[0], 1) in scheduler.cache.unhealthy), 10, 0.05)
+    # A pod on GPU 0 (bound as another scheduler would leave it): its samples are its GPU's
+    # measured use, and its end makes the GPU idle again.
+    busy = make_pod("busy", namespace).gpus(1).obj()
+    busy["spec"]["nodeName"] = nodes[0]
+    busy["metadata"]["annotations"][r.ANN_GPU_INDICES] = "0"
+    uid = (await kube.create(PODS, busy, namespace))["metadata"]["uid"]
+    await wait_for(lambda: _true(uid in scheduler.cache.bound), 10, 0.05)
     await bus.publish(
         PodMetric(
-            node=nodes[0], namespace="a", pod="p", pod_uid="u", gpu_index=0, gpu_util_pct=87.5
+            node=nodes[0], namespace=namespace, pod="busy", pod_uid=uid, gpu_index=0,
+            gpu_util_pct=87.5,
         ),
         source="test",
-    )
+    )  # fmt: skip
     await wait_for(lambda: _true(scheduler.cache.util.get((nodes[0], 0)) == 87.5), 10, 0.05)
+    await kube.delete(PODS, "busy", namespace, grace_period_s=0)
+    await wait_for(lambda: _true((nodes[0], 0) not in scheduler.cache.util), 10, 0.05)
 
     await kube.create(PODS, make_pod("two", namespace).pool(namespace).gpus(2).obj(), namespace)
     await wait_for(lambda: _true(any(e.key == f"{namespace}/two" for e in _parked(scheduler))), 10)

@@ -137,6 +137,8 @@ class JobState:
     predicted_finish_s: float | None = None
     admitted_type: str | None = None
     invalid: str | None = None
+    refused: str | None = None
+    """The last refusal said in an Event (said again only when it changes)."""
     evented: set[str] = field(default_factory=set)
 
 
@@ -227,9 +229,8 @@ class Dispatcher(ReconcileLoop):
     # --- wake-ups -----------------------------------------------------------------------
 
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
-        kind = KINDS.get(obj.get("kind", ""))
-        if event is WatchEvent.DELETED and kind is not None and obj["metadata"].get("namespace"):
-            self.states.pop(kind.key_of(obj), None)
+        # A deleted workload's state goes in the reconcile this wakes (it keeps only live
+        # keys), never here: a reconcile in flight may still hold it.
         self._wake.set()
 
     def _on_queue(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
@@ -456,9 +457,10 @@ class Dispatcher(ReconcileLoop):
 
         capacity = self._capacity(running)
         models = list(capacity)
-        await asyncio.gather(*(self._predict(wl, models, self.states[wl.key]) for wl in pending_ws))
+        states = {wl.key: self.states.setdefault(wl.key, JobState(wl.key)) for wl in pending_ws}
+        await asyncio.gather(*(self._predict(wl, models, states[wl.key]) for wl in pending_ws))
         for wl in pending_ws:
-            state = self.states[wl.key]
+            state = states[wl.key]
             if state.prediction_error is not None:
                 state.reason = WaitReason(
                     "prediction", f"no usable prediction: {state.prediction_error}"
@@ -668,7 +670,7 @@ class Dispatcher(ReconcileLoop):
         # the informer's older copy while the watch event is still on its way.
         if KINDS[wl.kind].writable:
             self._remember(wl, updated)
-        state = self.states[wl.key]
+        state = self.states.setdefault(wl.key, JobState(wl.key))
         state.admitted_type = gpu_type
         state.reason = None
         state.reason_evented = None
@@ -942,7 +944,13 @@ class Dispatcher(ReconcileLoop):
         it, and the rest of the queue goes on. The next reconcile decides again."""
         self.metrics.write_refusals.inc()
         log.warning(what, extra={"job": wl.key, "error": str(exc)})
-        await self._event(wl.ref(), reason, f"{what}: {exc}"[:1024], warning=True)
+        message = f"{what}: {exc}"[:1024]
+        state = self.states.get(wl.key)
+        if state is not None and state.refused == message:
+            return  # said once: the same refusal at each reconcile is not news
+        if state is not None:
+            state.refused = message
+        await self._event(wl.ref(), reason, message, warning=True)
 
     async def _condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
         """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):

@@ -329,38 +329,33 @@ JOBSET = WorkloadKind(
     ready=_jobset_ready,
     optional=True,
 )
-DEPLOYMENT = WorkloadKind(
-    kind="Deployment",
-    api_version="apps/v1",
-    resource=DEPLOYMENTS,
-    label_selectors=QUEUE_LABELS,
-    queued=_serving_queued,
-    key=lambda namespace, name: f"deployment:{namespace}/{name}",
-    parse=parse_deployment,
-    finished=lambda _obj: None,  # serving: counted for as long as it runs
-    writes_conditions=False,
-    hold=_label_pods("Deployment"),
-    release=_no_release,
-    reclaim="regate",
-    ready=_serving_ready,
-    writable=False,
-)
-STATEFULSET = WorkloadKind(
-    kind="StatefulSet",
-    api_version="apps/v1",
-    resource=STATEFULSETS,
-    label_selectors=QUEUE_LABELS,
-    queued=_serving_queued,
-    key=lambda namespace, name: f"statefulset:{namespace}/{name}",
-    parse=parse_statefulset,
-    finished=lambda _obj: None,
-    writes_conditions=False,
-    hold=_label_pods("StatefulSet"),
-    release=_no_release,
-    reclaim="regate",
-    ready=_serving_ready,
-    writable=False,
-)
+
+
+def _serving(
+    kind: str, resource: Resource, parse: Callable[[Obj, float], Workload]
+) -> WorkloadKind:
+    """A serving kind: held by its pods' gates, admitted whole, counted while it runs,
+    evicted whole, never written by the dispatcher."""
+    return WorkloadKind(
+        kind=kind,
+        api_version="apps/v1",
+        resource=resource,
+        label_selectors=QUEUE_LABELS,
+        queued=_serving_queued,
+        key=lambda namespace, name: f"{kind.lower()}:{namespace}/{name}",
+        parse=parse,
+        finished=lambda _obj: None,  # serving: counted for as long as it runs
+        writes_conditions=False,
+        hold=_label_pods(kind),
+        release=_no_release,
+        reclaim="regate",
+        ready=_serving_ready,
+        writable=False,
+    )
+
+
+DEPLOYMENT = _serving("Deployment", DEPLOYMENTS, parse_deployment)
+STATEFULSET = _serving("StatefulSet", STATEFULSETS, parse_statefulset)
 KINDS: dict[str, WorkloadKind] = {
     k.kind: k for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET)
 }
