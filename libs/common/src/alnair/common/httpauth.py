@@ -119,9 +119,7 @@ class TokenReviewer:
         Raises `Unavailable` when the API server cannot be asked."""
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            self._cache.move_to_end(key)
+        if (hit := self._recall(self._cache, key, now)) is not None:
             return hit[1]
         spec: dict[str, object] = {"token": token}
         if self.audiences:
@@ -149,6 +147,17 @@ class TokenReviewer:
         self._remember(self._cache, key, now + ttl, identity)
         return identity
 
+    @staticmethod
+    def _recall(
+        cache: OrderedDict[str, tuple[float, T]], key: str, now: float
+    ) -> tuple[float, T] | None:
+        """A cached answer still valid at `now` (marked recently used), or None."""
+        hit = cache.get(key)
+        if hit is None or hit[0] <= now:
+            return None
+        cache.move_to_end(key)
+        return hit
+
     def _remember(self, cache: OrderedDict[str, tuple[float, T]], key: str, until: float,
                   value: T) -> None:  # fmt: skip
         cache[key] = (until, value)
@@ -162,9 +171,7 @@ class TokenReviewer:
         Raises `Unavailable` when the API server cannot be asked."""
         key = f"{identity.username}|{identity.uid}|{','.join(identity.groups)}|{access!r}"
         now = time.monotonic()
-        hit = self._decisions.get(key)
-        if hit is not None and hit[0] > now:
-            self._decisions.move_to_end(key)
+        if (hit := self._recall(self._decisions, key, now)) is not None:
             return hit[1]
         attributes = {
             "verb": access.verb, "group": access.group, "resource": access.resource,

@@ -42,11 +42,10 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
-from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind, ungated_spec
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
-    ADMISSION_GATE,
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
@@ -743,15 +742,22 @@ class Dispatcher(ReconcileLoop):
             return
         await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
 
-    def _serving_pods_of(self, wl: Workload) -> list[Obj]:
-        """The pods of a serving workload its controller made (gated or not), not leaving."""
-        value = workload_label(wl.kind, wl.name)
+    def _pods_of(self, kind: str, namespace: str, name: str) -> list[Obj]:
+        """Every pod the serving workload's controller made (gated or not, leaving or not)."""
+        value = workload_label(kind, name)
         return [
             pod
             for pod in self.serving_pods.values()
-            if pod["metadata"].get("namespace") == wl.namespace
+            if pod["metadata"].get("namespace") == namespace
             and (pod["metadata"].get("labels") or {}).get(LABEL_WORKLOAD) == value
-            and not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    def _serving_pods_of(self, wl: Workload) -> list[Obj]:
+        """The pods of a serving workload its controller made (gated or not), not leaving."""
+        return [
+            pod
+            for pod in self._pods_of(wl.kind, wl.namespace, wl.name)
+            if not pod["metadata"].get("deletionTimestamp")
         ]
 
     async def _ungate(
@@ -767,16 +773,13 @@ class Dispatcher(ReconcileLoop):
         room = max(0, wl.request.pods - running)
         carried = running > 0 and admission is None
         for pod in [p for p in pods if gated(p)][:room]:
-            gates = [g for g in pod["spec"].get("schedulingGates") or []
-                     if g.get("name") != ADMISSION_GATE]  # fmt: skip
             patch = {
                 "metadata": {
                     "resourceVersion": pod["metadata"]["resourceVersion"],
                     "annotations": record,
                 },
-                "spec": {"schedulingGates": gates or None,
-                         "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}},
-            }  # fmt: skip
+                "spec": ungated_spec(pod, gpu_type),
+            }
             try:
                 updated = await self.kube.patch(PODS, pod["metadata"]["name"], patch, wl.namespace)
             except (Conflict, NotFound):
@@ -793,18 +796,11 @@ class Dispatcher(ReconcileLoop):
         """A serving workload as admitted or not: the admission record its ungated pods
         carry (never annotations on the object itself, which anyone could write)."""
         meta = obj["metadata"]
-        value = workload_label(kind.kind, meta["name"])
         own = {k: v for k, v in (meta.get("annotations") or {}).items()
                if k not in ADMISSION_RECORD}  # fmt: skip
-        for pod in self.serving_pods.values():
+        for pod in self._pods_of(kind.kind, meta["namespace"], meta["name"]):
             pm = pod["metadata"]
-            labels = pm.get("labels") or {}
-            if (
-                pm.get("namespace") == meta["namespace"]
-                and labels.get(LABEL_WORKLOAD) == value
-                and not gated(pod)
-                and ANN_ADMITTED_TYPE in (pm.get("annotations") or {})
-            ):
+            if not gated(pod) and ANN_ADMITTED_TYPE in (pm.get("annotations") or {}):
                 record = {k: v for k, v in pm["annotations"].items() if k in ADMISSION_RECORD}
                 return {**obj, "metadata": {**meta, "annotations": {**own, **record}}}
         return {**obj, "metadata": {**meta, "annotations": own}}

@@ -164,11 +164,16 @@ def _unsuspend(_wl: Workload, gpu_type: str) -> Obj:
     }
 
 
-def _ungate(wl: Workload, gpu_type: str) -> Obj:
-    # One patch: the gate goes and the node selector gains the model (allowed while gated).
-    gates = (wl.obj.get("spec") or {}).get("schedulingGates") or []
+def ungated_spec(pod: Obj, gpu_type: str) -> Obj:
+    """The `spec` of the merge patch that releases a gated pod onto `gpu_type`: one patch, the
+    admission gate goes and the node selector gains the model (allowed while gated)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
     rest = [g for g in gates if g.get("name") != ADMISSION_GATE]
     return {"schedulingGates": rest or None, "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}
+
+
+def _ungate(wl: Workload, gpu_type: str) -> Obj:
+    return ungated_spec(wl.obj, gpu_type)
 
 
 def _unsuspend_jobset(wl: Workload, gpu_type: str) -> Obj:
