@@ -6,7 +6,9 @@ control plane with a KWOK GPU node; the sim agent and the aggregator as in `make
 - a Job that starts and ends while nats-server is stopped gets its record (and the owner its
   annotations) once the server is back, and the same summary folded again (a replay with the
   same id, or a copy with a new id) changes neither the stats nor the number of records;
-- an agent SIGKILLed while its spool holds the summary publishes it when it starts again.
+- an agent SIGKILLed while its spool holds the summary publishes it when it starts again;
+- a GPU Job no sample of which ever reached the aggregator (no agent ran while it did) is
+  recorded without usage `late_samples_s` after its end, and its completion is announced.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import redis.asyncio as aioredis
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
-from alnair.common.events import GpuInventory, PodSummary
+from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodSummary
 from alnair.common.kube import JOBS, KubeClient
 from alnair.common.localstack import ControlPlane, NatsServer
 from alnair.profiler.aggregator import P
@@ -282,11 +284,85 @@ async def test_agent_killed_holding_summaries_publishes_them_when_back(
 
         record = await wait_for("the record", recorded, 90)
         assert record.gpu_model == "V100M32" and record.gpu_count == 2
-        assert record.peak_gpu_mem_mib > 0 and record.mean_gpu_util_pct > 0
+        assert (record.peak_gpu_mem_mib or 0) > 0 and (record.mean_gpu_util_pct or 0) > 0
         assert "pod summaries taken from the spool" in log.read_text()
         await wait_for("the spool to empty", lambda: _spool_empty(state), 30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=15)
+        await aggregator.stop()
+
+
+async def test_a_job_no_sample_reached_is_recorded_without_usage_and_announced(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    nats_server: NatsServer,
+    redis_url: str,
+    redis: aioredis.Redis,
+) -> None:
+    (node,) = await control_plane.create_gpu_nodes(
+        "1x V100M32:4", kube=kube, prefix=f"dark-{namespace}"
+    )
+    late_s = 3.0
+    aggregator = await start_aggregator(
+        profiler_settings(
+            control_plane.kubeconfig, nats_server.url, redis_url, node,
+            role="aggregator", late_samples_s=late_s,
+        )
+    )  # fmt: skip
+    announced: list[JobEvent] = []
+    try:
+        async with _bus(nats_server.url) as bus:
+
+            async def heard(event: JobEvent, _env: Envelope[JobEvent]) -> None:
+                if event.namespace == namespace:
+                    announced.append(event)
+
+            sub = await bus.subscribe(JobEvent, heard, durable=f"test-{namespace}")
+            try:
+                manifest = job_manifest("unseen", node)
+                manifest["spec"]["template"]["spec"]["nodeSelector"] = {
+                    res.LABEL_GPU_MODEL: "V100M32"
+                }
+                job = await kube.create(JOBS, manifest, namespace)
+                uid = job["metadata"]["uid"]
+                await wait_for(
+                    "the job to finish", lambda: job_complete(kube, "unseen", namespace), 90
+                )
+                ended = time.time()
+
+                async def recorded() -> Any:
+                    return await RecordStore(redis).get(namespace, "unseen", uid)
+
+                record = await wait_for("the record", recorded, 60)
+                # Not before its samples had time to arrive.
+                assert time.time() - ended >= late_s - 1.0
+                assert record.peak_gpu_mem_mib is None and record.mean_gpu_util_pct is None
+                assert record.gpu_count == 2 and record.gpu_model == "V100M32"
+                assert record.outcome == "succeeded"
+                assert RUN_S - 2 <= record.duration_s <= RUN_S + 10
+                fields = await redis.hgetall(record.key)
+                assert b"peak_gpu_mem_mib" not in fields and b"mean_gpu_util_pct" not in fields
+
+                async def completed() -> list[JobEvent]:
+                    return [e for e in announced if e.phase == JobPhase.COMPLETED]
+
+                (event,) = await wait_for("the completion event", completed, 20)
+                assert event.uid == uid and event.detail["record"] == record.key
+                assert event.detail["peak_gpu_mem_mib"] is None
+                assert await redis.exists(f"{P}done:{uid}")
+                assert [k async for k in redis.scan_iter(f"alnair:record:{namespace}/*")] == [
+                    record.key.encode()
+                ]
+                # (Other tests' finished Jobs, replayed by this aggregator's relist into a
+                # fresh Redis, may be recorded the same way: at least this one is counted.)
+                unprofiled = aggregator.metrics.registry.get_sample_value(
+                    "alnair_profiler_records_unprofiled_total"
+                )
+                assert unprofiled is not None and unprofiled >= 1.0
+            finally:
+                await sub.stop()
+    finally:
         await aggregator.stop()

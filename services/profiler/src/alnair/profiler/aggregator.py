@@ -22,7 +22,11 @@ Redis holds no key forever: the working keys of a pod and its owner (stats, meta
 sets, the name index) live `idle_ttl_s` past their last sample (so pods of an owner that never
 finishes, a Deployment's, fade away), and once the record is written they, and the done
 marker, expire `finished_ttl_s` later (the profile stays readable for a while). A replay after
-that finds no profiled pods and, as for a job never seen running, does nothing.
+that finds no profiled pods and a job ended too long ago to record, and does nothing.
+A GPU job that finished with no sample folded at all (it ran while its node's agent was away)
+is looked at again until `late_samples_s` after its end (its samples or summary may still be
+on their way), then recorded without usage from what the API says (duration, GPUs, outcome)
+and announced like any other: every finished GPU job gets one record and one completion event.
 Pod summaries (the agent's account of a pod's whole run, durable on JetStream, see
 `summaries`) are folded into the same per-pod stats: a series takes the summary's count and
 sum when they cover more samples than were folded, and the larger maximum, so folding a
@@ -615,9 +619,11 @@ class Aggregator:
                 if record is None and await self._samples_may_be_in_flight(uid, end_ts):
                     # Finished before any of its samples was folded: they may still be on
                     # their way (buffered by an agent while NATS restarted, or waiting for a
-                    # restarting aggregator). Look again a few times before concluding that
-                    # the job was never profiled.
-                    delay = 5.0 * 2.0**attempt
+                    # restarting aggregator). Look again a few times, the last just after
+                    # `late_samples_s`, when it is recorded without them.
+                    assert end_ts is not None  # (no end: nothing in flight)
+                    left = self.late_samples_s - (time.time() - end_ts) + 1.0
+                    delay = max(1.0, min(5.0 * 2.0**attempt, left))
                     log.info("finished before its samples arrived", extra={"uid": uid})
                     self._retry(obj, resource, outcome, end_ts, attempt + 1, delay)
         except (TemporaryError, RedisError) as exc:
@@ -676,7 +682,9 @@ class Aggregator:
     async def finalize(
         self, obj: Mapping[str, Any], resource: Resource, outcome: Outcome, end_ts: float | None
     ) -> ExecutionRecord | None:
-        """Annotate, record, announce, in that order; each step safe to repeat."""
+        """Annotate, record, announce, in that order; each step safe to repeat. None when
+        there is nothing to record: done already, samples maybe still on their way, or not a
+        GPU workload this aggregator could have watched."""
         meta = obj.get("metadata", {})
         uid = str(meta.get("uid", ""))
         ns = str(meta.get("namespace", ""))
@@ -684,52 +692,26 @@ class Aggregator:
         done_key = f"{P}done:{uid}"
         if await self.redis.exists(done_key):
             return None
-        pods = await self.redis.scard(f"{P}owner:{uid}:pods")
-        if not pods:
-            return None  # never profiled (finished before we ever saw it run): nothing to say
-        profile, pod_fields = await self.owner_profile(uid)
-        annotations = owner_annotations(profile)
-        current = meta.get("annotations") or {}
-        if any(current.get(k) != v for k, v in annotations.items()):
-            # Deleted already (ttlSecondsAfterFinished)? The record still matters.
-            with contextlib.suppress(NotFound):
-                await self.kube.patch(
-                    resource, name, {"metadata": {"annotations": annotations}}, ns or None
-                )
-        first_seen = min(
-            (float(f.get("first_ts", "inf")) for f in pod_fields), default=float("inf")
-        )
-        created = _ts(meta.get("creationTimestamp")) or time.time()
-        start = _ts((obj.get("status") or {}).get("startTime")) or (
-            first_seen if first_seen != float("inf") else created
-        )
-        last_seen = max((float(f.get("last_ts", "0")) for f in pod_fields), default=0.0)
-        end = end_ts or last_seen or time.time()
-        steps, throughput = await self.progress(obj, uid, max(0.0, end - start))
-        gpus = template_gpus(obj) or int(await self.redis.scard(f"{P}owner:{uid}:gpus"))
-        model = object_model(obj)  # Alnair's annotation names or the seeds'
-        record = ExecutionRecord(
-            namespace=ns,
-            job_name=name,
-            uid=uid,
-            model_name=model.model_name or "",
-            batch_size=model.batch_size or "",
-            data_size=model.data_size or "",
-            epoch=model.epoch or "",
-            gpu_model=await self.gpu_model(uid),
-            gpu_count=gpus,
-            submit_ts=created,
-            start_ts=start,
-            end_ts=max(end, start),
-            steps=steps,
-            throughput_steps_per_s=throughput,
-            peak_gpu_mem_mib=profile.get("gpu_mem_used_mib").max,
-            mean_gpu_util_pct=profile.get("gpu_util_pct").mean,
-            outcome=outcome,
-        )
+        annotations: dict[str, str] = {}
+        if await self.redis.scard(f"{P}owner:{uid}:pods"):
+            record, annotations = await self._profiled_record(obj, resource, outcome, end_ts)
+        elif await self._samples_may_be_in_flight(uid, end_ts):
+            return None
+        else:
+            unprofiled = self._unprofiled_record(obj, outcome, end_ts)
+            if unprofiled is None:
+                return None
+            record = unprofiled
         if await self.records.write_once(record):
             self.metrics.records.inc()
-            log.info("execution record written", extra={"key": record.key, "outcome": outcome})
+            if record.peak_gpu_mem_mib is None:
+                self.metrics.unprofiled_records.inc()
+                log.warning(
+                    "no sample of this job reached the aggregator; recorded without usage",
+                    extra={"key": record.key, "outcome": outcome},
+                )
+            else:
+                log.info("execution record written", extra={"key": record.key, "outcome": outcome})
         phase = JobPhase.COMPLETED if outcome == "succeeded" else JobPhase.FAILED
         event = JobEvent(
             phase=phase,
@@ -777,6 +759,94 @@ class Aggregator:
         for follower in self.on_finalized:
             await follower(obj)
         return record
+
+    async def _profiled_record(
+        self, obj: Mapping[str, Any], resource: Resource, outcome: Outcome, end_ts: float | None
+    ) -> tuple[ExecutionRecord, dict[str, str]]:
+        """The record of a job whose samples were folded, and the usage annotations it was
+        given (written on it first)."""
+        meta = obj.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        ns = str(meta.get("namespace", ""))
+        name = str(meta.get("name", ""))
+        profile, pod_fields = await self.owner_profile(uid)
+        annotations = owner_annotations(profile)
+        current = meta.get("annotations") or {}
+        if any(current.get(k) != v for k, v in annotations.items()):
+            # Deleted already (ttlSecondsAfterFinished)? The record still matters.
+            with contextlib.suppress(NotFound):
+                await self.kube.patch(
+                    resource, name, {"metadata": {"annotations": annotations}}, ns or None
+                )
+        first_seen = min(
+            (float(f.get("first_ts", "inf")) for f in pod_fields), default=float("inf")
+        )
+        created = _ts(meta.get("creationTimestamp")) or time.time()
+        start = _ts((obj.get("status") or {}).get("startTime")) or (
+            first_seen if first_seen != float("inf") else created
+        )
+        last_seen = max((float(f.get("last_ts", "0")) for f in pod_fields), default=0.0)
+        end = end_ts or last_seen or time.time()
+        steps, throughput = await self.progress(obj, uid, max(0.0, end - start))
+        gpus = template_gpus(obj) or int(await self.redis.scard(f"{P}owner:{uid}:gpus"))
+        model = object_model(obj)  # Alnair's annotation names or the seeds'
+        record = ExecutionRecord(
+            namespace=ns,
+            job_name=name,
+            uid=uid,
+            model_name=model.model_name or "",
+            batch_size=model.batch_size or "",
+            data_size=model.data_size or "",
+            epoch=model.epoch or "",
+            gpu_model=await self.gpu_model(uid),
+            gpu_count=gpus,
+            submit_ts=created,
+            start_ts=start,
+            end_ts=max(end, start),
+            steps=steps,
+            throughput_steps_per_s=throughput,
+            peak_gpu_mem_mib=profile.get("gpu_mem_used_mib").max,
+            mean_gpu_util_pct=profile.get("gpu_util_pct").mean,
+            outcome=outcome,
+        )
+        return record, annotations
+
+    def _unprofiled_record(
+        self, obj: Mapping[str, Any], outcome: Outcome, end_ts: float | None
+    ) -> ExecutionRecord | None:
+        """The record of a GPU job that finished without one sample reaching us (it ran
+        while its node's agent was away): what the API says of it, usage left out.
+
+        None for a workload asking no GPU, and for one that ended more than `finished_ttl_s`
+        ago (a relist replays every finished Job, also those over before Alnair ran)."""
+        gpus = template_gpus(obj)
+        if not gpus or end_ts is None or time.time() - end_ts > self.finished_ttl_s:
+            return None
+        meta = obj.get("metadata", {})
+        created = _ts(meta.get("creationTimestamp")) or end_ts
+        start = _ts((obj.get("status") or {}).get("startTime")) or created
+        template = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        selected = (template.get("nodeSelector") or {}).get(res.LABEL_GPU_MODEL, "")
+        steps = _number(_annotation(obj, ANN_STEPS))
+        duration = max(0.0, end_ts - start)
+        model = object_model(obj)
+        return ExecutionRecord(
+            namespace=str(meta.get("namespace", "")),
+            job_name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            model_name=model.model_name or "",
+            batch_size=model.batch_size or "",
+            data_size=model.data_size or "",
+            epoch=model.epoch or "",
+            gpu_model=str(selected),
+            gpu_count=gpus,
+            submit_ts=created,
+            start_ts=start,
+            end_ts=max(end_ts, start),
+            steps=int(steps) if steps is not None else None,
+            throughput_steps_per_s=steps / duration if steps is not None and duration else None,
+            outcome=outcome,
+        )
 
     async def progress(
         self, owner: Mapping[str, Any], owner_uid: str, duration_s: float, max_pods: int = 32

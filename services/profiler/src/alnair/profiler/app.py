@@ -282,6 +282,7 @@ async def start_aggregator(
         live_annotation_interval_s=settings.live_annotation_interval_s,
         idle_ttl_s=settings.redis_idle_ttl_s,
         finished_ttl_s=settings.redis_finished_ttl_s,
+        late_samples_s=settings.late_samples_s,
     )
     await subscribe_pod_metrics(bus, aggregator, settings.durable)
     await subscribe_pod_summaries(bus, aggregator, settings.durable)

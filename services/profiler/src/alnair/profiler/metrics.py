@@ -46,6 +46,10 @@ class ProfilerMetrics:
             "health_changes", "GPU health changes published", ("healthy",)
         )
         self.records = m.counter("records_written", "execution records written (once per job)")
+        self.unprofiled_records = m.counter(
+            "records_unprofiled",
+            "records written without usage: no sample of the job reached the aggregator",
+        )
         self.summaries = m.counter("pod_summaries_published", "pod summaries stored by JetStream")
         self.summaries_folded = m.counter(
             "pod_summaries_folded", "pod summaries folded by the aggregator"

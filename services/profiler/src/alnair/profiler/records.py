@@ -4,8 +4,12 @@ The predictor learns from these, so the format is a contract with it:
 hash `alnair:record:<namespace>/<job-name>/<uid>` whose fields are all strings (model_name,
 batch_size, data_size, epoch, gpu_model, gpu_count, submit_ts, start_ts, end_ts,
 duration_s, steps, throughput_steps_per_s, peak_gpu_mem_mib, mean_gpu_util_pct, outcome;
-the two optional ones are left out when unknown), and sorted set `alnair:records` with
-score end_ts and the hash key as member.
+the optional ones, steps, throughput and the two usage fields, are left out when unknown), and
+sorted set `alnair:records` with score end_ts and the hash key as member.
+
+A record without the usage fields is of a job no sample of which reached the aggregator (it
+ran while the node's agent was away): its duration, GPUs and outcome are still facts the
+predictor's runtime model learns from, and its memory model skips it.
 
 A record is written exactly once per job uid, whoever tries and however often: the
 aggregator may see a completion twice (a watch restarts, the aggregator restarts mid-job).
@@ -66,8 +70,12 @@ class ExecutionRecord(BaseModel):
     end_ts: float = Field(description="Job completion or failure, unix seconds.")
     steps: int | None = Field(default=None, description="Training steps, when known.")
     throughput_steps_per_s: float | None = Field(default=None, description="Measured steps/s.")
-    peak_gpu_mem_mib: float = Field(ge=0, description="Highest memory used on any one GPU.")
-    mean_gpu_util_pct: float = Field(ge=0, description="Mean GPU utilization over samples.")
+    peak_gpu_mem_mib: float | None = Field(
+        default=None, ge=0, description="Highest memory used on any one GPU (None: unsampled)."
+    )
+    mean_gpu_util_pct: float | None = Field(
+        default=None, ge=0, description="Mean GPU utilization over samples (None: unsampled)."
+    )
     outcome: Outcome
 
     @property
@@ -90,10 +98,12 @@ class ExecutionRecord(BaseModel):
             "start_ts": _num(self.start_ts),
             "end_ts": _num(self.end_ts),
             "duration_s": _num(self.duration_s),
-            "peak_gpu_mem_mib": _num(self.peak_gpu_mem_mib),
-            "mean_gpu_util_pct": _num(self.mean_gpu_util_pct),
             "outcome": self.outcome,
         }
+        if self.peak_gpu_mem_mib is not None:
+            fields["peak_gpu_mem_mib"] = _num(self.peak_gpu_mem_mib)
+        if self.mean_gpu_util_pct is not None:
+            fields["mean_gpu_util_pct"] = _num(self.mean_gpu_util_pct)
         if self.steps is not None:
             fields["steps"] = str(self.steps)
         if self.throughput_steps_per_s is not None:
@@ -105,6 +115,8 @@ class ExecutionRecord(BaseModel):
         namespace, job_name, uid = parse_record_key(key)
         steps = fields.get("steps")
         throughput = fields.get("throughput_steps_per_s")
+        peak = fields.get("peak_gpu_mem_mib")
+        util = fields.get("mean_gpu_util_pct")
         return ExecutionRecord(
             namespace=namespace,
             job_name=job_name,
@@ -120,8 +132,8 @@ class ExecutionRecord(BaseModel):
             end_ts=float(fields.get("end_ts", "0")),
             steps=int(steps) if steps else None,
             throughput_steps_per_s=float(throughput) if throughput else None,
-            peak_gpu_mem_mib=float(fields.get("peak_gpu_mem_mib", "0")),
-            mean_gpu_util_pct=float(fields.get("mean_gpu_util_pct", "0")),
+            peak_gpu_mem_mib=float(peak) if peak else None,
+            mean_gpu_util_pct=float(util) if util else None,
             outcome=cast(Outcome, fields.get("outcome", "failed")),
         )
 

@@ -97,6 +97,12 @@ class ProfilerSettings(ServiceSettings):
         description="once a job's record is written, its working keys expire this much later"
         " (its live profile stays readable meanwhile)",
     )
+    late_samples_s: float = Field(
+        default=90.0,
+        gt=0,
+        description="how long after a GPU job's end its first samples may still arrive (an agent"
+        " that was cut off from the bus); after that it is recorded without usage",
+    )
     trialjobs: bool = Field(
         default=True, description="run the TrialJob controller in the aggregator process"
     )

@@ -123,12 +123,16 @@ def trial_entry(
         entry["phase"] = "Running"
         return entry
     # A deadline stop is how a real trial ends; it still measured what it was there to measure.
-    entry["phase"] = "Measured" if record is not None else "Finished"
+    # A record without usage is of a run no sample reached: it finished, measuring nothing.
+    sampled = record is not None and record.peak_gpu_mem_mib is not None
+    entry["phase"] = "Measured" if sampled else "Finished"
     if record is not None:
         entry["record"] = record.key
         entry["durationSeconds"] = round(record.duration_s, 3)
-        entry["peakGpuMemMib"] = round(record.peak_gpu_mem_mib, 3)
-        entry["meanGpuUtilPct"] = round(record.mean_gpu_util_pct, 3)
+        if record.peak_gpu_mem_mib is not None:
+            entry["peakGpuMemMib"] = round(record.peak_gpu_mem_mib, 3)
+        if record.mean_gpu_util_pct is not None:
+            entry["meanGpuUtilPct"] = round(record.mean_gpu_util_pct, 3)
         if record.throughput_steps_per_s is not None:
             entry["throughputStepsPerS"] = round(record.throughput_steps_per_s, 6)
     return entry
