@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Other projects' parts the e2e tests meet, built from their Go modules at exact versions
-# through the Go module proxy and cached outside the tree (never committed):
-#   JobSet (sigs.k8s.io/jobset): its CRDs and webhook configurations as the project ships them,
-#   and its controller manager.
-# Output: $CACHE/peers/jobset-<version>/{crds/*.yaml,webhook/,jobset-manager}.
+# through the Go module proxy and cached outside the tree (never committed). For each, its
+# CRDs and webhook configurations as the project ships them, and its controller manager:
+#   JobSet (sigs.k8s.io/jobset)          -> $CACHE/peers/jobset-<version>/
+#   LeaderWorkerSet (sigs.k8s.io/lws)    -> $CACHE/peers/lws-<version>/
+# each holding crds/*.yaml, webhook/ (a kustomization) and manager.
 #
 # Idempotent: what is cached is not rebuilt. Safe to run concurrently (a lock serialises it).
 set -euo pipefail
 
 JOBSET_VERSION="${ALNAIR_JOBSET_VERSION:-v0.10.1}"
+LWS_VERSION="${ALNAIR_LWS_VERSION:-v0.7.0}"
 CACHE="${ALNAIR_CACHE_DIR:-$HOME/.cache/alnair}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$CACHE/build" "$CACHE/peers"
@@ -18,30 +20,36 @@ flock 9
 
 log() { printf '[build-peers] %s\n' "$*" >&2; }
 
-build_jobset() {
-  local out="$CACHE/peers/jobset-$JOBSET_VERSION"
-  if [[ -x "$out/jobset-manager" && -f "$out/crds/jobset.x-k8s.io_jobsets.yaml" \
+# build_peer NAME MODULE VERSION CRD_DIR WEBHOOK_DIR MAIN_PACKAGE
+#   CRD_DIR and WEBHOOK_DIR are paths inside the module; MAIN_PACKAGE its manager's import path.
+build_peer() {
+  local name=$1 module=$2 version=$3 crds=$4 webhook=$5 main=$6
+  local out="$CACHE/peers/$name-$version"
+  if [[ -x "$out/manager" && -n "$(ls "$out"/crds/*.yaml 2>/dev/null)" \
         && -f "$out/webhook/kustomization.yaml" ]]; then
-    log "jobset $JOBSET_VERSION cached in $out"; return
+    log "$name $version cached in $out"; return
   fi
-  local w="$CACHE/build/jobset-$JOBSET_VERSION"
-  rm -rf "$w"; mkdir -p "$w" "$out/crds"; cd "$w"
-  log "fetching sigs.k8s.io/jobset@$JOBSET_VERSION"
-  go mod download -json "sigs.k8s.io/jobset@$JOBSET_VERSION" > dl.json
+  local w="$CACHE/build/$name-$version"
+  rm -rf "$w" "$out"; mkdir -p "$w" "$out/crds"; cd "$w"
+  log "fetching $module@$version"
+  go mod download -json "$module@$version" > dl.json
   local dir gover
   dir=$(python3 -c 'import json; print(json.load(open("dl.json"))["Dir"])')
   gover=$(grep -E '^go [0-9]' "$dir/go.mod" | head -1)
-  cp "$dir"/config/components/crd/bases/*.yaml "$out/crds/"
-  rm -rf "$out/webhook"; cp -r "$dir/config/components/webhook" "$out/webhook"; chmod -R u+w "$out/webhook"
+  cp "$dir/$crds"/*.yaml "$out/crds/"
+  cp -r "$dir/$webhook" "$out/webhook"; chmod -R u+w "$out/webhook"
   # The module's own main package, built as a dependency of a throwaway module (the proxy
   # refuses the version list that `go install pkg@version` asks for).
-  printf 'module alnair.local/jobsetbuild\n\n%s\n\nrequire sigs.k8s.io/jobset %s\n' \
-    "$gover" "$JOBSET_VERSION" > go.mod
-  printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/jobset"\n' > tools.go
-  log "building the jobset controller manager (cold build: a few minutes)"
-  go build -trimpath -o "$out/jobset-manager.tmp" sigs.k8s.io/jobset
-  mv "$out/jobset-manager.tmp" "$out/jobset-manager"
-  log "jobset $JOBSET_VERSION: $out"
+  printf 'module alnair.local/%sbuild\n\n%s\n\nrequire %s %s\n' \
+    "$name" "$gover" "$module" "$version" > go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$main" > tools.go
+  log "building the $name controller manager (cold build: a few minutes)"
+  go build -trimpath -o "$out/manager.tmp" "$main"
+  mv "$out/manager.tmp" "$out/manager"
+  log "$name $version: $out"
 }
 
-build_jobset
+build_peer jobset sigs.k8s.io/jobset "$JOBSET_VERSION" \
+  config/components/crd/bases config/components/webhook sigs.k8s.io/jobset
+build_peer lws sigs.k8s.io/lws "$LWS_VERSION" \
+  config/crd/bases config/webhook sigs.k8s.io/lws/cmd

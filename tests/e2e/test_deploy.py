@@ -152,6 +152,8 @@ EXPECTATIONS = [
             Access("delete", "pods", namespace="team-a"),
             Access("watch", "jobsets", "jobset.x-k8s.io"),
             Access("patch", "jobsets", "jobset.x-k8s.io", namespace="team-a"),
+            Access("watch", "leaderworkersets", "leaderworkerset.x-k8s.io"),
+            Access("list", "leaderworkersets", "leaderworkerset.x-k8s.io"),
             Access("create", "events", namespace="team-a"),
             Access("list", "secrets", namespace=CLUSTERS_NS),
             Access("watch", "secrets", namespace=CLUSTERS_NS),
@@ -172,6 +174,9 @@ EXPECTATIONS = [
             Access("patch", "elasticjobs", "alnair.io", sub="status", namespace="team-a"),
             Access("create", "elasticjobs", "alnair.io", namespace="team-a"),
             Access("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io"),
+            # Serving workloads are never written: their admission lives on their pods.
+            Access("patch", "leaderworkersets", "leaderworkerset.x-k8s.io", namespace="team-a"),
+            Access("patch", "deployments", "apps", namespace="team-a"),
         ],
     ),
     Expectation(

@@ -38,7 +38,7 @@ from dispatcher_support import (
     webhooked_dispatcher,
 )
 from kube_builders import shipped_account
-from peers_support import install_jobset_crds, jobset_controller
+from peers_support import JOBSET, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -110,14 +110,14 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
 ) -> None:
     ns = namespace
     cp = control_plane
-    await install_jobset_crds(kube)
+    await install_crds(kube, JOBSET)
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
     await cohort_queues(kube, ns, "jc", {"train": (2, 2), "lender": (2, 0)})
     async with (
         KubeClient(dispatcher_cfg) as as_dispatcher,
         scheduler(kube),
-        jobset_controller(cp, kube, tmp_path, ns),
+        peer_controller(JOBSET, cp, kube, tmp_path, ns),
         webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
     ):
         try:

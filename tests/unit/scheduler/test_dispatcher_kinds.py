@@ -264,3 +264,70 @@ def test_a_serving_deployment_is_held_by_its_pods_and_admitted_whole() -> None:
     assert hold_patch("Pod", rs_pod) == [
         {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "alnair.io/admission"}]}
     ]
+
+
+def lws_obj(size: Any = 3, leader: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    worker = {
+        "spec": {"containers": [{"name": "w", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    }
+    lwt: dict[str, Any] = {"size": size, "workerTemplate": worker}
+    if leader is not None:
+        lwt["leaderTemplate"] = leader
+    return {
+        "metadata": {"name": "infer", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}},
+        "spec": {"replicas": 2, "leaderWorkerTemplate": lwt, **spec},
+    }
+
+
+def test_a_leaderworkerset_counts_every_group_and_labels_both_templates() -> None:
+    from alnair.scheduler.dispatcher.kinds import LEADERWORKERSET
+
+    coordinator = {
+        "metadata": {"labels": {"role": "leader"}},
+        "spec": {"containers": [{"name": "l"}]},
+    }
+    obj = lws_obj(leader=coordinator)
+    assert LEADERWORKERSET.queued(obj) and LEADERWORKERSET.optional
+    assert hold_patch("LeaderWorkerSet", obj) == [
+        {"op": "add",
+         "path": "/spec/leaderWorkerTemplate/leaderTemplate/metadata/labels/alnair.io~1workload",
+         "value": "leaderworkerset.infer"},
+        {"op": "add", "path": "/spec/leaderWorkerTemplate/workerTemplate/metadata",
+         "value": {"labels": {"alnair.io/workload": "leaderworkerset.infer"}}},
+    ]  # fmt: skip
+    # Two groups of a leader asking nothing and two workers of 2 GPUs: 8 GPUs, 6 pods gated.
+    wl = LEADERWORKERSET.parse(obj, 60.0)
+    assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod) == (8, 6, 2)
+    assert wl.key == "leaderworkerset:team-a/infer" and wl.held
+    # No leader template: the leader is a worker too (2 groups x 3 pods x 2 GPUs).
+    wl = LEADERWORKERSET.parse(lws_obj(), 60.0)
+    assert (wl.request.gpus, wl.request.pods) == (12, 6)
+    assert hold_patch("LeaderWorkerSet", lws_obj()) == [
+        {"op": "add", "path": "/spec/leaderWorkerTemplate/workerTemplate/metadata",
+         "value": {"labels": {"alnair.io/workload": "leaderworkerset.infer"}}},
+    ]  # fmt: skip
+    assert LEADERWORKERSET.reclaim == "regate" and not LEADERWORKERSET.writable
+    assert LEADERWORKERSET.finished(obj) is None
+    assert LEADERWORKERSET.ready(LEADERWORKERSET.parse({**obj, "status": {"readyReplicas": 2}}, 60))
+    assert not LEADERWORKERSET.ready(
+        LEADERWORKERSET.parse({**obj, "status": {"readyReplicas": 1}}, 60)
+    )
+
+
+def test_a_leaderworkerset_whose_request_cannot_be_read_is_told_its_field() -> None:
+    from alnair.scheduler.dispatcher.kinds import LEADERWORKERSET
+
+    with pytest.raises(InvalidValueError) as bad_size:
+        LEADERWORKERSET.parse(lws_obj(size="two"), 60.0)
+    assert bad_size.value.field == "spec.leaderWorkerTemplate.size"
+    leader = {
+        "spec": {"containers": [{"name": "l", "resources": {"limits": {"nvidia.com/gpu": "-1"}}}]}
+    }
+    with pytest.raises(InvalidValueError) as bad_gpu:
+        LEADERWORKERSET.parse(lws_obj(leader=leader), 60.0)
+    assert bad_gpu.value.field == (
+        "spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0].resources.nvidia.com/gpu"
+    )
+    with pytest.raises(InvalidValueError) as missing:
+        LEADERWORKERSET.parse({**lws_obj(), "spec": {"replicas": 1}}, 60.0)
+    assert missing.value.field == "spec.leaderWorkerTemplate.workerTemplate"

@@ -143,6 +143,7 @@ DAEMONSETS = Resource("apps", "v1", "daemonsets")
 SERVICES = Resource("", "v1", "services")
 SECRETS = Resource("", "v1", "secrets")
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
+LEADERWORKERSETS = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
 )

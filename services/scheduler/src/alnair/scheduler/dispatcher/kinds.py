@@ -30,6 +30,7 @@ from alnair.common.kube import (
     ELASTICJOBS,
     JOBS,
     JOBSETS,
+    LEADERWORKERSETS,
     PODS,
     STATEFULSETS,
     Obj,
@@ -38,6 +39,7 @@ from alnair.common.kube import (
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
     LABEL_WORKLOAD,
+    LWS_API_VERSION,
     QUEUE_LABELS,
     Workload,
     elastic_finished,
@@ -48,6 +50,7 @@ from alnair.scheduler.dispatcher.objects import (
     parse_deployment,
     parse_elastic_workload,
     parse_jobset_workload,
+    parse_leaderworkerset,
     parse_pod_workload,
     parse_statefulset,
     parse_workload,
@@ -233,26 +236,36 @@ def _serving_queued(obj: Obj) -> bool:
     )
 
 
-def _label_pods(kind: str) -> Callable[[Obj], Patch]:
-    """Hold a serving workload: its pod template gains `alnair.io/workload`, so every pod its
-    controller makes is gated at creation (pods.hold.alnair.io) until the dispatcher admits
-    the whole workload and takes the gates off."""
+def _label_pods(kind: str, *templates: tuple[str, ...]) -> Callable[[Obj], Patch]:
+    """Hold a serving workload: its pod templates (at these paths) gain `alnair.io/workload`,
+    so every pod its controller makes is gated at creation (pods.hold.alnair.io) until the
+    dispatcher admits the whole workload and takes the gates off. A template path the object
+    lacks is skipped (a LeaderWorkerSet without a leader template)."""
 
     def hold(obj: Obj) -> Patch:
         name = (obj.get("metadata") or {}).get("name")
-        template = (obj.get("spec") or {}).get("template")
-        if not name or not isinstance(template, dict):
-            return []  # no name yet, or no template: the API server refuses it anyway
+        if not name:
+            return []  # no name yet: the API server refuses it anyway
         value = workload_label(kind, name)
-        meta = template.get("metadata")
-        if not isinstance(meta, dict):
-            return [{"op": "add", "path": "/spec/template/metadata",
-                     "value": {"labels": {LABEL_WORKLOAD: value}}}]  # fmt: skip
-        if not isinstance(meta.get("labels"), dict):
-            return [{"op": "add", "path": "/spec/template/metadata/labels",
-                     "value": {LABEL_WORKLOAD: value}}]  # fmt: skip
-        path = "/spec/template/metadata/labels/" + LABEL_WORKLOAD.replace("/", "~1")
-        return [{"op": "add", "path": path, "value": value}]
+        patch: Patch = []
+        for path in templates:
+            template: Any = obj
+            for part in path:
+                template = template.get(part) if isinstance(template, dict) else None
+            if not isinstance(template, dict):
+                continue  # absent, or not an object: the API server refuses the latter
+            at = "/" + "/".join(path)
+            meta = template.get("metadata")
+            if not isinstance(meta, dict):
+                patch.append({"op": "add", "path": f"{at}/metadata",
+                              "value": {"labels": {LABEL_WORKLOAD: value}}})  # fmt: skip
+            elif not isinstance(meta.get("labels"), dict):
+                patch.append({"op": "add", "path": f"{at}/metadata/labels",
+                              "value": {LABEL_WORKLOAD: value}})  # fmt: skip
+            else:
+                label = LABEL_WORKLOAD.replace("/", "~1")
+                patch.append({"op": "add", "path": f"{at}/metadata/labels/{label}", "value": value})
+        return patch
 
     return hold
 
@@ -337,13 +350,19 @@ JOBSET = WorkloadKind(
 
 
 def _serving(
-    kind: str, resource: Resource, parse: Callable[[Obj, float], Workload]
+    kind: str,
+    api_version: str,
+    resource: Resource,
+    parse: Callable[[Obj, float], Workload],
+    ready: Callable[[Workload], bool],
+    *templates: tuple[str, ...],
+    optional: bool = False,
 ) -> WorkloadKind:
     """A serving kind: held by its pods' gates, admitted whole, counted while it runs,
     evicted whole, never written by the dispatcher."""
     return WorkloadKind(
         kind=kind,
-        api_version="apps/v1",
+        api_version=api_version,
         resource=resource,
         label_selectors=QUEUE_LABELS,
         queued=_serving_queued,
@@ -351,19 +370,36 @@ def _serving(
         parse=parse,
         finished=lambda _obj: None,  # serving: counted for as long as it runs
         writes_conditions=False,
-        hold=_label_pods(kind),
+        hold=_label_pods(kind, *(templates or (("spec", "template"),))),
         release=_no_release,
         reclaim="regate",
-        ready=_serving_ready,
+        ready=ready,
+        optional=optional,
         writable=False,
     )
 
 
-DEPLOYMENT = _serving("Deployment", DEPLOYMENTS, parse_deployment)
-STATEFULSET = _serving("StatefulSet", STATEFULSETS, parse_statefulset)
+def _lws_ready(wl: Workload) -> bool:
+    """LeaderWorkerSet counts groups: ready when every group (leader and workers) is."""
+    replicas = int((wl.obj.get("spec") or {}).get("replicas", 1))
+    return int(_status(wl).get("readyReplicas") or 0) >= replicas
+
+
+DEPLOYMENT = _serving("Deployment", "apps/v1", DEPLOYMENTS, parse_deployment, _serving_ready)
+STATEFULSET = _serving("StatefulSet", "apps/v1", STATEFULSETS, parse_statefulset, _serving_ready)
+LEADERWORKERSET = _serving(
+    "LeaderWorkerSet",
+    LWS_API_VERSION,
+    LEADERWORKERSETS,
+    parse_leaderworkerset,
+    _lws_ready,
+    ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+    ("spec", "leaderWorkerTemplate", "workerTemplate"),
+    optional=True,
+)
 KINDS: dict[str, WorkloadKind] = {
-    k.kind: k for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET)
+    k.kind: k for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET)
 }
+"""Every kind the dispatcher queues, by `kind`."""
 SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")
 """Kinds held by gating their controller's pods, admitted whole."""
-"""Every kind the dispatcher queues, by `kind`."""

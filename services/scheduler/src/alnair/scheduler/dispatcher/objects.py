@@ -22,6 +22,7 @@ from alnair.common.kube import (
     ELASTICJOBS,
     JOBS,
     JOBSETS,
+    LEADERWORKERSETS,
     PODS,
     STATEFULSETS,
     Obj,
@@ -422,6 +423,72 @@ def parse_serving_workload(
         resource=resource,
         kind=kind,
         api_version="apps/v1",
+        held=ANN_ADMITTED_TYPE not in annotations,
+    )
+
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+
+
+def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """A LeaderWorkerSet as one queued serving workload: `replicas` groups of `size` pods (a
+    leader from `leaderTemplate`, or the worker template when it has none, and `size - 1`
+    workers), admitted whole and counted for as long as it runs, like a Deployment. Every pod
+    is gated, so every pod counts; the per-pod shape the policy places is the largest."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    replicas = _int(spec.get("replicas", 1), "spec.replicas", minimum=0)
+    lwt = spec.get("leaderWorkerTemplate")
+    if not isinstance(lwt, dict) or not isinstance(lwt.get("workerTemplate"), dict):
+        raise InvalidValueError(
+            "spec.leaderWorkerTemplate.workerTemplate", None, "a LeaderWorkerSet needs one"
+        )
+    size = _int(lwt.get("size", 1), "spec.leaderWorkerTemplate.size", minimum=1)
+    worker = lwt["workerTemplate"]
+    leader = lwt.get("leaderTemplate") if isinstance(lwt.get("leaderTemplate"), dict) else None
+    roles = [("leaderTemplate" if leader else "workerTemplate", leader or worker, 1)]
+    if size > 1:
+        roles.append(("workerTemplate", worker, size - 1))
+    gpus = per_pod = 0
+    model: str | None = None
+    for role, template, count in roles:
+        job_like = {"metadata": meta, "spec": {"parallelism": count, "template": template}}
+        try:
+            request = gpus_asked(job_like)
+        except InvalidValueError as exc:
+            where = exc.field.removeprefix("spec.template.")
+            raise InvalidValueError(
+                f"spec.leaderWorkerTemplate.{role}.{where}", exc.value, exc.reason
+            ) from None
+        if request is None:
+            continue  # a leader that only coordinates
+        if request.memory_mib_per_pod is not None:
+            raise InvalidValueError(
+                f"spec.leaderWorkerTemplate.{role}.spec.containers[].resources",
+                "GPU memory",
+                "a LeaderWorkerSet asks for whole GPUs (fractions are queued for Jobs and Pods)",
+            )
+        gpus += request.gpus
+        per_pod = max(per_pod, request.gpus_per_pod)
+        model = model or gpu_model_constraint(job_like)
+    if not gpus:
+        raise InvalidValueError(
+            "spec.leaderWorkerTemplate.workerTemplate.spec.containers[].resources",
+            0,
+            f"a queued LeaderWorkerSet must ask for {GPU} in its leader or worker template",
+        )
+    annotations = meta.get("annotations") or {}
+    return Workload(
+        key=f"leaderworkerset:{meta['namespace']}/{meta['name']}",
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=GpuRequest(gpus=replicas * gpus, pods=replicas * size, gpus_per_pod=per_pod),
+        features=object_model(obj).present(),
+        gpu_model=annotations.get(res.LABEL_GPU_MODEL) or model,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=LEADERWORKERSETS,
+        kind="LeaderWorkerSet",
+        api_version=LWS_API_VERSION,
         held=ANN_ADMITTED_TYPE not in annotations,
     )
 
