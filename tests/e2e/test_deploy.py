@@ -154,6 +154,7 @@ EXPECTATIONS = [
             Access("patch", "jobsets", "jobset.x-k8s.io", namespace="team-a"),
             Access("watch", "leaderworkersets", "leaderworkerset.x-k8s.io"),
             Access("list", "leaderworkersets", "leaderworkerset.x-k8s.io"),
+            Access("watch", "podgroups", "scheduling.x-k8s.io"),
             Access("create", "events", namespace="team-a"),
             Access("list", "secrets", namespace=CLUSTERS_NS),
             Access("watch", "secrets", namespace=CLUSTERS_NS),
@@ -177,6 +178,7 @@ EXPECTATIONS = [
             # Serving workloads are never written: their admission lives on their pods.
             Access("patch", "leaderworkersets", "leaderworkerset.x-k8s.io", namespace="team-a"),
             Access("patch", "deployments", "apps", namespace="team-a"),
+            Access("patch", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
         ],
     ),
     Expectation(

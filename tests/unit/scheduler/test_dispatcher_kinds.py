@@ -331,3 +331,54 @@ def test_a_leaderworkerset_whose_request_cannot_be_read_is_told_its_field() -> N
     with pytest.raises(InvalidValueError) as missing:
         LEADERWORKERSET.parse({**lws_obj(), "spec": {"replicas": 1}}, 60.0)
     assert missing.value.field == "spec.leaderWorkerTemplate.workerTemplate"
+
+
+def test_a_pod_group_is_admitted_whole_from_what_it_states_and_done_when_its_pods_are() -> None:
+    from alnair.scheduler.dispatcher.kinds import PODGROUP
+
+    group = {
+        "metadata": {"name": "g", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}},
+        "spec": {"minMember": 3, "minResources": {"nvidia.com/gpu": "4"}},
+    }
+    assert PODGROUP.queued(group) and not PODGROUP.writable and PODGROUP.reclaim == "regate"
+    wl = PODGROUP.parse(group, 60.0)
+    assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod) == (4, 3, 2)
+    assert wl.key == "podgroup:team-a/g" and wl.held
+    # Its pods are gated and labelled as its members; a Pod of its own is not one.
+    member = pod(labels={LABEL_QUEUE: "lq", "scheduling.x-k8s.io/pod-group": "g"})
+    assert not POD.queued(member)
+    assert hold_patch("Pod", member) == [
+        {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "alnair.io/admission"}]},
+        {"op": "add", "path": "/metadata/labels/alnair.io~1workload", "value": "podgroup.g"},
+    ]
+    # A pod some controller owns is admitted with its owner, group label or not.
+    owned = {**member, "metadata": {**member["metadata"], "ownerReferences": [
+        {"kind": "Job", "name": "j", "uid": "u", "controller": True}]}}  # fmt: skip
+    assert hold_patch("Pod", owned) == []
+    # An ElasticJob's own PodGroup carries no queue label: admitted with its job.
+    assert not PODGROUP.queued({**group, "metadata": {"name": "e", "namespace": "team-a"}})
+
+    def ran(phase: str) -> dict[str, Any]:
+        return {"status": {"phase": phase}}
+
+    assert PODGROUP.finished_by_pods is not None
+    done = PODGROUP.finished_by_pods
+    assert done(group, [ran("Succeeded")] * 2) is None  # fewer than minMember so far
+    assert done(group, [ran("Succeeded"), ran("Succeeded"), ran("Running")]) is None
+    assert done(group, [ran("Succeeded")] * 3) == "Succeeded"
+    assert done(group, [ran("Succeeded"), ran("Failed"), ran("Succeeded")]) == "Failed"
+
+
+def test_a_pod_group_that_states_no_gpus_is_told_its_field() -> None:
+    from alnair.scheduler.dispatcher.kinds import PODGROUP
+
+    meta = {"name": "g", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
+    with pytest.raises(InvalidValueError) as missing:
+        PODGROUP.parse({"metadata": meta, "spec": {"minMember": 2}}, 60.0)
+    assert missing.value.field == "spec.minResources"
+    with pytest.raises(InvalidValueError) as bad:
+        PODGROUP.parse(
+            {"metadata": meta, "spec": {"minMember": 2, "minResources": {"nvidia.com/gpu": 0}}},
+            60.0,
+        )
+    assert bad.value.field == "spec.minResources.nvidia.com/gpu"

@@ -380,7 +380,7 @@ class Dispatcher(ReconcileLoop):
             key = kind.key_of(obj)
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            if kind.finished(obj) is not None:
+            if self._finished(kind, obj) is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 continue
             try:
@@ -432,6 +432,13 @@ class Dispatcher(ReconcileLoop):
                 await self._wait_event(wl, state)
                 if backoff[1] is not None:
                     deadlines.append(backoff[1])
+                continue
+            if kind.members_first and len(self._serving_pods_of(wl)) < wl.request.pods:
+                present = len(self._serving_pods_of(wl))
+                state.reason = WaitReason(
+                    "queue", f"{present} of its {wl.request.pods} pods exist; admitted when all do"
+                )
+                await self._wait_event(wl, state)
                 continue
             if cq is None:
                 state.reason = WaitReason(
@@ -741,6 +748,15 @@ class Dispatcher(ReconcileLoop):
             await self._refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
             return
         await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
+
+    def _finished(self, kind: WorkloadKind, obj: Obj) -> str | None:
+        """Whether the workload finished, by its object or, for a kind whose object does not
+        say (a PodGroup), by its pods."""
+        if kind.finished_by_pods is not None:
+            meta = obj["metadata"]
+            return kind.finished_by_pods(obj, self._pods_of(kind.kind, meta["namespace"],
+                                                           meta["name"]))  # fmt: skip
+        return kind.finished(obj)
 
     def _pods_of(self, kind: str, namespace: str, name: str) -> list[Obj]:
         """Every pod the serving workload's controller made (gated or not, leaving or not)."""
@@ -1107,7 +1123,7 @@ class Dispatcher(ReconcileLoop):
         if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)
-        finished = adapter.finished(obj)
+        finished = self._finished(adapter, obj)
         if finished:
             status = finished.lower()
         elif state.invalid:

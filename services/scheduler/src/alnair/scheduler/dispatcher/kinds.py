@@ -31,6 +31,7 @@ from alnair.common.kube import (
     JOBS,
     JOBSETS,
     LEADERWORKERSETS,
+    PODGROUPS,
     PODS,
     STATEFULSETS,
     Obj,
@@ -40,6 +41,7 @@ from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
     LABEL_WORKLOAD,
     LWS_API_VERSION,
+    PODGROUP_API_VERSION,
     QUEUE_LABELS,
     Workload,
     elastic_finished,
@@ -51,10 +53,13 @@ from alnair.scheduler.dispatcher.objects import (
     parse_elastic_workload,
     parse_jobset_workload,
     parse_leaderworkerset,
+    parse_pod_group,
     parse_pod_workload,
     parse_statefulset,
     parse_workload,
     pod_finished,
+    pod_group_finished,
+    pod_group_of,
     pod_key,
     queue_label,
     workload_label,
@@ -87,6 +92,12 @@ class WorkloadKind:
     reclaim: Literal["suspend", "evict", "regate"]
     ready: Callable[[Workload], bool]
     """Whether every pod it was admitted for is ready (or already done)."""
+    members_first: bool = False
+    """Admitted only once every pod it asks for exists (a group of plain pods: no controller
+    makes the rest, so quota is not held for pods that may never come)."""
+    finished_by_pods: Callable[[Obj, list[Obj]], str | None] | None = None
+    """For a kind whose object never says it finished (a PodGroup of plain pods): whether it
+    did, from its pods (`alnair.io/workload`)."""
     optional: bool = False
     """Its API comes from another project (a CRD): queued only where the cluster serves it."""
     writable: bool = True
@@ -135,7 +146,20 @@ def _controller(obj: Obj) -> dict[str, Any] | None:
 
 def _pod_queued(obj: Obj) -> bool:
     """A Pod of its own names its queue with the label. A pod some controller owns (a Job's,
-    a ReplicaSet's) is admitted with its owner, never on its own."""
+    a ReplicaSet's) is admitted with its owner, and a pod of a PodGroup with its group; never
+    on its own."""
+    return _own_queued(obj) and pod_group_of(obj) is None
+
+
+def member_pod(pod: Obj) -> bool:
+    """A pod admitted with a whole workload: a serving workload's (its template gave it
+    `alnair.io/workload`), or one of a PodGroup's, labelled for a queue and of its own."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(LABEL_WORKLOAD)) or (_own_queued(pod) and pod_group_of(pod) is not None)
+
+
+def _own_queued(obj: Obj) -> bool:
+    """Labelled for a queue, and owned by no controller."""
     return bool(queue_label(obj.get("metadata") or {})) and _controller(obj) is None
 
 
@@ -149,13 +173,21 @@ def _suspend(obj: Obj) -> Patch:
 
 
 def _gate(obj: Obj) -> Patch:
+    """Gate a queued pod. A pod of a PodGroup is also labelled `alnair.io/workload`, so the
+    dispatcher finds the group's pods as it does a serving workload's."""
     gate = {"name": ADMISSION_GATE}
     gates = (obj.get("spec") or {}).get("schedulingGates")
+    patch: Patch = []
     if not gates:
-        return [{"op": "add", "path": "/spec/schedulingGates", "value": [gate]}]
-    if any(g.get("name") == ADMISSION_GATE for g in gates):
-        return []
-    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": gate}]
+        patch.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
+    elif not any(g.get("name") == ADMISSION_GATE for g in gates):
+        patch.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
+    group = pod_group_of(obj)
+    if group is not None:  # (so it has labels)
+        label = LABEL_WORKLOAD.replace("/", "~1")
+        value = workload_label("PodGroup", group)
+        patch.append({"op": "add", "path": f"/metadata/labels/{label}", "value": value})
+    return patch
 
 
 def _unsuspend(_wl: Workload, gpu_type: str) -> Obj:
@@ -397,8 +429,30 @@ LEADERWORKERSET = _serving(
     ("spec", "leaderWorkerTemplate", "workerTemplate"),
     optional=True,
 )
+PODGROUP = WorkloadKind(
+    kind="PodGroup",
+    api_version=PODGROUP_API_VERSION,
+    resource=PODGROUPS,
+    label_selectors=QUEUE_LABELS,
+    queued=_own_queued,  # (an ElasticJob's PodGroup is its controller's, admitted with it)
+    key=lambda namespace, name: f"podgroup:{namespace}/{name}",
+    parse=parse_pod_group,
+    finished=lambda _obj: None,
+    finished_by_pods=pod_group_finished,
+    members_first=True,
+    writes_conditions=False,
+    hold=lambda _obj: [],  # its pods are held, each by its gate
+    release=_no_release,
+    reclaim="regate",
+    ready=lambda _wl: True,  # (the pods-ready timeout is for kinds that record readiness)
+    writable=False,
+)
+"""A PodGroup (`scheduling.x-k8s.io`, Alnair's gang API) of plain pods: admitted whole, as
+a serving workload is, by ungating its pods; reclaimed by deleting them (no controller makes
+plain pods again: whoever created them does, as with Kueue's plain pod groups)."""
 KINDS: dict[str, WorkloadKind] = {
-    k.kind: k for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET)
+    k.kind: k
+    for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, PODGROUP)
 }
 """Every kind the dispatcher queues, by `kind`."""
 SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")

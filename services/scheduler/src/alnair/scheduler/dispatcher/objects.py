@@ -23,6 +23,7 @@ from alnair.common.kube import (
     JOBS,
     JOBSETS,
     LEADERWORKERSETS,
+    PODGROUPS,
     PODS,
     STATEFULSETS,
     Obj,
@@ -332,6 +333,54 @@ def parse_pod_workload(pod: Obj, default_restart_cost_s: float) -> Workload:
         api_version="v1",
         held=gated(pod),
     )
+
+
+PODGROUP_API_VERSION = f"{res.POD_GROUP_API_GROUP}/{res.POD_GROUP_VERSION}"
+
+
+def pod_group_of(pod: Obj) -> str | None:
+    """The PodGroup a pod joins (`scheduling.x-k8s.io/pod-group`), if any."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(res.POD_GROUP_LABEL) or None
+
+
+def parse_pod_group(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """A PodGroup of plain pods as one queued workload, as Volcano enqueues one: `minMember`
+    pods asking, all together, the GPUs its `minResources` states (the pods may not all
+    exist yet, so the group says what it needs). Its pods are gated until it is admitted
+    whole; the per-pod shape the policy places is the GPUs spread evenly, rounded up."""
+    meta = obj["metadata"]
+    spec = obj.get("spec") or {}
+    members = _int(spec.get("minMember", 1), "spec.minMember", minimum=1)
+    amounts = spec.get("minResources") or {}
+    if not isinstance(amounts, dict) or GPU not in amounts:
+        raise InvalidValueError(
+            "spec.minResources", amounts, f"a queued PodGroup must state the {GPU} it needs in all"
+        )
+    gpus = _int(amounts[GPU], f"spec.minResources.{GPU}", minimum=1)
+    annotations = meta.get("annotations") or {}
+    return Workload(
+        key=f"podgroup:{meta['namespace']}/{meta['name']}",
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=GpuRequest(gpus=gpus, pods=members, gpus_per_pod=-(-gpus // members)),
+        features=object_model(obj).present(),
+        gpu_model=annotations.get(res.LABEL_GPU_MODEL) or None,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=PODGROUPS,
+        kind="PodGroup",
+        api_version=PODGROUP_API_VERSION,
+        held=ANN_ADMITTED_TYPE not in annotations,
+    )
+
+
+def pod_group_finished(group: Obj, pods: list[Obj]) -> str | None:
+    """A PodGroup is done when at least `minMember` of its pods exist and every one of them
+    finished: `Failed` if any failed, else `Succeeded`."""
+    members = (group.get("spec") or {}).get("minMember", 1)
+    ends = [pod_finished(p) for p in pods]
+    if not pods or len(pods) < (members if isinstance(members, int) else 1) or None in ends:
+        return None
+    return "Failed" if "Failed" in ends else "Succeeded"
 
 
 def jobset_key(namespace: str, name: str) -> str:

@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from alnair.common.http import install_problem_handlers, problem
-from alnair.scheduler.dispatcher.kinds import KINDS
+from alnair.scheduler.dispatcher.kinds import KINDS, member_pod
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -38,7 +38,6 @@ from alnair.scheduler.dispatcher.objects import (
     ANN_RAN,
     ANN_REQUEUE_AT,
     ANN_SELECTED_TYPE,
-    LABEL_WORKLOAD,
 )
 
 log = logging.getLogger(__name__)
@@ -73,12 +72,11 @@ def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch that holds a newly created workload for its queue ([] if not queued):
     what the dispatcher queues (`kinds.py`) is what this holds."""
     adapter = KINDS.get(kind)
-    if kind == "Pod" and adapter is not None and not adapter.queued(obj):
-        # A pod of a serving workload (its template carries alnair.io/workload): gated until
-        # the dispatcher admits the whole workload.
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return adapter.hold(obj) if labels.get(LABEL_WORKLOAD) else []
-    if adapter is None or not adapter.queued(obj):
+    if adapter is None:
+        return []
+    # A pod of a serving workload (its template carries alnair.io/workload) or of a queued
+    # PodGroup is gated too, until the dispatcher admits the whole workload.
+    if not adapter.queued(obj) and not (kind == "Pod" and member_pod(obj)):
         return []
     ops = adapter.hold(obj)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
