@@ -4,13 +4,19 @@
 # CRDs and webhook configurations as the project ships them, and its controller manager:
 #   JobSet (sigs.k8s.io/jobset)          -> $CACHE/peers/jobset-<version>/
 #   LeaderWorkerSet (sigs.k8s.io/lws)    -> $CACHE/peers/lws-<version>/
-# each holding crds/*.yaml, webhook/ (a kustomization) and manager.
+#   KubeRay (github.com/ray-project/kuberay/ray-operator) -> $CACHE/peers/kuberay-<version>/
+#   Kubeflow Trainer (github.com/kubeflow/trainer/v2)      -> $CACHE/peers/trainer-<version>/
+#     (with its shipped training runtimes in runtimes/)
+# each holding crds/*.yaml, webhook/ (a kustomization; KubeRay's default deploy runs without
+# one, so it has none) and manager.
 #
 # Idempotent: what is cached is not rebuilt. Safe to run concurrently (a lock serialises it).
 set -euo pipefail
 
 JOBSET_VERSION="${ALNAIR_JOBSET_VERSION:-v0.10.1}"
 LWS_VERSION="${ALNAIR_LWS_VERSION:-v0.7.0}"
+KUBERAY_VERSION="${ALNAIR_KUBERAY_VERSION:-v1.5.0}"
+TRAINER_VERSION="${ALNAIR_TRAINER_VERSION:-v2.0.0}"
 CACHE="${ALNAIR_CACHE_DIR:-$HOME/.cache/alnair}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$CACHE/build" "$CACHE/peers"
@@ -20,13 +26,14 @@ flock 9
 
 log() { printf '[build-peers] %s\n' "$*" >&2; }
 
-# build_peer NAME MODULE VERSION CRD_DIR WEBHOOK_DIR MAIN_PACKAGE
-#   CRD_DIR and WEBHOOK_DIR are paths inside the module; MAIN_PACKAGE its manager's import path.
+# build_peer NAME MODULE VERSION CRD_DIR WEBHOOK_DIR MAIN_PACKAGE [RUNTIMES_DIR]
+#   CRD_DIR and WEBHOOK_DIR are paths inside the module (WEBHOOK_DIR "-": none); MAIN_PACKAGE
+#   its manager's import path.
 build_peer() {
   local name=$1 module=$2 version=$3 crds=$4 webhook=$5 main=$6
   local out="$CACHE/peers/$name-$version"
   if [[ -x "$out/manager" && -n "$(ls "$out"/crds/*.yaml 2>/dev/null)" \
-        && -f "$out/webhook/kustomization.yaml" ]]; then
+        && ( "$webhook" == - || -f "$out/webhook/kustomization.yaml" ) ]]; then
     log "$name $version cached in $out"; return
   fi
   local w="$CACHE/build/$name-$version"
@@ -37,7 +44,9 @@ build_peer() {
   dir=$(python3 -c 'import json; print(json.load(open("dl.json"))["Dir"])')
   gover=$(grep -E '^go [0-9]' "$dir/go.mod" | head -1)
   cp "$dir/$crds"/*.yaml "$out/crds/"
-  cp -r "$dir/$webhook" "$out/webhook"; chmod -R u+w "$out/webhook"
+  if [[ "$webhook" != - ]]; then
+    cp -r "$dir/$webhook" "$out/webhook"; chmod -R u+w "$out/webhook"
+  fi
   # The module's own main package, built as a dependency of a throwaway module (the proxy
   # refuses the version list that `go install pkg@version` asks for).
   printf 'module alnair.local/%sbuild\n\n%s\n\nrequire %s %s\n' \
@@ -45,6 +54,7 @@ build_peer() {
   printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$main" > tools.go
   log "building the $name controller manager (cold build: a few minutes)"
   go build -trimpath -o "$out/manager.tmp" "$main"
+  if [[ -n "${7:-}" ]]; then cp -r "$dir/$7" "$out/runtimes"; chmod -R u+w "$out/runtimes"; fi
   mv "$out/manager.tmp" "$out/manager"
   log "$name $version: $out"
 }
@@ -53,3 +63,8 @@ build_peer jobset sigs.k8s.io/jobset "$JOBSET_VERSION" \
   config/components/crd/bases config/components/webhook sigs.k8s.io/jobset
 build_peer lws sigs.k8s.io/lws "$LWS_VERSION" \
   config/crd/bases config/webhook sigs.k8s.io/lws/cmd
+build_peer kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION" \
+  config/crd/bases - github.com/ray-project/kuberay/ray-operator
+build_peer trainer github.com/kubeflow/trainer/v2 "$TRAINER_VERSION" \
+  manifests/base/crds manifests/base/webhook \
+  github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager manifests/base/runtimes

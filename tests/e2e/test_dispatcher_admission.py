@@ -73,6 +73,8 @@ WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
 HOOKS = {
     "jobs.hold.alnair.io",
     "jobsets.hold.alnair.io",
+    "ray.hold.alnair.io",
+    "trainjobs.hold.alnair.io",
     "elasticjobs.hold.alnair.io",
     "pods.hold.alnair.io",
     "serving.hold.alnair.io",

@@ -382,3 +382,168 @@ def test_a_pod_group_that_states_no_gpus_is_told_its_field() -> None:
             60.0,
         )
     assert bad.value.field == "spec.minResources.nvidia.com/gpu"
+
+
+def ray_template(gpus: int) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "ray"}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"spec": {"containers": [container]}}
+
+
+def ray_cluster_spec() -> dict[str, Any]:
+    return {
+        "headGroupSpec": {"rayStartParams": {}, "template": ray_template(0)},
+        "workerGroupSpecs": [
+            {"groupName": "gpu", "replicas": 2, "minReplicas": 1, "maxReplicas": 4,
+             "numOfHosts": 2, "rayStartParams": {}, "template": ray_template(1)},
+            {"groupName": "idle", "replicas": 3, "suspend": True, "rayStartParams": {},
+             "template": ray_template(1)},
+        ],
+    }  # fmt: skip
+
+
+def test_ray_clusters_and_jobs_count_every_group_and_release_gpu_templates_with_the_model() -> None:
+    from alnair.scheduler.dispatcher.kinds import RAYCLUSTER, RAYJOB
+
+    meta = {"name": "r", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
+    cluster = {"metadata": meta, "spec": ray_cluster_spec()}
+    job = {"metadata": meta, "spec": {"entrypoint": "python train.py",
+                                      "rayClusterSpec": ray_cluster_spec()}}  # fmt: skip
+    for kind, obj in ((RAYCLUSTER, cluster), (RAYJOB, job)):
+        assert kind.queued(obj) and kind.optional and kind.reclaim == "suspend"
+        assert hold_patch(kind.kind, obj) == [{"op": "add", "path": "/spec/suspend", "value": True}]
+        # 2 replicas x 2 hosts of one GPU; the head asks none; a suspended group has no pods.
+        wl = kind.parse({**obj, "spec": {**obj["spec"], "suspend": True}}, 60.0)
+        assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod) == (4, 4, 1)
+        assert wl.held and wl.key == f"{kind.kind.lower()}:team-a/r"
+        # Someone else's: KubeRay's MultiKueue, or a RayJob's own cluster.
+        assert not kind.queued(
+            {**obj, "spec": {**obj["spec"], "managedBy": "kueue.x-k8s.io/multikueue"}}
+        )
+        owned = {
+            **meta,
+            "ownerReferences": [{"kind": "RayJob", "name": "j", "uid": "u", "controller": True}],
+        }
+        assert not kind.queued({**obj, "metadata": owned})
+    released = RAYCLUSTER.release(RAYCLUSTER.parse(cluster, 60.0), "A100")
+    assert released["suspend"] is False
+    assert "nodeSelector" not in released["headGroupSpec"]["template"]["spec"]
+    for group in released["workerGroupSpecs"]:
+        assert group["template"]["spec"]["nodeSelector"] == {"alnair.io/gpu-model": "A100"}
+    assert [g["groupName"] for g in released["workerGroupSpecs"]] == ["gpu", "idle"]
+    released = RAYJOB.release(RAYJOB.parse(job, 60.0), "A100")
+    assert released["suspend"] is False
+    worker = released["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["nodeSelector"] == {"alnair.io/gpu-model": "A100"}
+    assert RAYJOB.finished({**job, "status": {"jobDeploymentStatus": "Running"}}) is None
+    assert RAYJOB.finished({**job, "status": {"jobDeploymentStatus": "Complete"}}) == "Complete"
+    assert (
+        RAYJOB.finished({**job, "status": {"jobDeploymentStatus": "ValidationFailed"}}) == "Failed"
+    )
+    assert RAYCLUSTER.finished({**cluster, "status": {"state": "ready"}}) is None
+
+
+def test_a_ray_job_on_an_existing_cluster_or_without_gpus_is_told_its_field() -> None:
+    from alnair.scheduler.dispatcher.kinds import RAYCLUSTER, RAYJOB
+
+    meta = {"name": "r", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
+    with pytest.raises(InvalidValueError) as selector:
+        RAYJOB.parse({"metadata": meta, "spec": {"clusterSelector": {"ray.io/cluster": "c"}}}, 60)
+    assert selector.value.field == "spec.rayClusterSpec"
+    spec = ray_cluster_spec()
+    spec["workerGroupSpecs"][0]["numOfHosts"] = 0
+    with pytest.raises(InvalidValueError) as hosts:
+        RAYCLUSTER.parse({"metadata": meta, "spec": spec}, 60)
+    assert hosts.value.field == "spec.workerGroupSpecs[0].numOfHosts"
+    cpu_only = {"headGroupSpec": {"template": ray_template(0)}, "workerGroupSpecs": []}
+    with pytest.raises(InvalidValueError) as none:
+        RAYCLUSTER.parse({"metadata": meta, "spec": cpu_only}, 60)
+    assert "must ask for nvidia.com/gpu" in str(none.value)
+
+
+def torch_runtime(initializer_gpus: int = 0) -> dict[str, Any]:
+    """A ClusterTrainingRuntime shaped as Kubeflow Trainer ships its torch one: a trainer Job
+    `node` and a dataset initializer."""
+
+    def job(name: str, step: str, gpus: int) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": name}
+        if gpus:
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        return {
+            "name": name,
+            "template": {
+                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": step}},
+                "spec": {"template": {"spec": {"containers": [container]}}},
+            },
+        }
+
+    return {
+        "metadata": {"name": "torch-distributed"},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
+            "template": {"spec": {"replicatedJobs": [
+                job("dataset-initializer", "dataset-initializer", initializer_gpus),
+                job("node", "trainer", 0),
+            ]}},
+        },
+    }  # fmt: skip
+
+
+def test_a_train_job_asks_what_its_runtime_and_trainer_say_and_is_released_by_overrides() -> None:
+    from alnair.scheduler.dispatcher.kinds import TRAINJOB
+
+    meta = {"name": "ft", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
+    tj = {
+        "metadata": meta,
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {"numNodes": 3, "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2"}}},
+            "podSpecOverrides": [{"targetJobs": [{"name": "node"}], "tolerations": []}],
+        },
+    }
+    assert TRAINJOB.queued(tj) and TRAINJOB.optional and TRAINJOB.references
+    assert hold_patch("TrainJob", tj) == [{"op": "add", "path": "/spec/suspend", "value": True}]
+    runtimes = {"torch-distributed": torch_runtime()}
+
+    def lookup(resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
+        assert resource.plural == "clustertrainingruntimes" and namespace is None
+        return runtimes.get(name)
+
+    assert TRAINJOB.resolve is not None
+    wl = TRAINJOB.parse(TRAINJOB.resolve(tj, lookup), 60.0)
+    # The trainer Job: 3 nodes of 2 GPUs; the initializer asks none.
+    assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod) == (6, 3, 2)
+    released = TRAINJOB.release(wl, "A100")
+    assert released["suspend"] is False
+    assert released["podSpecOverrides"] == [
+        {"targetJobs": [{"name": "node"}], "tolerations": []},
+        {"targetJobs": [{"name": "node"}], "nodeSelector": {"alnair.io/gpu-model": "A100"}},
+    ]
+    # Admitted again after a preemption: its earlier override is replaced, not repeated.
+    again = {**wl.obj, "spec": {**wl.obj["spec"], "podSpecOverrides": released["podSpecOverrides"]}}
+    assert TRAINJOB.release(TRAINJOB.parse(again, 60.0), "H100")["podSpecOverrides"][1:] == [
+        {"targetJobs": [{"name": "node"}], "nodeSelector": {"alnair.io/gpu-model": "H100"}}
+    ]
+    # Without numNodes or resources, the runtime's say: one node, asking what its template asks.
+    runtimes["torch-distributed"] = torch_runtime(initializer_gpus=1)
+    bare = {"metadata": meta, "spec": {"runtimeRef": {"name": "torch-distributed"}}}
+    wl = TRAINJOB.parse(TRAINJOB.resolve(bare, lookup), 60.0)
+    assert (wl.request.gpus, wl.request.pods) == (1, 1)
+    assert TRAINJOB.finished({**tj, "status": {"conditions": [
+        {"type": "Complete", "status": "True"}]}}) == "Complete"  # fmt: skip
+
+
+def test_a_train_job_naming_no_runtime_or_no_gpus_is_told_its_field() -> None:
+    from alnair.scheduler.dispatcher.kinds import TRAINJOB
+
+    meta = {"name": "ft", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
+    tj = {"metadata": meta, "spec": {"runtimeRef": {"name": "nope"}}}
+    assert TRAINJOB.resolve is not None
+    with pytest.raises(InvalidValueError) as missing:
+        TRAINJOB.parse(TRAINJOB.resolve(tj, lambda *_: None), 60.0)
+    assert missing.value.field == "spec.runtimeRef.name" and missing.value.value == "nope"
+    found = TRAINJOB.resolve(tj, lambda *_: torch_runtime())
+    with pytest.raises(InvalidValueError) as no_gpus:
+        TRAINJOB.parse(found, 60.0)
+    assert no_gpus.value.field == "spec.trainer.resourcesPerNode"

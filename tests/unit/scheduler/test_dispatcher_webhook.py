@@ -161,3 +161,28 @@ def test_a_validation_refuses_with_the_reason_and_passes_what_is_fine() -> None:
     assert (outcome, answer["response"]["allowed"]) == ("valid", True)
     gone = admission("ClusterQueue", {"metadata": {"name": "bad"}}, "DELETE")
     assert validation(gone, validate)[1] == "ignored"
+
+
+def test_a_ray_job_kuberay_would_not_suspend_is_refused_at_creation() -> None:
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "r", "namespace": "ml", "labels": {"alnair.io/queue-name": "lq"}},
+        "spec": {"entrypoint": "python t.py", "rayClusterSpec": {}},
+    }
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u1", "kind": {"kind": "RayJob"}, "operation": "CREATE", "object": job},
+    }
+    answer, outcome = review(body)
+    assert outcome == "refused" and answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["code"] == 422
+    assert "spec.shutdownAfterJobFinishes" in answer["response"]["status"]["message"]
+    job["spec"]["shutdownAfterJobFinishes"] = True
+    answer, outcome = review(body)
+    assert outcome == "held" and answer["response"]["allowed"] is True
+    # Not queued (no label): none of the queue's business.
+    del job["metadata"]["labels"]
+    job["spec"]["shutdownAfterJobFinishes"] = False
+    assert review(body)[1] == "ignored"

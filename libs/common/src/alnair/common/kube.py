@@ -144,6 +144,13 @@ SERVICES = Resource("", "v1", "services")
 SECRETS = Resource("", "v1", "secrets")
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 LEADERWORKERSETS = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters")
+RAYJOBS = Resource("ray.io", "v1", "rayjobs")
+TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+TRAININGRUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes")
+CLUSTERTRAININGRUNTIMES = Resource(
+    "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", namespaced=False
+)
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", namespaced=False
 )

@@ -41,6 +41,7 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
     Obj,
+    Resource,
 )
 from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind, ungated_spec
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
@@ -181,6 +182,13 @@ class Dispatcher(ReconcileLoop):
             for name, k in KINDS.items()
         }
         watching = [i for group in self.workload_watches.values() for i in group]
+        # Objects workloads name and their kinds read (a TrainJob's runtime), one informer each.
+        self.referenced: dict[str, Informer] = {
+            r.plural: Informer(kube, r, name=f"referenced-{r.plural}")
+            for k in KINDS.values()
+            for r in k.references
+        }
+        watching.extend(self.referenced.values())
         # The pods of serving workloads (gated until their owner is admitted, kinds.py).
         self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
         watching.append(self.serving_pods)
@@ -213,9 +221,18 @@ class Dispatcher(ReconcileLoop):
                     "a kind is not queued: the cluster does not serve its API",
                     extra={"kind": kind.kind, "api": f"{r.plural}.{r.group}/{r.version}"},
                 )
-                left_out = self.workload_watches.pop(name)
+                left_out = list(self.workload_watches.pop(name))
+                left_out += [self.referenced.pop(r.plural) for r in kind.references
+                             if r.plural in self.referenced]  # fmt: skip
                 self.informers = tuple(i for i in self.informers if i not in left_out)
         await super().start_watching()
+
+    def _lookup(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
+        """An object a workload names, as its informer holds it (None: not there)."""
+        informer = self.referenced.get(resource.plural)
+        if informer is None:
+            return None
+        return informer.get(f"{namespace}/{name}" if namespace else name)
 
     async def _served(self, kind: WorkloadKind) -> bool:
         r = kind.resource
@@ -384,7 +401,8 @@ class Dispatcher(ReconcileLoop):
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 continue
             try:
-                wl = kind.parse(obj, self.settings.default_restart_cost_s)
+                seen = kind.resolve(obj, self._lookup) if kind.resolve is not None else obj
+                wl = kind.parse(seen, self.settings.default_restart_cost_s)
             except InvalidValueError as exc:
                 if state.invalid != str(exc):
                     state.invalid = str(exc)

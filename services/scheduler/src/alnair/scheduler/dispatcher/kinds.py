@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from alnair.common import resources as res
 from alnair.common.kube import (
+    CLUSTERTRAININGRUNTIMES,
     DEPLOYMENTS,
     ELASTICJOBS,
     JOBS,
@@ -33,7 +34,11 @@ from alnair.common.kube import (
     LEADERWORKERSETS,
     PODGROUPS,
     PODS,
+    RAYCLUSTERS,
+    RAYJOBS,
     STATEFULSETS,
+    TRAININGRUNTIMES,
+    TRAINJOBS,
     Obj,
     Resource,
 )
@@ -43,9 +48,13 @@ from alnair.scheduler.dispatcher.objects import (
     LWS_API_VERSION,
     PODGROUP_API_VERSION,
     QUEUE_LABELS,
+    RAY_API_VERSION,
+    RUNTIME,
+    TRAINER_API_VERSION,
     Workload,
     elastic_finished,
     elastic_key,
+    gpus_asked,
     is_finished,
     jobset_finished,
     jobset_key,
@@ -55,17 +64,25 @@ from alnair.scheduler.dispatcher.objects import (
     parse_leaderworkerset,
     parse_pod_group,
     parse_pod_workload,
+    parse_ray_cluster,
+    parse_ray_job,
     parse_statefulset,
+    parse_train_job,
     parse_workload,
     pod_finished,
     pod_group_finished,
     pod_group_of,
     pod_key,
     queue_label,
+    ray_job_finished,
+    train_job_finished,
+    train_job_pod_sets,
     workload_label,
 )
 
 Patch = list[dict[str, Any]]
+Lookup = Callable[[Resource, str | None, str], Obj | None]
+"""An object the dispatcher's informers hold: (resource, namespace or None, name)."""
 
 JOB_CONTROLLER = "kubernetes.io/job-controller"
 """`spec.managedBy` of a Job the built-in Job controller runs (the default)."""
@@ -92,6 +109,14 @@ class WorkloadKind:
     reclaim: Literal["suspend", "evict", "regate"]
     ready: Callable[[Workload], bool]
     """Whether every pod it was admitted for is ready (or already done)."""
+    references: tuple[Resource, ...] = ()
+    """Other objects its workloads name and `parse` reads (a TrainJob's runtime): the
+    dispatcher keeps an informer on each while the kind is served."""
+    resolve: Callable[[Obj, Lookup], Obj] | None = None
+    """The object `parse` reads: this one with what it names, found by the lookup."""
+    refuse: Callable[[Obj], str | None] | None = None
+    """What the holding webhook refuses at creation (422, the message): a queued object its
+    own controller would not let be held."""
     members_first: bool = False
     """Admitted only once every pod it asks for exists (a group of plain pods: no controller
     makes the rest, so quota is not held for pods that may never come)."""
@@ -223,6 +248,48 @@ def _unsuspend_jobset(wl: Workload, gpu_type: str) -> Obj:
         job_spec = {**rj["template"]["spec"], "template": pod_template}
         sets.append({**rj, "template": {**rj["template"], "spec": job_spec}})
     return {"suspend": False, "replicatedJobs": sets}
+
+
+def _with_model(template: Obj, gpu_type: str) -> Obj:
+    """A pod template with the model in its node selector, if it asks for GPUs (a Ray head
+    that asks none may run anywhere)."""
+    if gpus_asked({"spec": {"template": template}}) is None:
+        return template
+    spec = dict(template.get("spec") or {})
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), res.LABEL_GPU_MODEL: gpu_type}
+    return {**template, "spec": spec}
+
+
+def _ray_cluster_spec(spec: Obj, gpu_type: str) -> Obj:
+    """The head and every worker group of a RayCluster spec, the model in the node selector of
+    each that asks for GPUs (a merge patch replaces the worker group list whole)."""
+    head = spec.get("headGroupSpec") or {}
+    return {
+        "headGroupSpec": {"template": _with_model(head.get("template") or {}, gpu_type)},
+        "workerGroupSpecs": [
+            {**g, "template": _with_model(g.get("template") or {}, gpu_type)}
+            for g in spec.get("workerGroupSpecs") or []
+        ],
+    }
+
+
+def _unsuspend_ray_cluster(wl: Workload, gpu_type: str) -> Obj:
+    return {"suspend": False, **_ray_cluster_spec(wl.obj.get("spec") or {}, gpu_type)}
+
+
+def _unsuspend_ray_job(wl: Workload, gpu_type: str) -> Obj:
+    # KubeRay lets a suspended RayJob's cluster spec change (as Kueue does it).
+    cluster = (wl.obj.get("spec") or {}).get("rayClusterSpec") or {}
+    return {"suspend": False, "rayClusterSpec": _ray_cluster_spec(cluster, gpu_type)}
+
+
+def _ray_cluster_ready(wl: Workload) -> bool:
+    return _status(wl).get("state") == "ready"
+
+
+def _ray_job_ready(wl: Workload) -> bool:
+    """Its cluster came up and the job was submitted (or is already done)."""
+    return _status(wl).get("jobDeploymentStatus") in ("Running", "Complete", "Failed")
 
 
 def _status(wl: Workload) -> dict[str, Any]:
@@ -429,6 +496,112 @@ LEADERWORKERSET = _serving(
     ("spec", "leaderWorkerTemplate", "workerTemplate"),
     optional=True,
 )
+
+
+def _ray_job_refused(obj: Obj) -> str | None:
+    if (obj.get("spec") or {}).get("shutdownAfterJobFinishes") is True:
+        return None
+    return (
+        "spec.shutdownAfterJobFinishes must be true for a queued RayJob: the queue holds it "
+        "with spec.suspend, and KubeRay suspends only a RayJob that shuts its cluster down "
+        "when it finishes"
+    )
+
+
+RAY_OPERATOR = "ray.io/kuberay-operator"
+"""`spec.managedBy` of a RayCluster or RayJob that KubeRay's operator runs (the default)."""
+RAYCLUSTER = WorkloadKind(
+    kind="RayCluster",
+    api_version=RAY_API_VERSION,
+    resource=RAYCLUSTERS,
+    label_selectors=QUEUE_LABELS,
+    queued=lambda obj: _managed_queued(obj, RAY_OPERATOR),  # (a RayJob's is its own)
+    key=lambda namespace, name: f"raycluster:{namespace}/{name}",
+    parse=parse_ray_cluster,
+    finished=lambda _obj: None,  # runs until deleted: counted for as long as it runs
+    writes_conditions=False,
+    hold=_suspend,
+    release=_unsuspend_ray_cluster,
+    reclaim="suspend",  # KubeRay deletes its pods
+    ready=_ray_cluster_ready,
+    optional=True,
+)
+RAYJOB = WorkloadKind(
+    kind="RayJob",
+    api_version=RAY_API_VERSION,
+    resource=RAYJOBS,
+    label_selectors=QUEUE_LABELS,
+    queued=lambda obj: _managed_queued(obj, RAY_OPERATOR),
+    key=lambda namespace, name: f"rayjob:{namespace}/{name}",
+    parse=parse_ray_job,
+    finished=ray_job_finished,
+    writes_conditions=False,
+    hold=_suspend,
+    release=_unsuspend_ray_job,
+    reclaim="suspend",  # KubeRay deletes its cluster and submitter
+    ready=_ray_job_ready,
+    refuse=_ray_job_refused,
+    optional=True,
+)
+TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
+"""`spec.managedBy` of a TrainJob that Kubeflow Trainer runs (the default)."""
+
+
+def _train_job_runtime(obj: Obj, lookup: Lookup) -> Obj:
+    """The TrainJob with the runtime it names (`RUNTIME`), if there is one."""
+    ref = (obj.get("spec") or {}).get("runtimeRef") or {}
+    name = str(ref.get("name") or "")
+    if ref.get("kind") == "TrainingRuntime":
+        runtime = lookup(TRAININGRUNTIMES, obj["metadata"]["namespace"], name)
+    else:
+        runtime = lookup(CLUSTERTRAININGRUNTIMES, None, name)
+    return {**obj, RUNTIME: runtime} if runtime is not None else obj
+
+
+def _unsuspend_train_job(wl: Workload, gpu_type: str) -> Obj:
+    """Unsuspended, the model given to every replicated Job that asks for GPUs through
+    `podSpecOverrides` (Trainer carries them into the JobSet it makes). A merge patch replaces
+    the list whole: the user's overrides are kept, an earlier admission's are replaced."""
+    spec = wl.obj.get("spec") or {}
+    kept = [
+        o for o in spec.get("podSpecOverrides") or []
+        if res.LABEL_GPU_MODEL not in (o.get("nodeSelector") or {})
+    ]  # fmt: skip
+    targets = [
+        {"name": name}
+        for name, template, count in train_job_pod_sets(wl.obj)
+        if count and gpus_asked({"spec": {"template": template}}) is not None
+    ]
+    ours = {"targetJobs": targets, "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}
+    return {"suspend": False, "podSpecOverrides": [*kept, ours]}
+
+
+def _train_job_ready(wl: Workload) -> bool:
+    """Every replicated Job Trainer reports has its pods ready (or is done)."""
+    jobs = _status(wl).get("jobsStatus") or []
+    return bool(jobs) and all(
+        int(j.get("ready") or 0) + int(j.get("succeeded") or 0) >= 1 for j in jobs
+    )
+
+
+TRAINJOB = WorkloadKind(
+    kind="TrainJob",
+    api_version=TRAINER_API_VERSION,
+    resource=TRAINJOBS,
+    label_selectors=QUEUE_LABELS,
+    queued=lambda obj: _managed_queued(obj, TRAINER_CONTROLLER),
+    key=lambda namespace, name: f"trainjob:{namespace}/{name}",
+    parse=parse_train_job,
+    finished=train_job_finished,
+    writes_conditions=False,
+    hold=_suspend,
+    release=_unsuspend_train_job,
+    reclaim="suspend",  # Trainer suspends its JobSet, whose Jobs delete their pods
+    ready=_train_job_ready,
+    references=(CLUSTERTRAININGRUNTIMES, TRAININGRUNTIMES),
+    resolve=_train_job_runtime,
+    optional=True,
+)
 PODGROUP = WorkloadKind(
     kind="PodGroup",
     api_version=PODGROUP_API_VERSION,
@@ -450,10 +623,8 @@ PODGROUP = WorkloadKind(
 """A PodGroup (`scheduling.x-k8s.io`, Alnair's gang API) of plain pods: admitted whole, as
 a serving workload is, by ungating its pods; reclaimed by deleting them (no controller makes
 plain pods again: whoever created them does, as with Kueue's plain pod groups)."""
-KINDS: dict[str, WorkloadKind] = {
-    k.kind: k
-    for k in (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, PODGROUP)
-}
+_EVERY = (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, PODGROUP)
+KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (*_EVERY, RAYCLUSTER, RAYJOB, TRAINJOB)}
 """Every kind the dispatcher queues, by `kind`."""
 SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")
 """Kinds held by gating their controller's pods, admitted whole."""

@@ -50,6 +50,6 @@ class DispatcherMetrics:
         )
         self.webhook_requests = m.counter(
             "webhook_requests_total",
-            "Admission reviews answered, by outcome (held, ignored, invalid)",
+            "Admission reviews answered, by outcome (held, ignored, refused, valid, invalid)",
             ["outcome"],
         )

@@ -25,7 +25,10 @@ from alnair.common.kube import (
     LEADERWORKERSETS,
     PODGROUPS,
     PODS,
+    RAYCLUSTERS,
+    RAYJOBS,
     STATEFULSETS,
+    TRAINJOBS,
     Obj,
     Resource,
 )
@@ -381,6 +384,206 @@ def pod_group_finished(group: Obj, pods: list[Obj]) -> str | None:
     if not pods or len(pods) < (members if isinstance(members, int) else 1) or None in ends:
         return None
     return "Failed" if "Failed" in ends else "Succeeded"
+
+
+RAY_API_VERSION = "ray.io/v1"
+
+
+def ray_cluster_pod_sets(spec: Obj, where: str) -> list[tuple[str, Obj, int]]:
+    """A RayCluster spec's pod sets as (field, pod template, pods): its head, and each worker
+    group's `replicas` (else `minReplicas`) x `numOfHosts` pods; a suspended group has none."""
+    head = spec.get("headGroupSpec")
+    if not isinstance(head, dict) or not isinstance(head.get("template"), dict):
+        raise InvalidValueError(f"{where}.headGroupSpec.template", None, "a RayCluster needs one")
+    sets = [(f"{where}.headGroupSpec.template", head["template"], 1)]
+    groups = spec.get("workerGroupSpecs") or []
+    if not isinstance(groups, list):
+        raise InvalidValueError(f"{where}.workerGroupSpecs", groups, "must be a list")
+    for i, group in enumerate(groups):
+        at = f"{where}.workerGroupSpecs[{i}]"
+        if not isinstance(group, dict) or not isinstance(group.get("template"), dict):
+            raise InvalidValueError(f"{at}.template", None, "a worker group needs one")
+        replicas = group.get("replicas", group.get("minReplicas", 0))
+        count = _int(replicas, f"{at}.replicas") * _int(
+            group.get("numOfHosts", 1), f"{at}.numOfHosts", minimum=1
+        )
+        if group.get("suspend") is True:
+            count = 0
+        sets.append((f"{at}.template", group["template"], count))
+    return sets
+
+
+def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Resource,
+               default_restart_cost_s: float) -> Workload:  # fmt: skip
+    """A RayCluster (or a RayJob's) as one queued workload: every pod set at once; a head that
+    asks no GPU counts for nothing; the per-pod shape placed is the largest; whole GPUs only."""
+    meta = obj["metadata"]
+    gpus = pods = per_pod = 0
+    model: str | None = None
+    for at, template, count in ray_cluster_pod_sets(cluster_spec, where):
+        if not count:
+            continue
+        job_like = {"metadata": meta, "spec": {"parallelism": count, "template": template}}
+        try:
+            request = gpus_asked(job_like)
+        except InvalidValueError as exc:
+            field = exc.field.removeprefix("spec.template.")
+            raise InvalidValueError(f"{at}.{field}", exc.value, exc.reason) from None
+        if request is None:
+            continue
+        if request.memory_mib_per_pod is not None:
+            raise InvalidValueError(
+                f"{at}.spec.containers[].resources", "GPU memory",
+                f"a {kind} asks for whole GPUs (fractions are queued for Jobs and Pods)",
+            )  # fmt: skip
+        gpus += request.gpus
+        pods += request.pods
+        per_pod = max(per_pod, request.gpus_per_pod)
+        model = model or gpu_model_constraint(job_like)
+    if not gpus:
+        raise InvalidValueError(
+            f"{where}.workerGroupSpecs[].template.spec.containers[].resources",
+            0,
+            f"a queued {kind} must ask for {GPU} in its head or a worker group",
+        )
+    return Workload(
+        key=f"{kind.lower()}:{meta['namespace']}/{meta['name']}",
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        features=object_model(obj).present(),
+        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=resource,
+        kind=kind,
+        api_version=RAY_API_VERSION,
+        held=bool((obj.get("spec") or {}).get("suspend")),
+    )
+
+
+def parse_ray_cluster(obj: Obj, default_restart_cost_s: float) -> Workload:
+    return _parse_ray(obj, obj.get("spec") or {}, "spec", "RayCluster", RAYCLUSTERS,
+                      default_restart_cost_s)  # fmt: skip
+
+
+def parse_ray_job(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """A RayJob asks for the cluster it creates (`rayClusterSpec`); its submitter pod asks no
+    GPU. One that runs on an existing cluster (`clusterSelector`) is not queued on its own:
+    the cluster is the workload."""
+    spec = obj.get("spec") or {}
+    cluster = spec.get("rayClusterSpec")
+    if not isinstance(cluster, dict):
+        raise InvalidValueError(
+            "spec.rayClusterSpec", None,
+            "a queued RayJob creates its own cluster (queue the RayCluster a clusterSelector "
+            "names instead)",
+        )  # fmt: skip
+    return _parse_ray(obj, cluster, "spec.rayClusterSpec", "RayJob", RAYJOBS,
+                      default_restart_cost_s)  # fmt: skip
+
+
+def ray_job_finished(obj: Obj) -> str | None:
+    status = str((obj.get("status") or {}).get("jobDeploymentStatus") or "")
+    if status == "Complete":
+        return "Complete"
+    return "Failed" if status in ("Failed", "ValidationFailed") else None
+
+
+TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINER_STEP = "trainer.kubeflow.org/trainjob-ancestor-step"
+"""On a runtime's replicated Job: `trainer` for the one the TrainJob's `spec.trainer` shapes."""
+RUNTIME = "alnair.io/runtime"
+"""Key under which the dispatcher hands a TrainJob's adapter the runtime it names (resolved from
+its informers; never on the object in the API)."""
+
+
+def train_job_pod_sets(obj: Obj) -> list[tuple[str, Obj, int]]:
+    """A TrainJob's pod sets as (replicated Job, pod template, pods), from the runtime it names
+    (`RUNTIME`) shaped by its `spec.trainer`: the trainer Job runs `numNodes` pods (else the
+    runtime's `mlPolicy.numNodes`), each asking `resourcesPerNode` where given; the others
+    (dataset and model initializers) run as the runtime says."""
+    spec = obj.get("spec") or {}
+    ref = (spec.get("runtimeRef") or {}).get("name")
+    runtime = obj.get(RUNTIME)
+    if not isinstance(runtime, dict):
+        kind = (spec.get("runtimeRef") or {}).get("kind") or "ClusterTrainingRuntime"
+        raise InvalidValueError("spec.runtimeRef.name", ref, f"no {kind} of that name")
+    rt_spec = runtime.get("spec") or {}
+    trainer = spec.get("trainer") or {}
+    sets: list[tuple[str, Obj, int]] = []
+    jobs = ((rt_spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    for i, rj in enumerate(jobs):
+        name = str(rj.get("name") or f"#{i}")
+        job_template = rj.get("template") or {}
+        job_spec = job_template.get("spec") or {}
+        template = job_spec.get("template") or {}
+        labels = (job_template.get("metadata") or {}).get("labels") or {}
+        pods = _int(rj.get("replicas", 1), f"replicatedJobs[{name}].replicas") * _int(
+            job_spec.get("parallelism", 1), f"replicatedJobs[{name}].parallelism"
+        )
+        if labels.get(TRAINER_STEP) == "trainer" or name == "node":
+            nodes = trainer.get("numNodes", (rt_spec.get("mlPolicy") or {}).get("numNodes", 1))
+            pods = _int(nodes, "spec.trainer.numNodes", minimum=1)
+            per_node = trainer.get("resourcesPerNode")
+            if isinstance(per_node, dict):
+                pod_spec = dict(template.get("spec") or {})
+                containers = list(pod_spec.get("containers") or [{"name": "node"}])
+                containers[0] = {**containers[0], "resources": per_node}
+                template = {**template, "spec": {**pod_spec, "containers": containers}}
+        sets.append((name, template, pods))
+    return sets
+
+
+def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
+    """A Kubeflow TrainJob as one queued workload: every replicated Job of its runtime at once
+    (`train_job_pod_sets`); Jobs without GPUs count for nothing; the per-pod shape placed is
+    the largest; whole GPUs only."""
+    meta = obj["metadata"]
+    gpus = pods = per_pod = 0
+    model: str | None = None
+    for name, template, count in train_job_pod_sets(obj):
+        job_like = {"metadata": meta, "spec": {"parallelism": max(1, count), "template": template}}
+        try:
+            request = gpus_asked(job_like) if count else None
+        except InvalidValueError as exc:
+            where = "spec.trainer.resourcesPerNode" if "resources" in exc.field else exc.field
+            raise InvalidValueError(f"{where} ({name})", exc.value, exc.reason) from None
+        if request is None:
+            continue
+        if request.memory_mib_per_pod is not None:
+            raise InvalidValueError(
+                "spec.trainer.resourcesPerNode", "GPU memory",
+                "a TrainJob asks for whole GPUs (fractions are queued for Jobs and Pods)",
+            )  # fmt: skip
+        gpus += request.gpus
+        pods += request.pods
+        per_pod = max(per_pod, request.gpus_per_pod)
+        model = model or gpu_model_constraint(job_like)
+    if not gpus:
+        raise InvalidValueError(
+            "spec.trainer.resourcesPerNode", 0,
+            f"a queued TrainJob must ask for {GPU} (here or in its runtime's trainer Job)",
+        )  # fmt: skip
+    return Workload(
+        key=f"trainjob:{meta['namespace']}/{meta['name']}",
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        features=object_model(obj).present(),
+        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=TRAINJOBS,
+        kind="TrainJob",
+        api_version=TRAINER_API_VERSION,
+        held=bool((obj.get("spec") or {}).get("suspend")),
+    )
+
+
+def train_job_finished(obj: Obj) -> str | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return str(cond["type"])
+    return None
 
 
 def jobset_key(namespace: str, name: str) -> str:

@@ -68,6 +68,14 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
+def refusal(kind: str, obj: dict[str, Any]) -> str | None:
+    """Why a newly created queued workload cannot be held (its adapter's `refuse`), if so."""
+    adapter = KINDS.get(kind)
+    if adapter is None or adapter.refuse is None or not adapter.queued(obj):
+        return None
+    return adapter.refuse(obj)
+
+
 def hold_patch(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch that holds a newly created workload for its queue ([] if not queued):
     what the dispatcher queues (`kinds.py`) is what this holds."""
@@ -122,6 +130,11 @@ def review(body: Any) -> tuple[dict[str, Any], str]:
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, dict):
         return answer, "ignored"
+    problem_text = refusal(kind, obj)
+    if problem_text is not None:
+        response["allowed"] = False
+        response["status"] = {"code": 422, "reason": "Invalid", "message": problem_text}
+        return answer, "refused"
     ops = hold_patch(kind, obj)
     if not ops:
         return answer, "ignored"
