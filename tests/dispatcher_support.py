@@ -141,6 +141,7 @@ def dispatcher_settings(cp: ControlPlane, ns: str, **kw: Any) -> DispatcherSetti
         "http_port": 0,
         "http_host": "127.0.0.1",
         "nats_enabled": False,
+        "leader_elect": False,  # (its own tests elect; one Lease would serialise the others)
         "node_selector": f"{POOL}={ns}",
         "policy": "alnair",
     }

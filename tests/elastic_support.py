@@ -57,12 +57,15 @@ async def start_controller(
     """The elastic controller on `namespace`, with the control plane's admin client unless
     `kube` is given (a ServiceAccount's, say)."""
     settings = ElasticSettings(
-        namespace=namespace,
-        http_port=0,
-        http_host="127.0.0.1",
-        nats_enabled=nats_url is not None,
-        nats_url=nats_url or "nats://127.0.0.1:1",
-        **kw,
+        **{
+            "namespace": namespace,
+            "http_port": 0,
+            "http_host": "127.0.0.1",
+            "nats_enabled": nats_url is not None,
+            "nats_url": nats_url or "nats://127.0.0.1:1",
+            "leader_elect": False,  # (its own tests elect; one Lease would serialise the others)
+            **kw,
+        }
     )
     return await start_elastic(settings, kube=kube or cp.client())
 

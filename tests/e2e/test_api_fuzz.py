@@ -127,7 +127,9 @@ async def test_dispatcher_api(control_plane: ControlPlane, kube: KubeClient) -> 
     from alnair.scheduler.dispatcher.settings import DispatcherSettings
 
     running = await start(
-        DispatcherSettings(nats_enabled=False, http_host="127.0.0.1", http_port=0),
+        DispatcherSettings(
+            nats_enabled=False, http_host="127.0.0.1", http_port=0, leader_elect=False
+        ),
         control_plane.client(),
     )
     try:

@@ -185,7 +185,7 @@ async def test_one_queue_over_three_clusters(
             DispatcherSettings(
                 kubeconfig=str(control_plane.kubeconfig), http_port=0, http_host="127.0.0.1",
                 nats_url=nats_url, mode="hub", hub_namespace=ns, worker_grace_s=2.0,
-                cluster="hub",
+                cluster="hub", leader_elect=False,
             )
         )  # fmt: skip
         api = httpx.AsyncClient(base_url=hub.url)

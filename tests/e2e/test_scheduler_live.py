@@ -419,12 +419,12 @@ async def test_explain_and_queue_api_and_metrics(
 
 
 async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace: str) -> None:
-    from alnair.scheduler.leader import LeaderElector
+    from alnair.common.leader import LeaderElector
 
     def elector(identity: str) -> LeaderElector:
         return LeaderElector(
             kube, name="alnair-test", namespace=namespace, identity=identity,
-            lease_duration_s=2.0, renew_deadline_s=1.5,
+            lease_duration_s=2.0, renew_deadline_s=1.5, retry_period_s=0.3,
         )  # fmt: skip
 
     a, b = elector("a"), elector("b")
@@ -466,12 +466,12 @@ async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
         running = Running(limited, leader_elect=True, lease_namespace="alnair-system")
         sched = running.scheduler
         await sched.start_watching()
-        from alnair.scheduler.leader import LeaderElector
+        from alnair.common.leader import LeaderElector
 
         elector = LeaderElector(
             limited, name="alnair-scheduler-rbac", namespace="alnair-system", identity="rbac-test"
         )
-        leading, _ = await elector.try_acquire_or_renew()
+        leading = await elector.try_acquire_or_renew()
         assert leading
         running.task = asyncio.create_task(sched.run())
         await kube.create(PODGROUPS, pod_group("g", namespace, 1, 30), namespace)

@@ -520,6 +520,10 @@ def _start_services(
             **state.service_env(spec.name),
             "ALNAIR_LOG_JSON": "false",
             spec.port_env: str(ports[spec.name]),
+            # A leader-elected service keeps its name across restarts, as a pod's container
+            # does (the pod name is its identity in the deploy): a restarted leader takes its
+            # own Lease back at once instead of waiting it out.
+            spec.port_env.replace("_HTTP_PORT", "_IDENTITY"): f"devstack-{spec.name}",
             **(spec.env(stack) if spec.env else {}),
             **opts.env.get(spec.name, {}),
         }

@@ -7,6 +7,8 @@ Units are in the field names (`timeout_s`, `port`), and every field says what it
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -143,4 +145,31 @@ class ServiceSettings(CommonSettings):
         default=10.0,
         ge=0.0,
         description="how long a token's review is reused before the API server is asked again",
+    )
+
+
+class LeaderElectionSettings(BaseSettings):
+    """One replica of a deciding service acts at a time, elected through a Lease
+    (`alnair.common.leader`); each service names its Lease (`lease_name`)."""
+
+    leader_elect: bool = Field(
+        default=True, description="elect one active replica through a Lease (false: act alone)"
+    )
+    identity: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="this replica's name in the leader Lease (the pod name in the deploy)",
+    )
+    lease_namespace: str = Field(default="kube-system", description="leader Lease namespace")
+    lease_duration_s: float = Field(
+        default=15.0, gt=0, description="how long a follower waits, after it last saw the Lease "
+        "change, before it takes over",
+    )  # fmt: skip
+    renew_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="stop acting when no renewal of the Lease has succeeded for this long "
+        "(less than the lease duration, so a follower never takes over while this one acts)",
+    )
+    retry_period_s: float = Field(
+        default=2.0, gt=0, description="how often the leader renews, and followers try"
     )

@@ -6,7 +6,8 @@
   line (what Horovod's discovery script prints).
 - `POST /v1/elasticjobs/{namespace}/{name}/scale`: a scale request (`{"replicas": N}`), the
   HTTP twin of a `requested` ScaleEvent; the answer says the size applied or why refused.
-- `GET /healthz`, `GET /readyz` (ready once every watch has listed), `GET /metrics`.
+- `GET /healthz`, `GET /readyz` (ready once every watch has listed and this replica leads, so
+  the Service sends scale requests to the one that decides), `GET /metrics`.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def create_app(controller: Controller, metrics: ElasticMetrics) -> FastAPI:
     async def readyz() -> dict[str, str]:
         if not controller.started.is_set():
             raise HTTPException(status_code=503, detail="watches not synced yet")
+        if not controller.leading():
+            raise HTTPException(status_code=503, detail="a follower: another replica leads")
         return {"status": "ready"}
 
     @app.get("/metrics")

@@ -5,6 +5,10 @@ informers, subscribes to scale requests and starts the HTTP server, returning a 
 `stop()` undoes it all in reverse. Tests use `start` directly; `serve` runs until SIGTERM, or
 until a vital task dies (crash-only: Kubernetes restarts the process, which converges from
 what it finds).
+
+With leader election (the Lease `alnair-elastic`) every replica keeps its informers warm, and
+only the leader resizes: on becoming leader it reconciles every job; a follower refuses scale
+requests (another replica decides); a leader that loses the Lease exits.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from alnair.common.events import ScaleEvent
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.httpauth import Access, install_token_auth, reviewer_for
 from alnair.common.kube import KubeClient
+from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
-from alnair.common.tasks import until_stopped
+from alnair.common.tasks import spawn, until_stopped
 from alnair.elastic.api import create_app
 from alnair.elastic.controller import Controller
 from alnair.elastic.handlers import subscribe
@@ -48,6 +53,7 @@ class Running:
     subscriptions: list[Subscription] = field(default_factory=list)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     died: asyncio.Event = field(default_factory=asyncio.Event)
+    elector: LeaderElector | None = None
 
     @property
     def http_port(self) -> int:
@@ -59,6 +65,11 @@ class Running:
 
     async def stop(self) -> None:
         await stop_http(self.server, named_task(self.tasks, "elastic.http"))
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.elector is not None:
+            await self.elector.release()
         for sub in self.subscriptions:
             await sub.stop()
         await self.controller.stop()
@@ -92,6 +103,9 @@ async def start(
 
         publish = publish_event
     controller = Controller(kube, settings, metrics, publish, on_death=on_death)
+    elector = elector_for(settings, kube, settings.lease_name)
+    if elector is not None:
+        controller.leading = elector.leading
     await controller.start()
     subscriptions = await subscribe(bus, controller, settings.durable) if bus else []
     app = create_app(controller, metrics)
@@ -101,9 +115,31 @@ async def start(
     server, http_task = await start_http(
         app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death
     )
+    tasks = [http_task]
+    if elector is not None:
+        tasks.append(spawn(_lead(elector, controller, died), name="elastic.leader"))
     return Running(
-        settings, metrics, kube, controller, server, bus, subscriptions, [http_task], died
+        settings, metrics, kube, controller, server, bus, subscriptions, tasks, died, elector
     )
+
+
+async def _lead(elector: LeaderElector, controller: Controller, died: asyncio.Event) -> None:
+    """Campaign; once leading, reconcile every job (a follower did nothing); when the Lease is
+    lost, end the service (crash-only: it comes back as a follower)."""
+    campaign = spawn(elector.run(), name="elastic.campaign")
+    leading = asyncio.ensure_future(elector.is_leader.wait())
+    try:
+        await asyncio.wait({campaign, leading}, return_when=asyncio.FIRST_COMPLETED)
+        if elector.is_leader.is_set():
+            log.info("leading: reconciling every ElasticJob", extra={"identity": elector.identity})
+            for key in list(controller.jobs.store):
+                controller.kick(key)
+        await campaign
+        log.error("leadership lost; exiting so a follower takes over")
+        died.set()
+    finally:
+        leading.cancel()
+        campaign.cancel()
 
 
 SCALE_PATH = re.compile(r"^/v1/elasticjobs/(?P<namespace>[^/]+)/(?P<name>[^/]+)/scale$")

@@ -225,6 +225,8 @@ class Controller:
         self._passes: set[asyncio.Task[Any]] = set()
         self.tasks: list[asyncio.Task[Any]] = []
         self.started = asyncio.Event()
+        self.leading: Callable[[], bool] = lambda: True
+        """Whether this replica decides (the leader elector's `leading`, when elected)."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -425,6 +427,9 @@ class Controller:
             self.metrics.reconcile_seconds.observe(time.perf_counter() - t0)
 
     async def _reconcile(self, key: str, req: ScaleRequest | None) -> Outcome:
+        if not self.leading():
+            # Another replica decides; it reconciles every job when it starts leading.
+            return Outcome(None, None, refused="not the leader: another replica decides")
         obj = self.jobs.get(key)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Outcome(None, None, refused=f"ElasticJob {key} is gone")

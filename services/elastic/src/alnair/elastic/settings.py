@@ -9,15 +9,17 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, LeaderElectionSettings, ServiceSettings
 
 
-class ElasticSettings(ServiceSettings):
+class ElasticSettings(ServiceSettings, LeaderElectionSettings):
     """Everything the controller reads from the environment."""
 
     model_config = SettingsConfigDict(
         env_prefix="ALNAIR_ELASTIC_", extra="ignore", populate_by_name=True
     )
+
+    lease_name: str = Field(default="alnair-elastic", description="leader Lease name")
 
     http_port: int = Field(
         default=DEFAULT_HTTP_PORTS["elastic"], ge=0, le=65535, description="HTTP API port (0: any)"

@@ -15,12 +15,12 @@ from pathlib import Path
 from alnair.common.bus import Bus
 from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
+from alnair.common.leader import LeaderElector
 from alnair.common.logs import setup_logging
 from alnair.common.memtrace import install as trace_memory
 from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
-from alnair.scheduler.leader import LeaderElector
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.settings import SchedulerSettings
@@ -75,7 +75,9 @@ async def serve(settings: SchedulerSettings) -> int:
                 identity=settings.identity,
                 lease_duration_s=settings.lease_duration_s,
                 renew_deadline_s=settings.renew_deadline_s,
+                retry_period_s=settings.retry_period_s,
             )
+            scheduler.leading = elector.leading  # no Binding once the renew deadline passed
             campaign = spawn(elector.run(), name="scheduler.leader", on_death=on_death)
             await first_of(elector.is_leader, died)
         if not died.is_set():

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, LeaderElectionSettings, ServiceSettings
 
 
-class SchedulerSettings(ServiceSettings):
+class SchedulerSettings(ServiceSettings, LeaderElectionSettings):
     model_config = SettingsConfigDict(env_prefix="ALNAIR_SCHEDULER_", extra="ignore")
 
     http_port: int = Field(
@@ -56,15 +54,7 @@ class SchedulerSettings(ServiceSettings):
         "always (informers retry until allowed; readiness stays false); off = never",
     )
     seed: int | None = Field(default=None, description="random seed for tie-breaking (tests)")
-    identity: str = Field(
-        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
-        description="this replica's name in the leader Lease and in pod annotations",
-    )
-    leader_elect: bool = Field(default=True, description="elect one active replica via a Lease")
     lease_name: str = Field(default="alnair-scheduler", description="leader Lease name")
-    lease_namespace: str = Field(default="kube-system", description="leader Lease namespace")
-    lease_duration_s: float = Field(default=15.0, gt=0, description="leader Lease duration")
-    renew_deadline_s: float = Field(default=10.0, gt=0, description="give up leading after this")
     nats_enabled: bool = Field(
         default=True, description="subscribe to GPU health, pod metrics and job events on NATS"
     )

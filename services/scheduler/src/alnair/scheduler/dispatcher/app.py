@@ -1,9 +1,14 @@
 """Wiring and lifespan of the dispatcher.
 
 Start order: Kubernetes client -> informers synced -> NATS (predictor requests, job events,
-retrain notices) -> HTTP API -> the reconcile loop. One replica decides at a time: run it as a
-single-replica Deployment (its decisions are idempotent writes guarded by resourceVersion, so a
-second replica during a rollout cannot admit twice, only race and lose with a 409).
+retrain notices) -> HTTP API and the webhook -> leader election -> the reconcile loop.
+
+One replica decides at a time: every replica keeps its informers warm and serves the webhook
+(holding a workload at creation needs no leader), and the one holding the Lease
+(`alnair-dispatcher`, or `alnair-hub`) reconciles. A leader that cannot renew within the renew
+deadline writes no more decisions and exits (crash-only); a follower takes over once the Lease
+has not changed for its duration. Decisions are also writes guarded by resourceVersion, so
+even two deciders could only race and lose with a 409, never admit twice.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.common.http import bound_port, start_http, stop_http
 from alnair.common.kube import KubeClient
+from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import on_stop_signals, spawn
 from alnair.common.tls import CertReloader
@@ -54,6 +60,8 @@ class Running:
         http: asyncio.Task[Any],
         server: Any,
         webhook: Webhook | None = None,
+        elector: LeaderElector | None = None,
+        campaign: asyncio.Task[Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.kube = kube
@@ -62,6 +70,8 @@ class Running:
         self.http = http
         self.server = server
         self.webhook = webhook
+        self.elector = elector
+        self.campaign = campaign
 
     @property
     def url(self) -> str:
@@ -71,14 +81,21 @@ class Running:
     def tasks(self) -> set[asyncio.Task[Any]]:
         """What must keep running: one ending is the dispatcher failing."""
         webhook = {self.webhook.http, self.webhook.watcher} if self.webhook else set()
-        return {self.loop, self.http, *webhook}
+        campaign = {self.campaign} if self.campaign else set()  # it ends: leadership lost
+        return {self.loop, self.http, *webhook, *campaign}
 
     async def stop(self) -> None:
         self.server.should_exit = True
         if self.webhook is not None:
             await self.webhook.stop()
         self.loop.cancel()
+        if self.campaign is not None:
+            self.campaign.cancel()
         await asyncio.gather(self.loop, self.http, return_exceptions=True)
+        if self.campaign is not None:
+            await asyncio.gather(self.campaign, return_exceptions=True)
+        if self.elector is not None:
+            await self.elector.release()
         await self.dispatcher.stop()
         if self.bus is not None:
             await self.bus.close()
@@ -145,8 +162,22 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     webhook = None
     if settings.webhook_cert_dir and isinstance(dispatcher, Dispatcher):
         webhook = await Webhook.start(settings, metrics, dispatcher)
-    loop = spawn(dispatcher.run(), name="dispatcher.loop")
-    return Running(dispatcher, kube, bus, loop, http, server, webhook)
+    lease = settings.lease_name or ("alnair-hub" if settings.mode == "hub" else "alnair-dispatcher")
+    elector = elector_for(settings, kube, lease)
+    campaign = None
+    if elector is not None:
+        dispatcher.leading = elector.leading
+        campaign = spawn(elector.run(), name="dispatcher.leader")
+    loop = spawn(_lead(dispatcher, elector), name="dispatcher.loop")
+    return Running(dispatcher, kube, bus, loop, http, server, webhook, elector, campaign)
+
+
+async def _lead(dispatcher: Dispatcher | Hub, elector: LeaderElector | None) -> None:
+    """Reconcile once this replica leads (at once without leader election)."""
+    if elector is not None:
+        await elector.is_leader.wait()
+        log.info("leading: reconciling", extra={"identity": elector.identity})
+    await dispatcher.run()
 
 
 async def serve(settings: DispatcherSettings) -> int:

@@ -607,6 +607,7 @@ class Dispatcher(ReconcileLoop):
         policy = self.policy.name
         for pre in decisions.preemptions:
             wl = workloads.get(pre.job_id)
+            self.fence(f"preemption of {pre.job_id}")
             if wl is not None and pre.job_id.endswith(SURPLUS):
                 await self._shrink(wl, pre.reason, pre.for_job_id)
             elif wl is not None:
@@ -618,6 +619,7 @@ class Dispatcher(ReconcileLoop):
             if wl is None:
                 continue
             job = by_id[adm.job_id]
+            self.fence(f"admission of {adm.job_id}")
             if await self._admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
                 self.metrics.decisions.labels(
                     policy, "borrowing" if adm.borrowing else "admitted"

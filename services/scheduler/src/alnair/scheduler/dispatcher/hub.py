@@ -553,6 +553,7 @@ class Hub(ReconcileLoop):
     # --- acting -------------------------------------------------------------------------
 
     async def _place(self, wl: Workload, cluster: str, gpu_type: str, now: float) -> None:
+        self.fence(f"placement of {wl.key}")
         meta = wl.obj["metadata"]
         patch = {
             "metadata": {

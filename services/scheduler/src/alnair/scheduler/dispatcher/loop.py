@@ -5,6 +5,9 @@ handlers call `wake`. One guarded task runs `run`: it waits for a wake-up, recon
 and folds wake-ups that arrived meanwhile into the next pass, so a burst of events costs one
 reconcile and nothing runs on a timer. An unreachable API server makes it wait the server's
 delay and try again; any other error ends the task, and the service with it (crash-only).
+
+With leader election, `leading` is the elector's: a replica that no longer leads reconciles
+no more, and `fence` (called right before each decision's write) refuses to write one.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from alnair.common.informer import Informer
 from alnair.common.kube import Unavailable
+from alnair.common.leader import NotLeading
 from alnair.common.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -32,6 +36,12 @@ class ReconcileLoop:
         self.reconciles = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.leading: Callable[[], bool] = lambda: True
+
+    def fence(self, what: str) -> None:
+        """Raise `NotLeading` unless this replica leads now (before a decision is written)."""
+        if not self.leading():
+            raise NotLeading(f"not the leader any more: {what} not written")
 
     def wake(self, *_: object) -> None:
         """Ask for a reconcile (an informer handler, a predictor retrain, a test)."""
@@ -55,6 +65,7 @@ class ReconcileLoop:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self.fence("reconcile")
             try:
                 await self.reconcile()
             except Unavailable as exc:

@@ -7,11 +7,16 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
+from alnair.common.settings import DEFAULT_HTTP_PORTS, LeaderElectionSettings, ServiceSettings
 
 
-class DispatcherSettings(ServiceSettings):
+class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
     model_config = SettingsConfigDict(env_prefix="ALNAIR_DISPATCHER_", extra="ignore")
+
+    lease_name: str = Field(
+        default="",
+        description="leader Lease name (default: alnair-dispatcher, or alnair-hub in hub mode)",
+    )
 
     http_port: int = Field(
         default=DEFAULT_HTTP_PORTS["dispatcher"], ge=0, le=65535, description="HTTP API port"

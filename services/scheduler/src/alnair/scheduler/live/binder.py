@@ -30,6 +30,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -75,13 +76,16 @@ log = logging.getLogger(__name__)
 EventType = Literal["Normal", "Warning"]
 
 
-def live_options(settings: SchedulerSettings, kube: KubeClient) -> ProfileOptions:
-    """The live additions to every profile: utilization score, starvation guard, Binding."""
+def live_options(
+    settings: SchedulerSettings, kube: KubeClient, fence: Callable[[], bool] = lambda: True
+) -> ProfileOptions:
+    """The live additions to every profile: utilization score, starvation guard, Binding (sent
+    only while `fence` says this replica leads)."""
     return ProfileOptions(
         utilization_weight=settings.utilization_weight,
         starvation_after_s=settings.starvation_after_s,
         max_reserved_nodes=settings.max_reserved_nodes,
-        bind=(KubeBinder(kube, settings.identity),),
+        bind=(KubeBinder(kube, settings.identity, fence),),
     )
 
 
@@ -112,7 +116,9 @@ class Scheduler:
         self.gangs = GangManager(self.cache.gangs)
         self.cache.gangs.pending = self._pending_members
         self.cache.reservations.on_change = self._reservations_changed
-        self.options = live_options(settings, kube)
+        self.leading: Callable[[], bool] = lambda: True
+        """Whether this replica leads (set to the leader elector's `leading`)."""
+        self.options = live_options(settings, kube, self._leads)
         self.rng = np.random.default_rng(settings.seed)
         self.nodes = Informer(kube, NODES, name="nodes")
         self.pods = Informer(kube, PODS, name="pods")
@@ -150,6 +156,9 @@ class Scheduler:
         """The caches scheduling decisions are made from (readiness checks each); pods last."""
         dra = self.dra.informers() if self.dra is not None else []
         return [self.nodes, self.podgroups, self.pdbs, *dra, self.pods]
+
+    def _leads(self) -> bool:
+        return self.leading()  # (read at each bind: the app sets `leading` after construction)
 
     async def start_watching(self) -> None:
         """Turn DRA on if wanted, start the informers and wait for the first complete view

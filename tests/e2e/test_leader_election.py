@@ -1,0 +1,250 @@
+"""Leader election as client-go does it (`alnair.common.leader`), for every decider, against the
+real API server (issue 26):
+
+- a follower whose wall clock runs 30 s ahead does not take a lease its holder keeps renewing
+  (expiry is judged by the follower's own clock since it last saw the Lease change);
+- a leader whose renewals stall stops leading at the renew deadline, before a follower can take
+  the lease, and its scheduler sends no Binding after that;
+- two dispatchers: only the leader admits; when it dies without handing the Lease back, the
+  standby takes over within the lease duration plus one second (measured), and no workload is
+  admitted twice;
+- two elastic controllers: only the leader is ready (so the Service sends it scale requests);
+  the standby takes over when it dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from alnair.common import resources as r
+from alnair.common.kube import EVENTS, JOBS, LEASES, PODS, KubeClient, Obj, Resource
+from alnair.common.leader import LeaderElector, NotLeading
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
+from alnair.scheduler.dispatcher.app import start as start_dispatcher
+from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE
+from alnair.scheduler.framework.interface import CycleState
+from alnair.scheduler.live.binding import KubeBinder
+from alnair.scheduler.snapshot import Placement, PodRequest
+from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job, wait_for
+from elastic_support import start_controller
+
+pytestmark = pytest.mark.e2e
+
+FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.2}
+
+
+def elector(kube: KubeClient, ns: str, lease: str, identity: str, **kw: Any) -> LeaderElector:
+    return LeaderElector(kube, name=lease, namespace=ns, identity=identity, **{**FAST, **kw})
+
+
+@contextlib.asynccontextmanager
+async def campaigning(e: LeaderElector) -> Any:
+    task = asyncio.create_task(e.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_follower_whose_clock_runs_30s_ahead_does_not_take_the_lease(
+    kube: KubeClient, namespace: str
+) -> None:
+    a = elector(kube, namespace, "skew", "a")
+    ahead = elector(kube, namespace, "skew", "ahead",
+                    wall=lambda: datetime.now(UTC) + timedelta(seconds=30))  # fmt: skip
+    async with campaigning(a):
+        await asyncio.wait_for(a.is_leader.wait(), 5)
+        async with campaigning(ahead) as follower:
+            # Three lease durations: by its wall clock the holder's renewTime is always 30 s
+            # old (what the scheduler's elector used to compare), yet the Lease keeps changing.
+            await asyncio.sleep(3 * FAST["lease_duration_s"])
+            assert not ahead.is_leader.is_set() and a.leading()
+            lease = await kube.get(LEASES, "skew", namespace)
+            assert lease["spec"]["holderIdentity"] == "a"
+            # The holder dies without handing the Lease back: now the follower takes it, within
+            # the lease duration of the last change it saw (plus its retry period).
+            stopped = time.monotonic()
+            await _kill(a)
+            await asyncio.wait_for(ahead.is_leader.wait(), FAST["lease_duration_s"] + 2)
+            assert time.monotonic() - stopped <= FAST["lease_duration_s"] + 1.0
+            assert not follower.done()
+
+
+async def _kill(e: LeaderElector) -> None:
+    """Stop an elector as a SIGKILL would: no more renewals, no hand-back."""
+    e.kube = _Dead()  # type: ignore[assignment]
+    e.lost.set()
+    e.is_leader.clear()
+
+
+class _Dead:
+    """A client whose process is gone: every request hangs."""
+
+    async def get(self, *_a: Any, **_k: Any) -> Obj:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    replace = create = get
+
+
+class _StallingLeases(KubeClient):
+    """The admin client, with Lease updates held up once `stall` is set (a partitioned or
+    overloaded API server path)."""
+
+    stall = False
+
+    async def replace(self, res: Resource, body: Obj, sub: str = "") -> Obj:
+        if res == LEASES and self.stall:
+            await asyncio.sleep(3600)
+        return await super().replace(res, body, sub)
+
+
+async def test_a_leader_whose_renewals_stall_stops_binding_before_a_follower_can_take_over(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    (node,) = await control_plane.create_gpu_nodes("1x T4:1", kube=kube, prefix=namespace)
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "late", "namespace": namespace},
+        "spec": {"schedulerName": r.SCHEDULER_NAME,
+                 "containers": [{"name": "c", "image": "example.invalid/c:1"}]},
+    }  # fmt: skip
+    made = await kube.create(PODS, pod, namespace)
+    stalling = _StallingLeases.from_config(str(control_plane.kubeconfig))
+    assert isinstance(stalling, _StallingLeases)
+    async with stalling:
+        a = elector(stalling, namespace, "stall", "a")
+        b = elector(kube, namespace, "stall", "b")
+        binder = KubeBinder(stalling, "a", fence=a.leading)
+        async with campaigning(a) as a_task:
+            await asyncio.wait_for(a.is_leader.wait(), 5)
+            follower = asyncio.create_task(b.run())
+            stalling.stall = True
+            assert a._acked_at is not None
+            last_ack = a._acked_at
+            # The leader stops at its renew deadline, counted from its last renewal's sending.
+            await asyncio.wait_for(a.lost.wait(), FAST["renew_deadline_s"] + 1)
+            assert not a.leading()
+            assert time.monotonic() - last_ack >= FAST["renew_deadline_s"] - 0.05
+            await a_task
+            # The follower takes over only after that, never while `a` could still bind.
+            await asyncio.wait_for(b.is_leader.wait(), FAST["lease_duration_s"] + 2)
+            # A bind `a` decided before it knew sends nothing.
+            request = PodRequest(name="late", cpu_milli=0, memory_mib=0, namespace=namespace,
+                                 uid=made["metadata"]["uid"])  # fmt: skip
+            with pytest.raises(NotLeading):
+                await binder.bind(
+                    request, CycleState(np.random.default_rng(0)), Placement(node=0, node_name=node)
+                )
+            assert not (await kube.get(PODS, "late", namespace))["spec"].get("nodeName")
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+
+async def _admitted(kube: KubeClient, ns: str) -> dict[str, str]:
+    jobs = (await kube.list(JOBS, ns))["items"]
+    return {
+        j["metadata"]["name"]: j["metadata"]["annotations"][ANN_ADMITTED_TYPE]
+        for j in jobs
+        if ANN_ADMITTED_TYPE in (j["metadata"].get("annotations") or {})
+    }
+
+
+async def test_two_dispatchers_one_admits_and_the_standby_takes_over_admitting_nothing_twice(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    await cohort_queues(kube, ns, "le", {"ml": (8, 0)})
+    lease = f"dispatcher-{uuid.uuid4().hex[:6]}"
+
+    def settings(identity: str) -> Any:
+        return dispatcher_settings(control_plane, ns, leader_elect=True, lease_name=lease,
+                                   lease_namespace=ns, identity=identity, **FAST)  # fmt: skip
+
+    one = await start_dispatcher(settings("one"))
+    two: RunningDispatcher | None = None
+    try:
+        assert one.elector is not None
+        await asyncio.wait_for(one.elector.is_leader.wait(), 5)
+        two = await start_dispatcher(settings("two"))
+        assert two.elector is not None
+        for i in range(3):
+            await kube.create(JOBS, gpu_job(f"a{i}", ns, "ml", 1), ns)
+        await wait_for(lambda: _count(kube, ns, 3), 20)
+        assert not two.elector.is_leader.is_set() and two.dispatcher.reconciles == 0
+        # The leader dies mid-stream (no hand-back), with more jobs arriving.
+        for i in range(3):
+            await kube.create(JOBS, gpu_job(f"b{i}", ns, "ml", 1), ns)
+        died = time.monotonic()
+        await _crash(one)
+        await asyncio.wait_for(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
+        takeover_s = time.monotonic() - died
+        assert takeover_s <= FAST["lease_duration_s"] + 1.0, takeover_s
+        await wait_for(lambda: _count(kube, ns, 6), 20)
+        # Nothing admitted twice: one Admitted Event per Job.
+        events = (await kube.list(EVENTS, ns))["items"]
+        admitted = [e["involvedObject"]["name"] for e in events if e["reason"] == "Admitted"]
+        assert sorted(admitted) == sorted(await _admitted(kube, ns)), admitted
+    finally:
+        for running in (one, two):
+            if running is not None:
+                with contextlib.suppress(Exception):
+                    await running.stop()
+
+
+async def _count(kube: KubeClient, ns: str, n: int) -> bool:
+    return len(await _admitted(kube, ns)) == n
+
+
+async def _crash(running: RunningDispatcher) -> None:
+    """Stop a dispatcher as SIGKILL would: its loop and renewals end, the Lease stays its."""
+    assert running.elector is not None and running.campaign is not None
+    running.campaign.cancel()
+    running.loop.cancel()
+    await asyncio.gather(running.campaign, running.loop, return_exceptions=True)
+    running.elector = None  # (so stop() hands nothing back)
+
+
+async def test_two_elastic_controllers_only_the_leader_is_ready_and_the_standby_takes_over(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    import httpx
+
+    lease = f"elastic-{uuid.uuid4().hex[:6]}"
+    kw = {"leader_elect": True, "lease_name": lease, "lease_namespace": namespace, **FAST}
+    one = await start_controller(control_plane, namespace, identity="one", **kw)
+    two = None
+    try:
+        assert one.elector is not None
+        await asyncio.wait_for(one.elector.is_leader.wait(), 5)
+        two = await start_controller(control_plane, namespace, identity="two", **kw)
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{one.url}/readyz")).status_code == 200
+            assert (await http.get(f"{two.url}/readyz")).status_code == 503
+            died = time.monotonic()
+            for task in one.tasks[1:]:  # its leadership, without a hand-back
+                task.cancel()
+            one.elector = None
+            assert two.elector is not None
+            await asyncio.wait_for(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
+            assert time.monotonic() - died <= FAST["lease_duration_s"] + 1.0
+            assert (await http.get(f"{two.url}/readyz")).status_code == 200
+    finally:
+        for running in (one, two):
+            if running is not None:
+                with contextlib.suppress(Exception):
+                    await running.stop()
