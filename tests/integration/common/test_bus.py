@@ -205,3 +205,61 @@ async def test_request_reply_and_bad_request(nats_url: str) -> None:
     with pytest.raises(RemoteError, match="x"):
         await bus.request("alnair.test.double", Wrong(x="nope"), Answer)
     await bus.close()
+
+
+async def _consumers(bus: Bus, stream: str) -> set[str]:
+    return {c.name for c in await bus.js.consumers_info(stream)}
+
+
+async def test_replica_durables_are_reused_across_restarts_and_dropped_when_the_replica_is_gone(
+    nats_url: str,
+) -> None:
+    async def ignore(_e: JobEvent, _env: Envelope[JobEvent]) -> None:
+        return None
+
+    bus = await Bus.connect(nats_url, name="replicas")
+    try:
+        before = await _consumers(bus, JobEvent.STREAM or "")
+        # Five restarts of a replica named as its pod is: one durable, not five.
+        for _ in range(5):
+            sub = await bus.subscribe(JobEvent, ignore, durable="sched-jobs-pod-a", inactive_s=2)
+            await sub.stop()
+        assert await _consumers(bus, JobEvent.STREAM or "") - before == {"sched-jobs-pod-a"}
+        info = await bus.js.consumer_info(JobEvent.STREAM or "", "sched-jobs-pod-a")
+        assert info.config.inactive_threshold == pytest.approx(2.0)
+        # Its pod replaced for good: the server deletes the durable once it sat idle that long.
+        async with asyncio.timeout(20):
+            while "sched-jobs-pod-a" in await _consumers(bus, JobEvent.STREAM or ""):
+                await asyncio.sleep(0.5)
+        # A shared durable (no inactive_s) stays for the service's next start.
+        sub = await bus.subscribe(JobEvent, ignore, durable="dispatcher-shared")
+        await sub.stop()
+        await asyncio.sleep(3)
+        assert "dispatcher-shared" in await _consumers(bus, JobEvent.STREAM or "")
+    finally:
+        await bus.close()
+
+
+async def test_garbage_of_twice_the_byte_limit_leaves_the_jobs_stream_writable_and_bounded(
+    nats_url: str,
+) -> None:
+    limit = 64 * 1024
+    bus = await Bus.connect(nats_url, name="flood", ensure_streams=False)
+    try:
+        await bus.ensure_streams(max_bytes=limit, dlq_max_bytes=limit)
+        garbage = b"x" * 4000
+        for i in range(2 * limit // len(garbage) + 1):
+            await bus.js.publish(
+                "alnair.jobs.flood.garbage", garbage, headers={"Nats-Msg-Id": f"g{i}"}
+            )
+            await bus.js.publish("alnair.dlq.flood", garbage, headers={"Nats-Msg-Id": f"d{i}"})
+        for stream in (JobEvent.STREAM or "", "DLQ"):
+            state = (await bus.js.stream_info(stream)).state
+            assert state.bytes <= limit, (stream, state.bytes)
+        # Still writable: a real event goes in and is there.
+        await bus.publish(job(1), source="test")
+        info = await bus.js.stream_info(JobEvent.STREAM or "")
+        last = await bus.js.get_last_msg(JobEvent.STREAM or "", job(1).subject())
+        assert info.state.bytes <= limit and b"uid-1" in last.data
+    finally:
+        await bus.close()

@@ -18,6 +18,9 @@ Design:
 - Request-reply (`request`/`serve`) for queries such as `alnair.predict`.
 - nats-py reconnects by itself; we log disconnects/reconnects once, and JetStream publishes made
   while disconnected are retried until `publish_timeout_s`.
+- Bounds: every stream keeps seven days and at most `STREAM_MAX_BYTES` (`DLQ_MAX_BYTES` for
+  dead letters), discarding the oldest; a consumer created per replica (`inactive_s`) is
+  deleted by the server once no replica has used it for that long.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
     StorageType,
@@ -69,6 +73,12 @@ log = logging.getLogger(__name__)
 DLQ_STREAM = "DLQ"
 DLQ_PREFIX = "alnair.dlq"
 HANDLED_BUCKET = "alnair-handled"
+STREAM_MAX_BYTES = 1 << 30
+"""Each event stream keeps at most this much (oldest dropped first, so it stays writable
+whatever floods it), besides its seven days."""
+DLQ_MAX_BYTES = 256 << 20
+"""The dead-letter stream's bound: garbage published to every subject a service may use
+cannot fill the server's store through it."""
 
 Handler = Callable[[E, Envelope[E]], Awaitable[None]]
 Req = TypeVar("Req", bound=BaseModel)
@@ -192,7 +202,9 @@ class Bus:
             await bus.ensure_streams()
         return bus
 
-    async def ensure_streams(self) -> None:
+    async def ensure_streams(
+        self, max_bytes: int = STREAM_MAX_BYTES, dlq_max_bytes: int = DLQ_MAX_BYTES
+    ) -> None:
         """Create (or update) the streams and buckets the event conventions need."""
         wanted = dict(STREAMS)
         wanted[DLQ_STREAM] = f"{DLQ_PREFIX}.>"
@@ -201,8 +213,10 @@ class Bus:
                 name=stream,
                 subjects=[subject],
                 retention=RetentionPolicy.LIMITS,
+                discard=DiscardPolicy.OLD,
                 storage=StorageType.FILE,
                 max_age=7 * 24 * 3600.0,
+                max_bytes=dlq_max_bytes if stream == DLQ_STREAM else max_bytes,
                 duplicate_window=120.0,
             )
             try:
@@ -291,11 +305,15 @@ class Bus:
         max_deliver: int = 10,
         ack_wait_s: float = 30.0,
         batch: int = 32,
+        inactive_s: float | None = None,
     ) -> Subscription:
         """Deliver every `event_type` event matching `subject` to `handler`.
 
         JetStream events use the durable pull consumer `durable`; core-NATS events (metrics) use
-        a queue group of that name, so replicas of a service share the load.
+        a queue group of that name, so replicas of a service share the load. A durable named
+        per replica (each replica must see every event) takes `inactive_s`: the server deletes
+        it once nothing has consumed from it for that long, so replicas that are gone for good
+        leave nothing behind. The consumer is created or updated to this configuration.
         """
         subject = subject or event_type.subject_filter()
         sub = Subscription(durable)
@@ -312,7 +330,13 @@ class Bus:
             max_deliver=max_deliver + 1,
             max_ack_pending=max(max_in_flight * 4, batch),
             filter_subject=subject,
+            inactive_threshold=inactive_s,
         )
+        try:
+            await self.js.add_consumer(event_type.STREAM, config=cfg)  # create or update
+        except nats.js.errors.BadRequestError as exc:
+            # A change the server does not allow on an existing consumer: keep the one there.
+            log.warning("consumer kept as it is", extra={"durable": durable, "error": str(exc)})
         psub = await self.js.pull_subscribe(
             subject, durable=durable, stream=event_type.STREAM, config=cfg
         )

@@ -30,6 +30,10 @@ from alnair.scheduler.live.binder import Scheduler
 log = logging.getLogger(__name__)
 
 
+REPLICA_DURABLE_INACTIVE_S = 3600.0
+"""A scheduler replica's own durables outlive it by this much (a rollout's old pods)."""
+
+
 async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subscription]:
     async def on_health(ev: GpuHealthChanged, env: Envelope[GpuHealthChanged]) -> None:
         scheduler.on_gpu_health(ev.node, ev.gpu_index, ev.healthy)
@@ -42,13 +46,17 @@ async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subsc
         if ev.phase in (JobPhase.COMPLETED, JobPhase.FAILED):
             scheduler.on_job_finished()
 
+    # Every replica needs every event (the standby's caches stay warm), so each has its own
+    # durables, named after its identity (the pod name: a restarted container resumes them);
+    # the server deletes those of a replica gone for longer than REPLICA_DURABLE_INACTIVE_S.
+    me = subject_token(identity)
     return [
-        await bus.subscribe(
-            GpuHealthChanged, on_health, durable=f"scheduler-health-{subject_token(identity)}"
-        ),
-        await bus.subscribe(PodMetric, on_metric, durable=f"scheduler-{subject_token(identity)}"),
-        await bus.subscribe(JobEvent, on_job, durable=f"scheduler-jobs-{subject_token(identity)}"),
-    ]
+        await bus.subscribe(GpuHealthChanged, on_health, durable=f"scheduler-health-{me}",
+                            inactive_s=REPLICA_DURABLE_INACTIVE_S),
+        await bus.subscribe(PodMetric, on_metric, durable=f"scheduler-{me}"),
+        await bus.subscribe(JobEvent, on_job, durable=f"scheduler-jobs-{me}",
+                            inactive_s=REPLICA_DURABLE_INACTIVE_S),
+    ]  # fmt: skip
 
 
 async def watch_inventory(bus: Bus, scheduler: Scheduler) -> None:
