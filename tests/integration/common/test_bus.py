@@ -263,3 +263,59 @@ async def test_garbage_of_twice_the_byte_limit_leaves_the_jobs_stream_writable_a
         assert info.state.bytes <= limit and b"uid-1" in last.data
     finally:
         await bus.close()
+
+
+async def test_a_thousand_health_flips_of_one_gpu_always_end_as_the_last_one_said(
+    nats_url: str,
+) -> None:
+    """The scheduler's health subscription applies one GPU's flips in order (issue 26)."""
+    from datetime import timedelta
+
+    from alnair.common.events import GpuHealthChanged, encode, wrap
+    from alnair.scheduler import handlers
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.healthy: dict[tuple[str, int], bool] = {}
+            self.applied = 0
+
+        def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
+            self.healthy[(node, gpu)] = healthy
+            self.applied += 1
+
+        def on_gpu_util(self, *_a: object) -> None:
+            return None
+
+        def on_job_finished(self) -> None:
+            return None
+
+    bus = await Bus.connect(nats_url, name="health-order")
+    recorder = Recorder()
+    try:
+        subs = await handlers.subscribe(bus, recorder, "order-test")  # type: ignore[arg-type]
+        for i in range(1000):
+            for healthy in (False, True):
+                await bus.publish(
+                    GpuHealthChanged(node="n1", gpu_index=0, gpu_uuid="GPU-0", healthy=healthy,
+                                     xid=None if healthy else 79),
+                    source="test", event_id=f"flip-{i}-{healthy}",
+                )  # fmt: skip
+        async with asyncio.timeout(60):
+            while recorder.applied < 2000:
+                await asyncio.sleep(0.1)
+        assert recorder.healthy[("n1", 0)] is True
+        # An "unhealthy" the agent observed before the last flip reaches the bus late (spooled
+        # through an outage): it is not applied over the newer "healthy".
+        late = wrap(
+            GpuHealthChanged(node="n1", gpu_index=0, gpu_uuid="GPU-0", healthy=False, xid=79),
+            source="test", event_id="late-one",
+        )  # fmt: skip
+        late = late.model_copy(update={"time": late.time - timedelta(minutes=5)})
+        await bus.js.publish(late.subject or "", encode(late), headers={"Nats-Msg-Id": late.id})
+        await bus.publish(job(7), source="test")  # something after it, to know it was seen
+        await asyncio.sleep(1.0)
+        assert recorder.healthy[("n1", 0)] is True and recorder.applied == 2000
+        for sub in subs:
+            await sub.stop()
+    finally:
+        await bus.close()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from pydantic import ValidationError
 
@@ -35,7 +36,19 @@ REPLICA_DURABLE_INACTIVE_S = 3600.0
 
 
 async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subscription]:
+    # The time of the last flip applied per GPU: one older than that (an agent's event that
+    # reached the bus late, a redelivery) says nothing new and is not applied.
+    applied_at: dict[tuple[str, int], datetime] = {}
+
     async def on_health(ev: GpuHealthChanged, env: Envelope[GpuHealthChanged]) -> None:
+        key = (ev.node, ev.gpu_index)
+        if key in applied_at and env.time < applied_at[key]:
+            log.info(
+                "older GPU health event ignored",
+                extra={"node": ev.node, "gpu": ev.gpu_index, "healthy": ev.healthy, "id": env.id},
+            )
+            return
+        applied_at[key] = env.time
         scheduler.on_gpu_health(ev.node, ev.gpu_index, ev.healthy)
 
     async def on_metric(ev: PodMetric, env: Envelope[PodMetric]) -> None:
@@ -51,8 +64,9 @@ async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subsc
     # the server deletes those of a replica gone for longer than REPLICA_DURABLE_INACTIVE_S.
     me = subject_token(identity)
     return [
+        # One at a time: a GPU's health flips must apply in the order they happened.
         await bus.subscribe(GpuHealthChanged, on_health, durable=f"scheduler-health-{me}",
-                            inactive_s=REPLICA_DURABLE_INACTIVE_S),
+                            inactive_s=REPLICA_DURABLE_INACTIVE_S, max_in_flight=1),
         await bus.subscribe(PodMetric, on_metric, durable=f"scheduler-{me}"),
         await bus.subscribe(JobEvent, on_job, durable=f"scheduler-jobs-{me}",
                             inactive_s=REPLICA_DURABLE_INACTIVE_S),
