@@ -366,3 +366,60 @@ async def test_a_job_no_sample_reached_is_recorded_without_usage_and_announced(
                 await sub.stop()
     finally:
         await aggregator.stop()
+
+
+async def test_a_completion_inside_a_60s_bus_outage_is_announced_when_the_bus_is_back(
+    control_plane: ControlPlane,
+    kube: KubeClient,
+    namespace: str,
+    nats_server: NatsServer,
+    redis_url: str,
+    redis: aioredis.Redis,
+) -> None:
+    """Longer than the bus client's own publish retries (30 s): the aggregator keeps the
+    completion (its record, without the done marker) and publishes it once NATS is back."""
+    (node,) = await control_plane.create_gpu_nodes(
+        "1x V100M32:4", kube=kube, prefix=f"out-{namespace}"
+    )
+    aggregator = await start_aggregator(
+        profiler_settings(
+            control_plane.kubeconfig, nats_server.url, redis_url, node,
+            role="aggregator", late_samples_s=2.0,
+        )
+    )  # fmt: skip
+    announced: list[JobEvent] = []
+    try:
+        async with _bus(nats_server.url) as bus:
+
+            async def heard(event: JobEvent, _env: Envelope[JobEvent]) -> None:
+                if event.namespace == namespace and event.phase == JobPhase.COMPLETED:
+                    announced.append(event)
+
+            sub = await bus.subscribe(JobEvent, heard, durable=f"outage-{namespace}")
+            nats_server.stop()
+            down_at = time.monotonic()
+            try:
+                job = await kube.create(JOBS, job_manifest("during", node), namespace)
+                uid = job["metadata"]["uid"]
+                await wait_for(
+                    "the job to finish", lambda: job_complete(kube, "during", namespace), 90
+                )
+
+                async def recorded() -> Any:
+                    return await RecordStore(redis).get(namespace, "during", uid)
+
+                await wait_for("the record", recorded, 30)
+                assert not await redis.exists(f"{P}done:{uid}")  # not announced yet
+                await asyncio.sleep(max(0.0, 60.0 - (time.monotonic() - down_at)))
+            finally:
+                nats_server.start()  # same port and store
+            (event,) = await wait_for("the completion event", lambda: _async(announced), 90)
+            assert event.uid == uid
+            await wait_for("the done marker", lambda: redis.exists(f"{P}done:{uid}"), 10)
+            await sub.stop()
+    finally:
+        await aggregator.stop()
+
+
+async def _async(items: list[Any]) -> list[Any]:
+    return list(items)

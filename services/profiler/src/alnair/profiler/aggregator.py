@@ -14,7 +14,9 @@ owner finishes the aggregator, in this order,
 1. annotates the owner with max/mean GPU, CPU and memory use;
 2. writes the execution record (exactly once per uid, see `records`);
 3. publishes the JobEvent `completed`/`failed` with the event id `<uid>.<phase>`, so
-   JetStream drops a second copy if a crash repeats the step;
+   JetStream drops a second copy if a crash repeats the step; while the bus is away the
+   publish is retried, backing off, until it is stored (the record without its done marker
+   is the outbox);
 4. marks the job done in Redis, after which later watch events (including the relist after a
    restart, which replays every finished Job) change nothing.
 
@@ -732,9 +734,12 @@ class Aggregator:
         )
         try:
             await self.bus.publish(event, source=self.source, event_id=f"{uid}.{phase.value}")
-        except TemporaryError:
-            log.warning("job event not published yet; next watch event retries", extra={"uid": uid})
-            return record
+        except TemporaryError as exc:
+            # The record in Redis, without the done marker, is the outbox: the caller retries
+            # (backing off, for as long as it takes) and the repeat writes nothing twice.
+            raise TemporaryError(
+                "completion event not published yet", uid=uid, delay_s=exc.delay_s
+            ) from exc
         self.metrics.completions.labels(outcome).inc()
         pod_uids = {_text(p) for p in await self.redis.smembers(f"{P}owner:{uid}:pods")}
         by_name = f"{P}owner-by-name:{ns}/{name}"
