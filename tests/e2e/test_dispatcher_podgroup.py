@@ -139,6 +139,9 @@ async def test_pod_groups_queue_admit_whole_complete_and_are_reclaimed(
             # g1's pods finish (KWOK, 5 s): the group is done, and g3 is admitted.
             await wait_for(lambda: _done(running, ns, "g1"), 60, 0.2)
             await wait_for(lambda: _all_bound(kube, ns, "g3", 2), 30)
+            # Alnair's scheduler says so on the group too (it used to count no ended member).
+            status = await wait_for(lambda: _phase(kube, ns, "g1", "Finished"), 20)
+            assert (status["succeeded"], status["failed"], status["scheduled"]) == (2, 0, 2)
 
             # The lender needs its quota: a borrowing group is reclaimed whole.
             await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
@@ -163,3 +166,8 @@ async def _reclaimed_one(kube: KubeClient, ns: str) -> str | None:
         if not await _members(kube, ns, name) and await _events(kube, ns, name, "Preempted"):
             return name
     return None
+
+
+async def _phase(kube: KubeClient, ns: str, name: str, phase: str) -> dict[str, Any] | None:
+    status = (await kube.get(PODGROUPS, name, ns)).get("status") or {}
+    return status if status.get("phase") == phase else None

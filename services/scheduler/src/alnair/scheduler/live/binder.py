@@ -279,7 +279,8 @@ class Scheduler:
             self.last_result.pop(uid, None)  # bounded: nothing kept for pods that are gone
             self._release_reservation(uid)
             if gang_key:
-                self.gangs.member_gone(gang_key, uid)
+                phase = (pod.get("status") or {}).get("phase")
+                self.gangs.member_gone(gang_key, uid, phase)
                 self._podgroup_status(gang_key)
             if freed:
                 self._room_freed(known[1] if known is not None and victim else None)
@@ -764,13 +765,13 @@ class Scheduler:
         if gang not in self.gangs.groups:
             return
         ns, name = gang.split("/", 1)
-        running = succeeded = failed = 0
+        running = 0
         for _req, _node, pod in self.cache.bound.values():
             labels = pod["metadata"].get("labels") or {}
             if pod["metadata"].get("namespace") == ns and labels.get(r.POD_GROUP_LABEL) == name:
                 phase = (pod.get("status") or {}).get("phase")
                 running += phase == "Running"
-        status: dict[str, Any] = self.gangs.status_patch(gang, running, succeeded, failed)
+        status: dict[str, Any] = self.gangs.status_patch(gang, running)
         if message:
             status["message"] = message
         st = self.gangs.st(gang)

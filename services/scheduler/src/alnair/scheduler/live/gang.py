@@ -27,6 +27,9 @@ Waiting = tuple[QueuedPod, LivePod, ScheduleResult]
 class GangState:
     waiting: dict[str, Waiting] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
+    succeeded: set[str] = field(default_factory=set)
+    """Members that ran to completion (uids: an event seen twice counts once)."""
+    failed: set[str] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     first_wait: float | None = None
     last_status: dict[str, object] = field(default_factory=dict)
@@ -88,19 +91,24 @@ class GangManager:
     def mark_bound(self, gang: str, uid: str) -> None:
         self.st(gang).bound.add(uid)
 
-    def member_gone(self, gang: str, uid: str) -> None:
-        st = self.state.get(gang)
+    def member_gone(self, gang: str, uid: str, phase: str | None = None) -> None:
+        """A member left: deleted, or ended (`phase` Succeeded or Failed, which the group's
+        status counts)."""
+        st = self.st(gang) if phase in ("Succeeded", "Failed") else self.state.get(gang)
         if st is not None:
             st.bound.discard(uid)
             st.waiting.pop(uid, None)
+            if phase == "Succeeded":
+                st.succeeded.add(uid)
+            elif phase == "Failed":
+                st.failed.add(uid)
             self._drop_if_idle(gang)
 
-    def status_patch(
-        self, gang: str, running: int, succeeded: int, failed: int
-    ) -> dict[str, object]:
+    def status_patch(self, gang: str, running: int) -> dict[str, object]:
         spec = self.groups.get(gang)
         st = self.st(gang)
-        scheduled = len(st.bound)
+        succeeded, failed = len(st.succeeded), len(st.failed)
+        scheduled = len(st.bound) + succeeded + failed  # the ended ones were scheduled too
         minimum = spec.min_member if spec else 1
         if scheduled >= minimum:
             phase = "Running" if running >= minimum else "Scheduled"
