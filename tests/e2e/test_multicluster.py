@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,16 @@ def hub_job(
     }
 
 
+def flattened(kubeconfig: Path) -> str:
+    """The kubeconfig as an operator puts it into a worker Secret: self-contained, with the
+    real kubectl (`kubectl config view --flatten --minify`)."""
+    kubectl = Path(sys.executable).parent / "kubectl"
+    return subprocess.run(
+        [str(kubectl), "config", "view", "--flatten", "--minify", f"--kubeconfig={kubeconfig}"],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+
+
 def secret(name: str, ns: str, kubeconfig: str, mbps: float | None) -> dict[str, Any]:
     annotations = {ANN_CLUSTER_NAME: name, ANN_REGION: f"region-{name}"}
     if mbps is not None:
@@ -161,12 +173,19 @@ async def test_one_queue_over_three_clusters(
             binders[name] = scheduler(clients[name], f"mc-{name}")
             await binders[name].__aenter__()
         for name, (_, mbps) in WORKERS.items():
-            text = planes[name].kubeconfig.read_text()
+            text = flattened(planes[name].kubeconfig)
             await kube.create(SECRETS, secret(name, ns, text, mbps), ns)
         # Bad input: a Secret without a bandwidth, and a cluster that refuses our credentials.
-        await kube.create(SECRETS, secret("nobw", ns, planes["east"].kubeconfig.read_text(),
+        await kube.create(SECRETS, secret("nobw", ns, flattened(planes["east"].kubeconfig),
                                           None), ns)  # fmt: skip
-        bogus = yaml.safe_load(control_plane.kubeconfig.read_text())
+        # ... and one whose kubeconfig would run a command in the dispatcher (refused unrun).
+        marker = tmp_path / "exec-ran"
+        hostile = yaml.safe_load(flattened(planes["east"].kubeconfig))
+        hostile["users"][0]["user"] = {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": "sh",
+            "args": ["-c", f"touch {marker}"], "interactiveMode": "Never"}}  # fmt: skip
+        await kube.create(SECRETS, secret("exec", ns, yaml.safe_dump(hostile), 1000.0), ns)
+        bogus = yaml.safe_load(flattened(control_plane.kubeconfig))
         bogus["users"][0]["user"] = {"token": "not-a-valid-token"}
         await kube.create(SECRETS, secret("denied", ns, yaml.safe_dump(bogus), 1000.0), ns)
         cq = {
@@ -203,8 +222,10 @@ async def test_one_queue_over_three_clusters(
         assert by_name["east"]["gpus"] == {"V100M32": 4}
         assert by_name["denied"]["reachable"] is False
         assert by_name["denied"]["problem"].startswith("unauthorized")
-        assert [i["secret"] for i in doc["invalid"]] == ["worker-nobw"]
-        assert ANN_BANDWIDTH in doc["invalid"][0]["problem"]
+        assert [i["secret"] for i in doc["invalid"]] == ["worker-exec", "worker-nobw"]
+        assert "users[0].user.exec" in doc["invalid"][0]["problem"]
+        assert ANN_BANDWIDTH in doc["invalid"][1]["problem"]
+        assert not marker.exists()  # nothing was run
 
         async def placed(name: str) -> str | None:
             j = await kube.get(JOBS, name, ns)
@@ -320,7 +341,7 @@ async def test_one_queue_over_three_clusters(
         )
         await asyncio.to_thread(plane.start)
         clients["central"] = planes["central"].client()
-        rotated = secret("central", ns, planes["central"].kubeconfig.read_text(), 10_000.0)
+        rotated = secret("central", ns, flattened(planes["central"].kubeconfig), 10_000.0)
         rotated["metadata"]["annotations"]["example.com/rotated"] = "1"
         await kube.replace(SECRETS, rotated)
 

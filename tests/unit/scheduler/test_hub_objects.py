@@ -78,6 +78,49 @@ def test_a_bad_worker_secret_names_the_field(
     assert field in str(caught.value)
 
 
+def _kubeconfig(user: dict[str, Any], cluster: dict[str, Any] | None = None) -> str:
+    doc = yaml.safe_load(KUBECONFIG)
+    doc["users"][0]["user"] = user
+    doc["clusters"][0]["cluster"].update(cluster or {})
+    return str(yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize(
+    ("user", "cluster", "field"),
+    [
+        ({"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "sh"}}, None,
+         "users[0].user.exec"),
+        ({"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}, None,
+         "users[0].user.tokenFile"),
+        ({"auth-provider": {"name": "oidc"}}, None, "users[0].user.auth-provider"),
+        ({"client-certificate": "/etc/x.crt", "client-key": "/etc/x.key"}, None,
+         "users[0].user.client-certificate"),
+        ({"username": "u", "password": "p"}, None, "users[0].user.username"),
+        ({"token": "t"}, {"insecure-skip-tls-verify": True},
+         "clusters[0].cluster.insecure-skip-tls-verify"),
+        ({"token": "t"}, {"certificate-authority": "/etc/ca.crt"},
+         "clusters[0].cluster.certificate-authority"),
+        ({"token": "t"}, {"proxy-url": "http://mitm:3128"}, "clusters[0].cluster.proxy-url"),
+    ],
+)  # fmt: skip
+def test_a_worker_kubeconfig_that_could_run_or_read_anything_is_refused_naming_it(
+    user: dict[str, Any], cluster: dict[str, Any] | None, field: str
+) -> None:
+    secret = worker_secret({ANN_BANDWIDTH: "10"}, _kubeconfig(user, cluster))
+    with pytest.raises(InvalidValueError) as caught:
+        parse_worker_secret(secret)
+    assert f"data.kubeconfig {field}" in str(caught.value)
+    assert "not accepted" in str(caught.value)
+
+
+def test_a_self_contained_worker_kubeconfig_is_accepted() -> None:
+    inline = _kubeconfig(
+        {"client-certificate-data": "Y2VydA==", "client-key-data": "a2V5"},
+        {"certificate-authority-data": "Y2E=", "insecure-skip-tls-verify": False},
+    )
+    assert parse_worker_secret(worker_secret({ANN_BANDWIDTH: "10"}, inline)).name == "worker-east"
+
+
 def hub_job(annotations: dict[str, str]) -> dict[str, Any]:
     return {
         "metadata": {

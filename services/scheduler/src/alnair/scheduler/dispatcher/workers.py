@@ -4,7 +4,10 @@ A worker cluster is a Secret in the hub's namespace labelled `alnair.io/worker-c
 whose data key `kubeconfig` holds a kubeconfig for it, with annotations for its name
 (`alnair.io/cluster-name`, default: the Secret's name), region (`alnair.io/region`) and the link
 bandwidth from where the jobs' data lives (`alnair.io/link-bandwidth-mbps`). A bad Secret is
-reported (the hub's status API and metrics name the field), never fatal.
+reported (the hub's status API and metrics name the field), never fatal. The kubeconfig must
+be self-contained: a server, inline certificates, a token (`kubectl config view --flatten
+--minify` writes one). Commands, files of the dispatcher's, skipped TLS verification and
+proxies are refused.
 
 For each worker the hub runs two informers against its API server: GPU nodes, and the Jobs it
 mirrored there (label `alnair.io/origin-uid`). They are its live view (GPU models, free GPUs,
@@ -85,6 +88,7 @@ def parse_worker_secret(obj: Obj) -> WorkerConfig:
         raise InvalidValueError(f"data.{SECRET_KEY}", "<bytes>", "not a kubeconfig") from None
     if not isinstance(doc, dict) or not doc.get("clusters"):
         raise InvalidValueError(f"data.{SECRET_KEY}", "<yaml>", "a kubeconfig has clusters")
+    _refuse_unsafe(doc)
     return WorkerConfig(
         name=name,
         secret=meta["name"],
@@ -93,6 +97,45 @@ def parse_worker_secret(obj: Obj) -> WorkerConfig:
         kubeconfig=text,
         resource_version=str(meta.get("resourceVersion", "")),
     )
+
+
+_UNSAFE_USER = {
+    "exec": "runs a command inside the dispatcher",
+    "auth-provider": "runs a provider plugin inside the dispatcher",
+    "tokenFile": "reads a file of the dispatcher's (its own token, say) and sends it away",
+    "client-certificate": "reads a file of the dispatcher's: inline it (client-certificate-data)",
+    "client-key": "reads a file of the dispatcher's: inline it (client-key-data)",
+    "username": "basic authentication is not accepted",
+}
+_UNSAFE_CLUSTER = {
+    "certificate-authority": "reads a file of the dispatcher's: inline it "
+    "(certificate-authority-data)",
+    "proxy-url": "sends the worker's credentials through a proxy",
+}
+
+
+def _refuse_unsafe(doc: Obj) -> None:
+    """A worker kubeconfig comes from whoever may write Secrets in the hub's namespace: it may
+    only name a server, inline certificates and a token. Anything that would run a command,
+    read the dispatcher's own files (its ServiceAccount token among them), skip TLS
+    verification or route the credentials elsewhere is refused, naming the field."""
+    for i, entry in enumerate(doc.get("users") or []):
+        user = (entry or {}).get("user") or {}
+        for key, why in _UNSAFE_USER.items():
+            if key in user:
+                where = f"data.{SECRET_KEY} users[{i}].user.{key}"
+                raise InvalidValueError(where, "<set>", f"not accepted: it {why}")
+    for i, entry in enumerate(doc.get("clusters") or []):
+        cluster = (entry or {}).get("cluster") or {}
+        if cluster.get("insecure-skip-tls-verify"):
+            where = f"data.{SECRET_KEY} clusters[{i}].cluster.insecure-skip-tls-verify"
+            raise InvalidValueError(
+                where, True, "not accepted: the worker's credentials would go unverified"
+            )
+        for key, why in _UNSAFE_CLUSTER.items():
+            if key in cluster:
+                where = f"data.{SECRET_KEY} clusters[{i}].cluster.{key}"
+                raise InvalidValueError(where, "<set>", f"not accepted: it {why}")
 
 
 def client_for(config: WorkerConfig, timeout_s: float) -> KubeClient:
