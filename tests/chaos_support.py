@@ -33,7 +33,7 @@ import random
 import signal
 import subprocess
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,8 @@ class Findings:
     recoveries_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     overcommitted: set[tuple[str, int]] = field(default_factory=set)
     samples: int = 0
+    sample_errors: Counter[str] = field(default_factory=Counter)
+    """Samples the over-commit checker could not take, by error (the API server's restart)."""
     nats_restarts: int = 0
     apiserver_restarts: int = 0
 
@@ -253,8 +255,11 @@ class Chaos:
 
     async def sample(self, kube: KubeClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            with contextlib.suppress(Exception):
+            try:
                 pods = (await kube.list(PODS, NAMESPACE))["items"]
+            except Exception as exc:  # the API server is being restarted: counted, not hidden
+                self.found.sample_errors[type(exc).__name__] += 1
+            else:
                 held: dict[tuple[str, int], int] = defaultdict(int)
                 for pod in pods:
                     node = pod["spec"].get("nodeName")
@@ -351,6 +356,7 @@ class Chaos:
             "nats_restarts": self.found.nats_restarts,
             "apiserver_restarts": self.found.apiserver_restarts,
             "pod_samples": self.found.samples,
+            "pod_sample_errors": dict(self.found.sample_errors),
         }
 
 
