@@ -9,13 +9,18 @@ real API server (issue 26):
   standby takes over within the lease duration plus one second (measured), and no workload is
   admitted twice;
 - two elastic controllers: only the leader is ready (so the Service sends it scale requests);
-  the standby takes over when it dies.
+  the standby takes over when it dies;
+- two scheduler processes, the leader SIGSTOPped: the standby takes over and binds; the old
+  leader, resumed, binds nothing and exits; no GPU is ever held by two pods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -26,7 +31,7 @@ import numpy as np
 import pytest
 
 from alnair.common import resources as r
-from alnair.common.kube import EVENTS, JOBS, LEASES, PODS, KubeClient, Obj, Resource
+from alnair.common.kube import EVENTS, JOBS, LEASES, PODS, KubeClient, NotFound, Obj, Resource
 from alnair.common.leader import LeaderElector, NotLeading
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
@@ -37,6 +42,7 @@ from alnair.scheduler.live.binding import KubeBinder
 from alnair.scheduler.snapshot import Placement, PodRequest
 from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job, wait_for
 from elastic_support import start_controller
+from kube_builders import make_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -248,3 +254,94 @@ async def test_two_elastic_controllers_only_the_leader_is_ready_and_the_standby_
             if running is not None:
                 with contextlib.suppress(Exception):
                     await running.stop()
+
+
+async def _scheduler_process(
+    cp: ControlPlane, ns: str, identity: str, log: Path
+) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
+        "ALNAIR_SCHEDULER_HTTP_PORT": "0",
+        "ALNAIR_SCHEDULER_NATS_ENABLED": "false",
+        "ALNAIR_SCHEDULER_SCHEDULER_NAME": f"alnair-{ns}",
+        "ALNAIR_SCHEDULER_IDENTITY": identity,
+        "ALNAIR_SCHEDULER_LEASE_NAMESPACE": ns,
+        "ALNAIR_SCHEDULER_LEASE_DURATION_S": str(FAST["lease_duration_s"]),
+        "ALNAIR_SCHEDULER_RENEW_DEADLINE_S": str(FAST["renew_deadline_s"]),
+        "ALNAIR_SCHEDULER_RETRY_PERIOD_S": str(FAST["retry_period_s"]),
+        "ALNAIR_LOG_JSON": "false",
+    }
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "alnair.scheduler", env=env, stdout=out, stderr=out,
+        )  # fmt: skip
+
+
+async def test_two_schedulers_with_the_leader_sigstopped_and_resumed_never_hold_a_gpu_twice(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    await control_plane.create_gpu_nodes("1x T4:4", kube=kube, prefix=ns, labels={POOL: ns})
+
+    def pod(name: str) -> dict[str, Any]:
+        return make_pod(name, ns).pool(ns).gpus(1).runs_for(600).scheduler(f"alnair-{ns}").obj()
+
+    async def holder() -> str | None:
+        try:
+            lease = await kube.get(LEASES, "alnair-scheduler", ns)
+        except NotFound:
+            return None
+        return (lease.get("spec") or {}).get("holderIdentity") or None
+
+    async def bound_by(names: list[str]) -> dict[str, str] | None:
+        pods = {p["metadata"]["name"]: p for p in (await kube.list(PODS, ns))["items"]}
+        if not all(n in pods and pods[n]["spec"].get("nodeName") for n in names):
+            return None
+        return {n: pods[n]["metadata"]["annotations"][r.ANN_SCHEDULED_BY] for n in names}
+
+    a = await _scheduler_process(control_plane, ns, "sched-a", tmp_path / "a.log")
+    b: asyncio.subprocess.Process | None = None
+    try:
+        assert await wait_for(holder, 30) == "sched-a"
+        b = await _scheduler_process(control_plane, ns, "sched-b", tmp_path / "b.log")
+        for i in range(2):
+            await kube.create(PODS, pod(f"p{i}"), ns)
+        assert set((await wait_for(lambda: bound_by(["p0", "p1"]), 30)).values()) == {"sched-a"}
+        # The leader freezes (a stalled VM, a debugger): the standby takes over and places
+        # what arrives meanwhile, and the room one pod leaves.
+        a.send_signal(signal.SIGSTOP)
+        for i in (2, 3):
+            await kube.create(PODS, pod(f"p{i}"), ns)
+
+        async def b_holds() -> bool:
+            return await holder() == "sched-b"
+
+        await wait_for(b_holds, 20)
+        assert set((await wait_for(lambda: bound_by(["p2", "p3"]), 30)).values()) == {"sched-b"}
+        await kube.delete(PODS, "p0", ns, grace_period_s=0)
+        await kube.create(PODS, pod("p4"), ns)
+        assert (await wait_for(lambda: bound_by(["p4"]), 30)) == {"p4": "sched-b"}
+        # It wakes up: it sees its deadline long passed, binds nothing, and exits.
+        a.send_signal(signal.SIGCONT)
+        assert await asyncio.wait_for(a.wait(), 30) != 0
+        pods = [p for p in (await kube.list(PODS, ns))["items"]
+                if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        held: dict[tuple[str, str], list[str]] = {}
+        for p in pods:
+            for gpu in (
+                (p["metadata"].get("annotations") or {}).get(r.ANN_GPU_INDICES, "").split(",")
+            ):
+                if gpu:
+                    held.setdefault((p["spec"]["nodeName"], gpu), []).append(p["metadata"]["name"])
+        assert held and all(len(names) == 1 for names in held.values()), held
+        late = await bound_by(["p2", "p3", "p4"])
+        assert late is not None and set(late.values()) == {"sched-b"}
+        assert await holder() == "sched-b"
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                await proc.wait()
