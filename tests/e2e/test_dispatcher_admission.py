@@ -446,3 +446,62 @@ async def _evicted_one(kube: KubeClient, ns: str) -> str | None:
         if regated and await _events(kube, ns, app, "Preempted"):
             return app
     return None
+
+
+async def test_the_dispatchers_readyz_names_a_failing_watch_and_recovers(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """Issue 26: readiness reflects the watches, not only their first list. Under its shipped
+    account with `watch` on Cohorts taken away, the dispatcher lists (so it starts) but its
+    Cohort watch fails: 503, naming the informer and the 403; given back, ready again."""
+    import httpx
+
+    from alnair.common.kube import KIND_RESOURCES
+    from alnair.scheduler.dispatcher.api import build_api
+    from alnair.scheduler.dispatcher.controller import Dispatcher
+    from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+
+    cfg = await shipped_account(control_plane, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    role = await kube.get(KIND_RESOURCES["ClusterRole"], "alnair-dispatcher")
+    shipped = [dict(rule) for rule in role["rules"]]
+    narrowed = [r for r in shipped if "cohorts" not in r["resources"]] + [
+        {"apiGroups": ["alnair.io"], "resources": ["clusterqueues", "localqueues"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": ["alnair.io"], "resources": ["cohorts"], "verbs": ["list"]},
+    ]  # fmt: skip
+    await kube.apply({**_role_doc(role), "rules": narrowed})
+    try:
+        async with KubeClient(cfg) as client:
+            dispatcher = Dispatcher(client, dispatcher_settings(control_plane, namespace),
+                                    DispatcherMetrics())  # fmt: skip
+            for informer in dispatcher.informers:
+                informer.stale_after_s, informer.max_backoff_s = 0.3, 0.3
+            await dispatcher.start_watching()
+            transport = httpx.ASGITransport(app=build_api(dispatcher))
+            try:
+                async with httpx.AsyncClient(transport=transport, base_url="http://d") as http:
+
+                    async def failing() -> dict[str, Any] | None:
+                        reply = await http.get("/readyz")
+                        return reply.json() if reply.status_code == 503 else None
+
+                    body = await wait_for(failing, 20, 0.1)
+                    cohorts = body["informers"]["cohorts"]
+                    assert not cohorts["healthy"] and "403" in cohorts["last_error"], cohorts
+                    assert body["informers"]["clusterqueues"]["healthy"]
+                    await kube.apply({**_role_doc(role), "rules": shipped})
+
+                    async def ready() -> bool:
+                        return (await http.get("/readyz")).status_code == 200
+
+                    await wait_for(ready, 20, 0.1)
+            finally:
+                await dispatcher.stop()
+    finally:
+        await kube.apply({**_role_doc(role), "rules": shipped})
+
+
+def _role_doc(role: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": role["metadata"]["name"],
+                         "labels": role["metadata"].get("labels") or {}}}  # fmt: skip

@@ -6,8 +6,9 @@
   line (what Horovod's discovery script prints).
 - `POST /v1/elasticjobs/{namespace}/{name}/scale`: a scale request (`{"replicas": N}`), the
   HTTP twin of a `requested` ScaleEvent; the answer says the size applied or why refused.
-- `GET /healthz`, `GET /readyz` (ready once every watch has listed and this replica leads, so
-  the Service sends scale requests to the one that decides), `GET /metrics`.
+- `GET /healthz`, `GET /readyz` (ready while every watch is synced and none is failing, and
+  this replica leads, so the Service sends scale requests to the one that decides),
+  `GET /metrics`.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def create_app(controller: Controller, metrics: ElasticMetrics) -> FastAPI:
     async def readyz() -> dict[str, str]:
         if not controller.started.is_set():
             raise HTTPException(status_code=503, detail="watches not synced yet")
+        failing = [inf.name for inf in controller.informers() if not inf.healthy]
+        if failing:
+            raise HTTPException(status_code=503, detail=f"watches failing: {', '.join(failing)}")
         if not controller.leading():
             raise HTTPException(status_code=503, detail="a follower: another replica leads")
         return {"status": "ready"}

@@ -230,6 +230,9 @@ class Controller:
 
     # --- lifecycle ------------------------------------------------------------------------
 
+    def informers(self) -> tuple[Informer, ...]:
+        return (self.nodes, self.pods, self.sets, self.jobs)
+
     async def start(self) -> None:
         """Start the informers, wait for their first lists, then reconcile every job once."""
         for inf in (self.nodes, self.pods, self.sets, self.jobs):

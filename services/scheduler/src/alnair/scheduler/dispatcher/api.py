@@ -6,7 +6,8 @@
 - `GET /v1/{elasticjobs,pods,jobsets,deployments,statefulsets}/{namespace}/{name}`: the same
   for every other queued kind (`kinds.py`).
 - `GET /v1/queues`: every ClusterQueue, active or why not, with its status.
-- `GET /metrics`, `/healthz`, `/readyz` (ready once every informer has synced).
+- `GET /metrics`, `/healthz`, `/readyz` (ready while every informer is synced and none has
+  been failing for longer than its stale bound; says whether this replica leads).
 Errors are RFC 7807 problem responses.
 """
 
@@ -56,8 +57,15 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
 
     @app.get("/readyz", response_model=None)
     async def readyz() -> dict[str, str] | JSONResponse:
-        if not dispatcher.synced:
-            return problem(503, "Not Ready", "caches not synced yet")
-        return {"status": "ready"}
+        # A dead or failing watch freezes the queue's view: not ready, naming the informer,
+        # rather than deciding from a stale cache.
+        informers = dispatcher.informers
+        if not all(inf.healthy for inf in informers):
+            return problem(
+                503, "Not Ready",
+                "caches not synced yet" if not dispatcher.synced else "a watch is failing",
+                informers={inf.name: inf.status() for inf in informers},
+            )  # fmt: skip
+        return {"status": "ready", "leading": str(dispatcher.leading()).lower()}
 
     return app
