@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -105,7 +106,8 @@ class LeaderElector:
         spec: dict[str, Any] = dict((lease or {}).get("spec") or {})
         spec.update(
             holderIdentity=self.identity,
-            leaseDurationSeconds=max(1, round(self.duration)),
+            # Rounded up: followers wait at least as long as this replica believes it holds.
+            leaseDurationSeconds=max(1, math.ceil(self.duration)),
             renewTime=now,
         )
         if acquire:
