@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -192,6 +193,12 @@ async def test_two_dispatchers_one_admits_and_the_standby_takes_over_admitting_n
             await kube.create(JOBS, gpu_job(f"a{i}", ns, "ml", 1), ns)
         await wait_for(lambda: _count(kube, ns, 3), 20)
         assert not two.elector.is_leader.is_set() and two.dispatcher.reconciles == 0
+        # The follower explains nothing (it decides nothing): it names the leader instead.
+        async with httpx.AsyncClient() as http:
+            follower = await http.get(f"{two.url}/v1/jobs/{ns}/a0")
+            leader = await http.get(f"{one.url}/v1/jobs/{ns}/a0")
+        assert follower.status_code == 503 and "ask the leader, one" in follower.text
+        assert leader.status_code == 200 and leader.json()["status"] == "admitted"
         # The leader dies mid-stream (no hand-back), with more jobs arriving.
         for i in range(3):
             await kube.create(JOBS, gpu_job(f"b{i}", ns, "ml", 1), ns)
@@ -228,8 +235,6 @@ async def _crash(running: RunningDispatcher) -> None:
 async def test_two_elastic_controllers_only_the_leader_is_ready_and_the_standby_takes_over(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
-    import httpx
-
     lease = f"elastic-{uuid.uuid4().hex[:6]}"
     kw = {"leader_elect": True, "lease_name": lease, "lease_namespace": namespace, **FAST}
     one = await start_controller(control_plane, namespace, identity="one", **kw)

@@ -89,6 +89,10 @@ class LeaderElector:
             and self.clock() - self._acked_at < self.renew_deadline
         )
 
+    def holder(self) -> str | None:
+        """Who held the Lease when this replica last looked (None: not seen yet, or free)."""
+        return str(self._observed[0]) if self._observed and self._observed[0] else None
+
     def _observe(self, lease: Obj) -> None:
         spec = lease.get("spec") or {}
         record = (

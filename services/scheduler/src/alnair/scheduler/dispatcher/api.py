@@ -35,16 +35,20 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
 
     by_plural = {k.resource.plural: k.kind for k in KINDS.values()}
 
-    @app.get("/v1/{plural}/{namespace}/{name}")
-    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any]:
+    @app.get("/v1/{plural}/{namespace}/{name}", response_model=None)
+    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any] | JSONResponse:
         kind = by_plural.get(plural)
         if kind is None:
             known = ", ".join(sorted(by_plural))
             raise NotFound(404, "NotFound", f"no queued kind {plural!r} (known: {known})", plural)
+        if (why := dispatcher.follower_problem()) is not None:
+            return problem(503, "Not Leading", why)
         return dispatcher.explain(namespace, name, kind=kind)
 
-    @app.get("/v1/queues")
-    async def queues() -> dict[str, Any]:
+    @app.get("/v1/queues", response_model=None)
+    async def queues() -> dict[str, Any] | JSONResponse:
+        if (why := dispatcher.follower_problem()) is not None:
+            return problem(503, "Not Leading", why)
         return {"policy": dispatcher.policy.name, "queues": dispatcher.describe_queues()}
 
     @app.get("/metrics")

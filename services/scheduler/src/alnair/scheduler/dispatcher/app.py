@@ -167,6 +167,7 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     campaign = None
     if elector is not None:
         dispatcher.leading = elector.leading
+        dispatcher.leader = elector.holder
         campaign = spawn(elector.run(), name="dispatcher.leader")
     loop = spawn(_lead(dispatcher, elector), name="dispatcher.loop")
     return Running(dispatcher, kube, bus, loop, http, server, webhook, elector, campaign)

@@ -30,8 +30,10 @@ def build_hub_api(hub: Hub) -> FastAPI:
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not Found", exc.api_message)
 
-    @app.get("/v1/jobs/{namespace}/{name}")
-    async def job(namespace: str, name: str) -> dict[str, Any]:
+    @app.get("/v1/jobs/{namespace}/{name}", response_model=None)
+    async def job(namespace: str, name: str) -> dict[str, Any] | JSONResponse:
+        if (why := hub.follower_problem()) is not None:
+            return problem(503, "Not Leading", why)
         return hub.explain(namespace, name)
 
     @app.get("/v1/clusters")

@@ -37,6 +37,17 @@ class ReconcileLoop:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.leading: Callable[[], bool] = lambda: True
+        self.leader: Callable[[], str | None] = lambda: None
+        """Who leads, as this replica last saw the Lease (for followers' answers)."""
+
+    def follower_problem(self) -> str | None:
+        """Why this replica cannot explain decisions (it is a follower: it makes none), or None."""
+        if self.leading():
+            return None
+        who = self.leader()
+        if who:
+            return f"this replica does not decide: ask the leader, {who}"
+        return "this replica does not decide, and it knows of no leader yet"
 
     def fence(self, what: str) -> None:
         """Raise `NotLeading` unless this replica leads now (before a decision is written)."""
