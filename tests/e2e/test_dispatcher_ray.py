@@ -17,6 +17,7 @@ its head pod, which a KWOK pod does not serve, so the test writes that outcome
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,9 @@ async def test_ray_clusters_and_jobs_queue_admit_complete_and_are_reclaimed(
             assert (await kube.get(RAYJOBS, "rj2", ns))["spec"]["suspend"] is True
             assert await _admitted(kube, RAYJOBS, ns, "rj2") is None
             await _ray_reports_complete(kube, ns, "rj1")
-            await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj2"), 30)
+            # Admitted once KubeRay has deleted rj1's cluster: its pods held the GPUs till then.
+            await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj2"), 40)
+            assert await _no_pods(kube, ns, cluster)
 
             # The lender needs its quota back: the borrowing RayJob is suspended again, and
             # KubeRay deletes its cluster.
@@ -208,10 +211,13 @@ async def test_ray_clusters_and_jobs_queue_admit_complete_and_are_reclaimed(
 
 
 async def _ray_reports_complete(kube: KubeClient, ns: str, name: str) -> None:
-    """What KubeRay writes once Ray's dashboard reports the job succeeded (no Ray here)."""
+    """What KubeRay writes once Ray's dashboard reports the job succeeded (no Ray here),
+    with the end time it writes then: KubeRay deletes the cluster from it (its pods, holding
+    GPUs until then, are what the next RayJob waits for)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     await kube.patch(
         RAYJOBS, name,
-        {"status": {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"}},
+        {"status": {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete", "endTime": now}},
         ns, sub="status",
     )  # fmt: skip
 

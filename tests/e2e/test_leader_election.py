@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -208,10 +209,14 @@ async def test_two_dispatchers_one_admits_and_the_standby_takes_over_admitting_n
         takeover_s = time.monotonic() - died
         assert takeover_s <= FAST["lease_duration_s"] + 1.0, takeover_s
         await wait_for(lambda: _count(kube, ns, 6), 20)
-        # Nothing admitted twice: one Admitted Event per Job.
+        # Nothing admitted twice: at most one Admitted Event per Job, each for an admitted Job.
+        # (At most, not exactly: a leader killed between its admission and its Event leaves
+        # that Job without one, as SIGKILL would; Events are best effort.)
         events = (await kube.list(EVENTS, ns))["items"]
-        admitted = [e["involvedObject"]["name"] for e in events if e["reason"] == "Admitted"]
-        assert sorted(admitted) == sorted(await _admitted(kube, ns)), admitted
+        admitted = Counter(e["involvedObject"]["name"] for e in events if e["reason"] == "Admitted")
+        assert max(admitted.values()) == 1, admitted
+        assert set(admitted) <= set(await _admitted(kube, ns)), admitted
+        assert len(admitted) >= 5, admitted  # only the write in flight at the kill may lack one
     finally:
         for running in (one, two):
             if running is not None:

@@ -69,6 +69,7 @@ from alnair.scheduler.dispatcher.objects import (
     trialjob_manifest,
     workload_label,
 )
+from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
 from alnair.scheduler.dispatcher.predictions import (
     JobPrediction,
     PredictionError,
@@ -114,6 +115,19 @@ def _rv(obj: Obj) -> int:
 def _camel(kind: str) -> str:
     """A wait kind as a condition reason (`fair_share` -> `FairShare`)."""
     return "".join(part.capitalize() for part in kind.split("_"))
+
+
+def _inside(workloads: list[Workload]) -> Inside:
+    """Whose pods the queues account for: these workloads' (by uid; a serving workload's or a
+    PodGroup's also by the name its pods carry)."""
+    return Inside(
+        uids=frozenset(wl.uid for wl in workloads),
+        members=frozenset(
+            (wl.namespace, workload_label(wl.kind, wl.name))
+            for wl in workloads
+            if not KINDS[wl.kind].writable
+        ),
+    )
 
 
 def _epoch(ts: str | None) -> float:
@@ -192,6 +206,9 @@ class Dispatcher(ReconcileLoop):
         # The pods of serving workloads (gated until their owner is admitted, kinds.py).
         self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
         watching.append(self.serving_pods)
+        # Every bound pod holding GPUs, to take those no admitted workload owns off the pool.
+        self.outside = OutsidePods(kube, self._wake.set)
+        watching.append(self.outside.informer)
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -303,7 +320,16 @@ class Dispatcher(ReconcileLoop):
             )
         return None
 
-    def _capacity(self, running: list[RunningJob]) -> dict[str, GpuPool]:
+    def _node_models(self) -> dict[str, str]:
+        return {
+            n["metadata"]["name"]: g.model
+            for n in self.nodes.values()
+            if (g := node_gpus(n)) is not None
+        }
+
+    def _capacity(self, running: list[RunningJob], outside: Counter[str]) -> dict[str, GpuPool]:
+        """Each model's GPUs: all the pool's, and those free of admitted workloads and of
+        pods outside the queues (`outside`, by model)."""
         totals: Counter[str] = Counter()
         memory: dict[str, float] = {}
         for node in self.nodes.values():
@@ -313,9 +339,11 @@ class Dispatcher(ReconcileLoop):
             totals[gpus.model] += gpus.gpus
             known = gpus.memory_mib or float(res.GPU_MODEL_MEMORY_MIB.get(gpus.model, 0))
             memory[gpus.model] = min(memory.get(gpus.model, known), known) if known else 0.0
-        used: Counter[str] = Counter()
+        used: Counter[str] = Counter(outside)
         for run in running:
             used[run.gpu_type] += run.gpus
+        for model in totals:
+            self.metrics.outside_gpus.labels(model).set(outside[model])
         return {
             model: GpuPool(
                 total=total,
@@ -386,6 +414,7 @@ class Dispatcher(ReconcileLoop):
         pending_ws: list[Workload] = []
         live_keys: set[str] = set()
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
+        ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
         queued = [
             (obj if KINDS[name].writable else self._with_admission(KINDS[name], obj), KINDS[name])
             for name in self.workload_watches
@@ -419,6 +448,7 @@ class Dispatcher(ReconcileLoop):
                 state.admitted_type = admitted
                 queue = cq or ""
                 start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
+                ours.append(wl)
                 if await self._pods_not_ready(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
                 if kind.kind in SERVING:
@@ -444,6 +474,7 @@ class Dispatcher(ReconcileLoop):
             state.admitted_type = None
             if not wl.held:
                 continue  # running outside the queue: not ours to admit
+            ours.append(wl)  # (pods it still has are leaving: it was suspended or preempted)
             backoff = self._backing_off(wl, now)
             if backoff is not None:
                 state.reason = WaitReason("queue", backoff[0])
@@ -479,7 +510,8 @@ class Dispatcher(ReconcileLoop):
         self.workloads = workloads
         self._wake_at(min(deadlines, default=None))
 
-        capacity = self._capacity(running)
+        held = await self.outside.held(_inside(ours), self._node_models())
+        capacity = self._capacity(running, held)
         models = list(capacity)
         states = {wl.key: self.states.setdefault(wl.key, JobState(wl.key)) for wl in pending_ws}
         await asyncio.gather(*(self._predict(wl, models, states[wl.key]) for wl in pending_ws))

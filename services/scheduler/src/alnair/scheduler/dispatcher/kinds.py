@@ -568,9 +568,9 @@ def _unsuspend_train_job(wl: Workload, gpu_type: str) -> Obj:
         if res.LABEL_GPU_MODEL not in (o.get("nodeSelector") or {})
     ]  # fmt: skip
     targets = [
-        {"name": name}
-        for name, template, count in train_job_pod_sets(wl.obj)
-        if count and gpus_asked({"spec": {"template": template}}) is not None
+        {"name": pod_set.where}
+        for pod_set in train_job_pod_sets(wl.obj)
+        if pod_set.count and gpus_asked({"spec": {"template": pod_set.template}}) is not None
     ]
     ours = {"targetJobs": targets, "nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}
     return {"suspend": False, "podSpecOverrides": [*kept, ours]}

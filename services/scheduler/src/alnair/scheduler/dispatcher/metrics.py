@@ -34,6 +34,11 @@ class DispatcherMetrics:
             "One reconcile: snapshot, policy, writes",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
+        self.outside_gpus = m.gauge(
+            "outside_gpus",
+            "GPUs held by bound pods no admitted workload owns (taken off the free pool), by model",
+            ["model"],
+        )
         self.prediction_errors = m.counter(
             "prediction_errors_total", "Predictor answers refused or missing"
         )

@@ -10,7 +10,7 @@ a Job asking for GPUs in a way the queue cannot count).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,10 +169,7 @@ def gpu_request(job: Obj) -> GpuRequest:
 def gpus_asked(job: Obj) -> GpuRequest | None:
     """`gpu_request`, or None when the Job's pods ask for no GPU at all."""
     spec = job.get("spec") or {}
-    pods = _int(spec.get("parallelism", 1), "spec.parallelism", minimum=1)
-    completions = spec.get("completions")
-    if completions is not None:
-        pods = min(pods, _int(completions, "spec.completions", minimum=1))
+    pods = job_pods(spec, "spec")
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
     whole, memory = 0, 0
     for c, container in enumerate(containers):
@@ -200,6 +197,70 @@ def gpus_asked(job: Obj) -> GpuRequest | None:
     if not whole:
         return None
     return GpuRequest(gpus=pods * whole, pods=pods, gpus_per_pod=whole)
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """Pods of one template a workload runs at once: `count` of them. `where` is the field of
+    the template (errors inside it are named from there)."""
+
+    where: str
+    template: Obj
+    count: int
+
+
+def _inside_template(pod_set: PodSet, field: str) -> str:
+    return f"{pod_set.where}.{field.removeprefix('spec.template.')}"
+
+
+def pod_sets_request(
+    meta: Obj,
+    pod_sets: list[PodSet],
+    kind: str,
+    *,
+    none_field: str,
+    none_reason: str,
+    field_of: Callable[[PodSet, str], str] = _inside_template,
+) -> tuple[GpuRequest, str | None]:
+    """What a workload of several pod sets asks, all running at once: the GPUs of every set
+    (a set asking none, a coordinator, counts for nothing), the pods that ask them, and the
+    per-pod shape the policy places (the largest); whole GPUs only. With the GPU model its
+    templates insist on, if any. InvalidValueError names the field (`field_of` a set and the
+    field as a Job's), or `none_field` when no set asks for a GPU."""
+    gpus = pods = per_pod = 0
+    model: str | None = None
+    for pod_set in pod_sets:
+        if not pod_set.count:
+            continue
+        job_like = {"metadata": meta, "spec": {"parallelism": pod_set.count,
+                                               "template": pod_set.template}}  # fmt: skip
+        try:
+            request = gpus_asked(job_like)
+        except InvalidValueError as exc:
+            raise InvalidValueError(field_of(pod_set, exc.field), exc.value, exc.reason) from None
+        if request is None:
+            continue
+        if request.memory_mib_per_pod is not None:
+            raise InvalidValueError(
+                field_of(pod_set, "spec.template.spec.containers[].resources"), "GPU memory",
+                f"a {kind} asks for whole GPUs (fractions are queued for Jobs and Pods)",
+            )  # fmt: skip
+        gpus += request.gpus
+        pods += request.pods
+        per_pod = max(per_pod, request.gpus_per_pod)
+        model = model or gpu_model_constraint(job_like)
+    if not gpus:
+        raise InvalidValueError(none_field, 0, none_reason)
+    return GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod), model
+
+
+def job_pods(spec: Obj, where: str) -> int:
+    """The pods a Job spec runs at once: `parallelism`, at most `completions`."""
+    pods = _int(spec.get("parallelism", 1), f"{where}.parallelism", minimum=1)
+    completions = spec.get("completions")
+    if completions is not None:
+        pods = min(pods, _int(completions, f"{where}.completions", minimum=1))
+    return pods
 
 
 def gpu_model_constraint(job: Obj) -> str | None:
@@ -389,13 +450,13 @@ def pod_group_finished(group: Obj, pods: list[Obj]) -> str | None:
 RAY_API_VERSION = "ray.io/v1"
 
 
-def ray_cluster_pod_sets(spec: Obj, where: str) -> list[tuple[str, Obj, int]]:
+def ray_cluster_pod_sets(spec: Obj, where: str) -> list[PodSet]:
     """A RayCluster spec's pod sets as (field, pod template, pods): its head, and each worker
     group's `replicas` (else `minReplicas`) x `numOfHosts` pods; a suspended group has none."""
     head = spec.get("headGroupSpec")
     if not isinstance(head, dict) or not isinstance(head.get("template"), dict):
         raise InvalidValueError(f"{where}.headGroupSpec.template", None, "a RayCluster needs one")
-    sets = [(f"{where}.headGroupSpec.template", head["template"], 1)]
+    sets = [PodSet(f"{where}.headGroupSpec.template", head["template"], 1)]
     groups = spec.get("workerGroupSpecs") or []
     if not isinstance(groups, list):
         raise InvalidValueError(f"{where}.workerGroupSpecs", groups, "must be a list")
@@ -409,7 +470,7 @@ def ray_cluster_pod_sets(spec: Obj, where: str) -> list[tuple[str, Obj, int]]:
         )
         if group.get("suspend") is True:
             count = 0
-        sets.append((f"{at}.template", group["template"], count))
+        sets.append(PodSet(f"{at}.template", group["template"], count))
     return sets
 
 
@@ -418,39 +479,16 @@ def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Res
     """A RayCluster (or a RayJob's) as one queued workload: every pod set at once; a head that
     asks no GPU counts for nothing; the per-pod shape placed is the largest; whole GPUs only."""
     meta = obj["metadata"]
-    gpus = pods = per_pod = 0
-    model: str | None = None
-    for at, template, count in ray_cluster_pod_sets(cluster_spec, where):
-        if not count:
-            continue
-        job_like = {"metadata": meta, "spec": {"parallelism": count, "template": template}}
-        try:
-            request = gpus_asked(job_like)
-        except InvalidValueError as exc:
-            field = exc.field.removeprefix("spec.template.")
-            raise InvalidValueError(f"{at}.{field}", exc.value, exc.reason) from None
-        if request is None:
-            continue
-        if request.memory_mib_per_pod is not None:
-            raise InvalidValueError(
-                f"{at}.spec.containers[].resources", "GPU memory",
-                f"a {kind} asks for whole GPUs (fractions are queued for Jobs and Pods)",
-            )  # fmt: skip
-        gpus += request.gpus
-        pods += request.pods
-        per_pod = max(per_pod, request.gpus_per_pod)
-        model = model or gpu_model_constraint(job_like)
-    if not gpus:
-        raise InvalidValueError(
-            f"{where}.workerGroupSpecs[].template.spec.containers[].resources",
-            0,
-            f"a queued {kind} must ask for {GPU} in its head or a worker group",
-        )
+    request, model = pod_sets_request(
+        meta, ray_cluster_pod_sets(cluster_spec, where), kind,
+        none_field=f"{where}.workerGroupSpecs[].template.spec.containers[].resources",
+        none_reason=f"a queued {kind} must ask for {GPU} in its head or a worker group",
+    )  # fmt: skip
     return Workload(
         key=f"{kind.lower()}:{meta['namespace']}/{meta['name']}",
         obj=obj,
         local_queue=queue_label(meta),
-        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
         restart_cost_s=_restart_cost(meta, default_restart_cost_s),
@@ -497,7 +535,7 @@ RUNTIME = "alnair.io/runtime"
 its informers; never on the object in the API)."""
 
 
-def train_job_pod_sets(obj: Obj) -> list[tuple[str, Obj, int]]:
+def train_job_pod_sets(obj: Obj) -> list[PodSet]:
     """A TrainJob's pod sets as (replicated Job, pod template, pods), from the runtime it names
     (`RUNTIME`) shaped by its `spec.trainer`: the trainer Job runs `numNodes` pods (else the
     runtime's `mlPolicy.numNodes`), each asking `resourcesPerNode` where given; the others
@@ -510,7 +548,7 @@ def train_job_pod_sets(obj: Obj) -> list[tuple[str, Obj, int]]:
         raise InvalidValueError("spec.runtimeRef.name", ref, f"no {kind} of that name")
     rt_spec = runtime.get("spec") or {}
     trainer = spec.get("trainer") or {}
-    sets: list[tuple[str, Obj, int]] = []
+    sets: list[PodSet] = []
     jobs = ((rt_spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     for i, rj in enumerate(jobs):
         name = str(rj.get("name") or f"#{i}")
@@ -530,7 +568,7 @@ def train_job_pod_sets(obj: Obj) -> list[tuple[str, Obj, int]]:
                 containers = list(pod_spec.get("containers") or [{"name": "node"}])
                 containers[0] = {**containers[0], "resources": per_node}
                 template = {**template, "spec": {**pod_spec, "containers": containers}}
-        sets.append((name, template, pods))
+        sets.append(PodSet(name, template, pods))
     return sets
 
 
@@ -539,36 +577,21 @@ def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
     (`train_job_pod_sets`); Jobs without GPUs count for nothing; the per-pod shape placed is
     the largest; whole GPUs only."""
     meta = obj["metadata"]
-    gpus = pods = per_pod = 0
-    model: str | None = None
-    for name, template, count in train_job_pod_sets(obj):
-        job_like = {"metadata": meta, "spec": {"parallelism": max(1, count), "template": template}}
-        try:
-            request = gpus_asked(job_like) if count else None
-        except InvalidValueError as exc:
-            where = "spec.trainer.resourcesPerNode" if "resources" in exc.field else exc.field
-            raise InvalidValueError(f"{where} ({name})", exc.value, exc.reason) from None
-        if request is None:
-            continue
-        if request.memory_mib_per_pod is not None:
-            raise InvalidValueError(
-                "spec.trainer.resourcesPerNode", "GPU memory",
-                "a TrainJob asks for whole GPUs (fractions are queued for Jobs and Pods)",
-            )  # fmt: skip
-        gpus += request.gpus
-        pods += request.pods
-        per_pod = max(per_pod, request.gpus_per_pod)
-        model = model or gpu_model_constraint(job_like)
-    if not gpus:
-        raise InvalidValueError(
-            "spec.trainer.resourcesPerNode", 0,
-            f"a queued TrainJob must ask for {GPU} (here or in its runtime's trainer Job)",
-        )  # fmt: skip
+
+    def field_of(pod_set: PodSet, field: str) -> str:
+        where = "spec.trainer.resourcesPerNode" if "resources" in field else field
+        return f"{where} ({pod_set.where})"
+
+    request, model = pod_sets_request(
+        meta, train_job_pod_sets(obj), "TrainJob", field_of=field_of,
+        none_field="spec.trainer.resourcesPerNode",
+        none_reason=f"a queued TrainJob must ask for {GPU} (here or in its runtime's trainer Job)",
+    )  # fmt: skip
     return Workload(
         key=f"trainjob:{meta['namespace']}/{meta['name']}",
         obj=obj,
         local_queue=queue_label(meta),
-        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
         restart_cost_s=_restart_cost(meta, default_restart_cost_s),
@@ -599,41 +622,24 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     sets = spec.get("replicatedJobs")
     if not isinstance(sets, list) or not sets:
         raise InvalidValueError("spec.replicatedJobs", sets, "a JobSet needs replicated Jobs")
-    gpus = pods = per_pod = 0
-    model: str | None = None
+    pod_sets = []
     for i, rj in enumerate(sets):
         where = f"spec.replicatedJobs[{i}]"
         replicas = _int(rj.get("replicas", 1), f"{where}.replicas", minimum=0)
-        job_like = {"metadata": meta, "spec": (rj.get("template") or {}).get("spec") or {}}
-        try:
-            request = gpus_asked(job_like)
-        except InvalidValueError as exc:
-            raise InvalidValueError(
-                f"{where}.template.{exc.field}", exc.value, exc.reason
-            ) from None
-        if request is None:
-            continue  # a replicated Job without GPUs (a coordinator)
-        if request.memory_mib_per_pod is not None:
-            raise InvalidValueError(
-                f"{where}.template.spec.template.spec.containers[].resources",
-                "GPU memory",
-                "a JobSet asks for whole GPUs (fractions are queued for Jobs and Pods)",
-            )
-        gpus += replicas * request.gpus
-        pods += replicas * request.pods
-        per_pod = max(per_pod, request.gpus_per_pod)
-        model = model or gpu_model_constraint(job_like)
-    if not gpus:
-        raise InvalidValueError(
-            "spec.replicatedJobs[].template.spec.template.spec.containers[].resources",
-            0,
-            f"a queued JobSet must ask for {GPU} in at least one replicated Job",
-        )
+        job_spec = (rj.get("template") or {}).get("spec") or {}
+        pods = job_pods(job_spec, f"{where}.template.spec")
+        template = job_spec.get("template") or {}
+        pod_sets.append(PodSet(f"{where}.template.spec.template", template, replicas * pods))
+    request, model = pod_sets_request(
+        meta, pod_sets, "JobSet",
+        none_field="spec.replicatedJobs[].template.spec.template.spec.containers[].resources",
+        none_reason=f"a queued JobSet must ask for {GPU} in at least one replicated Job",
+    )  # fmt: skip
     return Workload(
         key=jobset_key(meta["namespace"], meta["name"]),
         obj=obj,
         local_queue=queue_label(meta),
-        request=GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod),
+        request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
         restart_cost_s=_restart_cost(meta, default_restart_cost_s),
@@ -698,43 +704,25 @@ def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
     size = _int(lwt.get("size", 1), "spec.leaderWorkerTemplate.size", minimum=1)
     worker = lwt["workerTemplate"]
     leader = lwt.get("leaderTemplate") if isinstance(lwt.get("leaderTemplate"), dict) else None
-    roles = [("leaderTemplate" if leader else "workerTemplate", leader or worker, 1)]
+    at = "spec.leaderWorkerTemplate"
+    roles = [
+        PodSet(f"{at}.{'leaderTemplate' if leader else 'workerTemplate'}", leader or worker, 1)
+    ]
     if size > 1:
-        roles.append(("workerTemplate", worker, size - 1))
-    gpus = per_pod = 0
-    model: str | None = None
-    for role, template, count in roles:
-        job_like = {"metadata": meta, "spec": {"parallelism": count, "template": template}}
-        try:
-            request = gpus_asked(job_like)
-        except InvalidValueError as exc:
-            where = exc.field.removeprefix("spec.template.")
-            raise InvalidValueError(
-                f"spec.leaderWorkerTemplate.{role}.{where}", exc.value, exc.reason
-            ) from None
-        if request is None:
-            continue  # a leader that only coordinates
-        if request.memory_mib_per_pod is not None:
-            raise InvalidValueError(
-                f"spec.leaderWorkerTemplate.{role}.spec.containers[].resources",
-                "GPU memory",
-                "a LeaderWorkerSet asks for whole GPUs (fractions are queued for Jobs and Pods)",
-            )
-        gpus += request.gpus
-        per_pod = max(per_pod, request.gpus_per_pod)
-        model = model or gpu_model_constraint(job_like)
-    if not gpus:
-        raise InvalidValueError(
-            "spec.leaderWorkerTemplate.workerTemplate.spec.containers[].resources",
-            0,
-            f"a queued LeaderWorkerSet must ask for {GPU} in its leader or worker template",
-        )
+        roles.append(PodSet(f"{at}.workerTemplate", worker, size - 1))
+    group, model = pod_sets_request(
+        meta, roles, "LeaderWorkerSet",
+        none_field=f"{at}.workerTemplate.spec.containers[].resources",
+        none_reason=f"a queued LeaderWorkerSet must ask for {GPU} in its leader or worker template",
+    )  # fmt: skip
     annotations = meta.get("annotations") or {}
     return Workload(
         key=f"leaderworkerset:{meta['namespace']}/{meta['name']}",
         obj=obj,
         local_queue=queue_label(meta),
-        request=GpuRequest(gpus=replicas * gpus, pods=replicas * size, gpus_per_pod=per_pod),
+        request=GpuRequest(
+            gpus=replicas * group.gpus, pods=replicas * size, gpus_per_pod=group.gpus_per_pod
+        ),
         features=object_model(obj).present(),
         gpu_model=annotations.get(res.LABEL_GPU_MODEL) or model,
         restart_cost_s=_restart_cost(meta, default_restart_cost_s),

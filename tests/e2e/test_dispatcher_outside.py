@@ -1,0 +1,87 @@
+"""GPUs held by pods outside the queues are not planned with (issue 24), on the local control
+plane: real kube-apiserver, Job controller and KWOK, the dispatcher under its shipped
+ServiceAccount, Alnair's scheduler binding the admitted Jobs' pods.
+
+- A pod another scheduler bound (created with `nodeName`, as kube-scheduler's bind leaves it)
+  holding all 8 GPUs of the pool's node, with a model no node has: a queued 1-GPU Job waits for
+  capacity although its queue's quota is free, and the dispatcher reports 8 GPUs held outside.
+- Once that pod is gone the Job is admitted; its own pod, bound, is not counted a second time:
+  a 7-GPU Job is admitted beside it, which would not fit if it were.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from alnair.common import resources as r
+from alnair.common.kube import JOBS, PODS, KubeClient
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.dispatcher.app import start as start_dispatcher
+from dispatcher_support import (
+    POOL,
+    admitted_type,
+    cohort_queues,
+    dispatcher_settings,
+    explain,
+    gpu_job,
+    scheduler,
+    wait_for,
+)
+from kube_builders import make_pod, shipped_account
+
+pytestmark = pytest.mark.e2e
+
+
+async def _outside_gpus(url: str, model: str) -> float | None:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(f'alnair_dispatcher_outside_gpus{{model="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def _bound(kube: KubeClient, ns: str, job: str) -> list[dict[str, Any]] | None:
+    pods = (await kube.list(PODS, ns, label_selector=f"job-name={job}"))["items"]
+    bound = [p for p in pods if p["spec"].get("nodeName")]
+    return bound or None
+
+
+async def test_gpus_held_outside_the_queues_are_not_planned_with(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str
+) -> None:
+    ns = namespace
+    cp = control_plane
+    as_dispatcher = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    (node,) = await cp.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    await cohort_queues(kube, ns, "out", {"ml": (8, 0)})
+    foreign = make_pod("foreign", ns).gpus(8).scheduler("default-scheduler").obj()
+    foreign["metadata"]["annotations"][r.GPU_MODEL_REQUEST] = "B200"
+    foreign["spec"]["nodeName"] = node
+    await kube.create(PODS, foreign, ns)
+    async with KubeClient(as_dispatcher) as client, scheduler(kube):
+        running = await start_dispatcher(dispatcher_settings(cp, ns), kube=client)
+        try:
+            await kube.create(JOBS, gpu_job("one", ns, "ml", 1), ns)
+            waiting = await wait_for(
+                lambda: explain(running, ns, "one", lambda d: d["reason"] is not None), 20
+            )
+            assert waiting["status"] == "waiting", waiting
+            assert waiting["reason"]["kind"] == "capacity", waiting
+            assert await _outside_gpus(running.url, "V100M32") == 8.0
+            assert await admitted_type(kube, ns, "one") is None
+
+            # The pod leaves: its deletion alone (an event, no timer) admits the Job.
+            await kube.delete(PODS, "foreign", ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "one"), 20) == "V100M32"
+            (pod,) = await wait_for(lambda: _bound(kube, ns, "one"), 30)
+            assert pod["spec"]["nodeName"] == node
+            # Its pod, bound, is the queue's: not held outside as well.
+            await kube.create(JOBS, gpu_job("seven", ns, "ml", 7), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "seven"), 20) == "V100M32"
+            assert await _outside_gpus(running.url, "V100M32") == 0.0
+        finally:
+            await running.stop()
