@@ -75,6 +75,7 @@ from alnair.scheduler.dispatcher.predictions import (
     PredictionError,
     PredictorClient,
 )
+from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.queueing import (
     ClusterQueueSpec,
@@ -209,6 +210,10 @@ class Dispatcher(ReconcileLoop):
         # Every bound pod holding GPUs, to take those no admitted workload owns off the pool.
         self.outside = OutsidePods(kube, self._wake.set)
         watching.append(self.outside.informer)
+        # Namespaces' ResourceQuotas, asked before admitting (a change wakes it: room freed).
+        self.quotas = NamespaceQuotas(kube)
+        watching.append(self.quotas.informer)
+        self._admitted_in: dict[str, list[Workload]] = {}
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -415,6 +420,8 @@ class Dispatcher(ReconcileLoop):
         live_keys: set[str] = set()
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
+        admitted_in: dict[str, list[Workload]] = {}  # by namespace (ResourceQuota room)
+        self._admitted_in = admitted_in
         queued = [
             (obj if KINDS[name].writable else self._with_admission(KINDS[name], obj), KINDS[name])
             for name in self.workload_watches
@@ -451,6 +458,7 @@ class Dispatcher(ReconcileLoop):
                 ours.append(wl)
                 if await self._pods_not_ready(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
+                admitted_in.setdefault(wl.namespace, []).append(wl)
                 if kind.kind in SERVING:
                     await self._ungate(wl, admitted)
                 spec = self._job_spec(
@@ -526,6 +534,9 @@ class Dispatcher(ReconcileLoop):
             if await self._cold_start(wl, state):
                 await self._wait_event(wl, state)
                 continue
+            if self._over_resource_quota(wl, state):
+                await self._wait_event(wl, state)
+                continue
             assert state.cluster_queue is not None
             pending.append(
                 self._job_spec(
@@ -545,6 +556,15 @@ class Dispatcher(ReconcileLoop):
         await self._apply(decisions, snapshot, workloads)
         await self._write_queue_status(snapshot, decisions)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    def _over_resource_quota(self, wl: Workload, state: JobState) -> bool:
+        """Whether the namespace's ResourceQuota would refuse the workload's pods now, given
+        what is admitted there (`resource_quota.py`); the reason goes on its state."""
+        problem = self.quotas.shortfall(wl, self._admitted_in.get(wl.namespace, ()))
+        if problem is None:
+            return False
+        state.reason = WaitReason("resource_quota", problem)
+        return True
 
     async def _cold_start(self, wl: Workload, state: JobState) -> bool:
         """Hold a job the predictor never measured on some GPU model until its TrialJob has
@@ -651,8 +671,13 @@ class Dispatcher(ReconcileLoop):
             if wl is None:
                 continue
             job = by_id[adm.job_id]
+            state = self.states.get(wl.key)
+            if state is not None and self._over_resource_quota(wl, state):
+                await self._wait_event(wl, state)  # room an earlier admission just took
+                continue
             self.fence(f"admission of {adm.job_id}")
             if await self._admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
+                self._admitted_in.setdefault(wl.namespace, []).append(wl)
                 self.metrics.decisions.labels(
                     policy, "borrowing" if adm.borrowing else "admitted"
                 ).inc()
@@ -686,6 +711,7 @@ class Dispatcher(ReconcileLoop):
             "reservation",
             "memory",
             "fair_share",
+            "resource_quota",
             "capacity",
             "queue",
             "prediction",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from alnair.common import resources as res
@@ -301,6 +301,8 @@ class Workload:
     """ElasticJob: GPUs of the workers it runs above its minimum (counted as borrowed quota)."""
     held: bool = False
     """Held for its queue: suspended (Job, ElasticJob) or gated (Pod)."""
+    pod_sets: tuple[PodSet, ...] = ()
+    """Every pod it runs at once, by template (what a namespace's ResourceQuota charges)."""
 
     @property
     def elastic(self) -> bool:
@@ -361,7 +363,13 @@ def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
         gpu_model=gpu_model_constraint(job),
         restart_cost_s=restart,
         held=bool((job.get("spec") or {}).get("suspend")),
+        pod_sets=(_job_pod_set(job),),
     )
+
+
+def _job_pod_set(job: Obj) -> PodSet:
+    spec = job.get("spec") or {}
+    return PodSet("spec.template", spec.get("template") or {}, job_pods(spec, "spec"))
 
 
 def pod_key(namespace: str, name: str) -> str:
@@ -396,6 +404,7 @@ def parse_pod_workload(pod: Obj, default_restart_cost_s: float) -> Workload:
         kind="Pod",
         api_version="v1",
         held=gated(pod),
+        pod_sets=(PodSet("", {"spec": pod.get("spec") or {}}, 1),),
     )
 
 
@@ -434,7 +443,14 @@ def parse_pod_group(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="PodGroup",
         api_version=PODGROUP_API_VERSION,
         held=ANN_ADMITTED_TYPE not in annotations,
+        # (what the group says it needs in all, as one set; `request.pods` counts its pods)
+        pod_sets=(PodSet("spec.minResources", _stated(amounts), 1),),
     )
+
+
+def _stated(amounts: Obj) -> Obj:
+    """A pod template asking `amounts` (a PodGroup's `minResources`, stated for the group)."""
+    return {"spec": {"containers": [{"name": "group", "resources": {"requests": amounts}}]}}
 
 
 def pod_group_finished(group: Obj, pods: list[Obj]) -> str | None:
@@ -479,8 +495,9 @@ def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Res
     """A RayCluster (or a RayJob's) as one queued workload: every pod set at once; a head that
     asks no GPU counts for nothing; the per-pod shape placed is the largest; whole GPUs only."""
     meta = obj["metadata"]
+    pod_sets = ray_cluster_pod_sets(cluster_spec, where)
     request, model = pod_sets_request(
-        meta, ray_cluster_pod_sets(cluster_spec, where), kind,
+        meta, pod_sets, kind,
         none_field=f"{where}.workerGroupSpecs[].template.spec.containers[].resources",
         none_reason=f"a queued {kind} must ask for {GPU} in its head or a worker group",
     )  # fmt: skip
@@ -496,6 +513,7 @@ def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Res
         kind=kind,
         api_version=RAY_API_VERSION,
         held=bool((obj.get("spec") or {}).get("suspend")),
+        pod_sets=tuple(pod_sets),
     )
 
 
@@ -582,8 +600,9 @@ def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
         where = "spec.trainer.resourcesPerNode" if "resources" in field else field
         return f"{where} ({pod_set.where})"
 
+    pod_sets = train_job_pod_sets(obj)
     request, model = pod_sets_request(
-        meta, train_job_pod_sets(obj), "TrainJob", field_of=field_of,
+        meta, pod_sets, "TrainJob", field_of=field_of,
         none_field="spec.trainer.resourcesPerNode",
         none_reason=f"a queued TrainJob must ask for {GPU} (here or in its runtime's trainer Job)",
     )  # fmt: skip
@@ -599,6 +618,7 @@ def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="TrainJob",
         api_version=TRAINER_API_VERSION,
         held=bool((obj.get("spec") or {}).get("suspend")),
+        pod_sets=tuple(pod_sets),
     )
 
 
@@ -647,6 +667,7 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="JobSet",
         api_version="jobset.x-k8s.io/v1alpha2",
         held=bool(spec.get("suspend")),
+        pod_sets=tuple(pod_sets),
     )
 
 
@@ -682,6 +703,7 @@ def parse_serving_workload(
         kind=kind,
         api_version="apps/v1",
         held=ANN_ADMITTED_TYPE not in annotations,
+        pod_sets=(PodSet("spec.template", spec.get("template") or {}, replicas),),
     )
 
 
@@ -730,6 +752,7 @@ def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
         kind="LeaderWorkerSet",
         api_version=LWS_API_VERSION,
         held=ANN_ADMITTED_TYPE not in annotations,
+        pod_sets=tuple(replace(r, count=r.count * replicas) for r in roles),
     )
 
 
@@ -784,6 +807,7 @@ def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         api_version="alnair.io/v1alpha1",
         surplus_gpus=max(0, current - low) * per_worker,
         held=bool(spec.get("suspend")),
+        pod_sets=(PodSet("spec.template", spec.get("template") or {}, low),),
     )
 
 

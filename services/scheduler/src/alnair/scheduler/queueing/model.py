@@ -221,12 +221,14 @@ class QueueSnapshot:
 
 
 WaitKind = Literal[
-    "quota", "reservation", "memory", "fair_share", "capacity", "queue", "prediction"
-]
+    "quota", "reservation", "memory", "fair_share", "capacity", "queue", "prediction",
+    "resource_quota",
+]  # fmt: skip
 """Why a job waits: its queue's quota (or the cohort's) is used up; GPUs are held for a
 reserved job it would delay; no GPU type it may use has enough memory for its predicted peak;
 another queue is further below its fair share; not enough free GPUs; its queue is unknown; the
-predictor gave no usable answer (set by the dispatcher, never by a policy)."""
+predictor gave no usable answer; its namespace's ResourceQuota would refuse its pods (the last
+two set by the dispatcher, never by a policy)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,157 @@
+"""A namespace's ResourceQuota, asked before admission (issue 24): a workload whose pods the
+quota would refuse waits, with the quota, the resource and the amounts in its reason, instead
+of being admitted and having its pods refused by the API server.
+
+What a workload asks is its pod sets' amounts in the quota's own vocabulary: `pods` (and
+`count/pods`), `requests.<resource>` (bare `cpu`, `memory`, `ephemeral-storage` are requests
+too) and `limits.<resource>`, per pod as the API server charges it (the sum of its containers,
+or its largest init container when that is more). Each quota's room is `hard - used` from its
+status. Used is the larger of what the status says and what the workloads the dispatcher
+admitted in that namespace ask: between an admission and the Job controller creating the
+pods, the status does not show them yet, and a second workload must not be admitted into
+the same room meanwhile.
+
+Not read: quotas with `scopes` or a `scopeSelector` (which pods they charge depends on each
+pod's priority class or QoS; they are skipped and the log says so once), object counts other
+than pods (the workload's own object exists already), and pod overhead. A workload the quota
+refuses anyway (a race with pods no queue controls) is caught by the pods-ready timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from decimal import Decimal
+
+from alnair.common import resources as res
+from alnair.common.errors import InvalidValueError
+from alnair.common.informer import Informer
+from alnair.common.kube import RESOURCEQUOTAS, KubeClient, Obj
+from alnair.scheduler.dispatcher.objects import PodSet, Workload
+
+log = logging.getLogger(__name__)
+
+REQUEST_ALIASES = {"cpu": "requests.cpu", "memory": "requests.memory",
+                   "ephemeral-storage": "requests.ephemeral-storage",
+                   "count/pods": "pods"}  # fmt: skip
+
+
+Amounts = dict[str, Decimal]
+
+
+def _add(into: Amounts, name: str, amount: Decimal) -> None:
+    into[name] = into.get(name, Decimal(0)) + amount
+
+
+def pod_amounts(template: Obj, where: str) -> Amounts:
+    """One pod's charge against a quota (`requests.X`, `limits.X`), as the API server counts
+    it: containers summed, an init container counted when it asks more than they do."""
+    spec = template.get("spec") or {}
+
+    def charge(containers: Iterable[Obj], field: str) -> list[Amounts]:
+        out = []
+        for c, container in enumerate(containers):
+            reqs = container.get("resources") or {}
+            limits = reqs.get("limits") or {}
+            requests = {**limits, **(reqs.get("requests") or {})}  # limits default requests
+            one: Amounts = {}
+            for kind, amounts in (("requests", requests), ("limits", limits)):
+                for name, q in amounts.items():
+                    at = f"{where}.{field}[{c}].resources.{kind}.{name}".lstrip(".")
+                    _add(one, f"{kind}.{name}", res.parse_quantity(q, at))
+            out.append(one)
+        return out
+
+    total: Amounts = {}
+    for one in charge(spec.get("containers") or [], "spec.containers"):
+        for name, amount in one.items():
+            _add(total, name, amount)
+    for one in charge(spec.get("initContainers") or [], "spec.initContainers"):
+        for name, amount in one.items():
+            total[name] = max(total.get(name, Decimal(0)), amount)
+    return total
+
+
+def workload_amounts(wl: Workload) -> Amounts:
+    """All a workload's pods charge at once; `pods` counts every pod of its sets."""
+    total: Amounts = {}
+    pods = 0
+    for pod_set in wl.pod_sets:
+        if pod_set.count <= 0:
+            continue
+        for name, amount in pod_amounts(pod_set.template, pod_set.where).items():
+            _add(total, name, amount * pod_set.count)
+        pods += pod_set.count
+    total["pods"] = Decimal(max(pods, wl.request.pods))  # (a PodGroup states one set)
+    return total
+
+
+def _show(name: str, amount: Decimal) -> str:
+    if name.endswith(("memory", "storage")):
+        return f"{amount / 2**20:.0f}Mi"
+    return f"{amount.normalize():f}"
+
+
+class NamespaceQuotas:
+    """The ResourceQuotas of every namespace (one informer), asked per workload."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.informer = Informer(kube, RESOURCEQUOTAS, name="resourcequotas")
+        self._scoped: set[str] = set()
+
+    def shortfall(self, wl: Workload, admitted: Iterable[Workload]) -> str | None:
+        """Why `wl`'s namespace's quota would refuse its pods (None: it would not).
+        `admitted`: the workloads admitted in that namespace now."""
+        quotas = [q for q in self.informer.values()
+                  if q["metadata"].get("namespace") == wl.namespace]  # fmt: skip
+        if not quotas:
+            return None
+        try:
+            asked = workload_amounts(wl)
+        except InvalidValueError as exc:
+            return f"its pods' requests cannot be read: {exc}"
+        held: Amounts = {}
+        for other in admitted:
+            try:
+                for name, amount in workload_amounts(other).items():
+                    _add(held, name, amount)
+            except InvalidValueError:
+                continue
+        for quota in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
+            problem = self._over(quota, asked, held)
+            if problem:
+                return problem
+        return None
+
+    def _over(self, quota: Obj, asked: Amounts, held: Amounts) -> str | None:
+        meta, spec = quota["metadata"], quota.get("spec") or {}
+        name = f"{meta.get('namespace')}/{meta['name']}"
+        if spec.get("scopes") or spec.get("scopeSelector"):
+            if name not in self._scoped:
+                self._scoped.add(name)
+                log.info("a scoped ResourceQuota is not asked before admission",
+                         extra={"quota": name})  # fmt: skip
+            return None
+        status = quota.get("status") or {}
+        hard = status.get("hard") or spec.get("hard") or {}
+        used = status.get("used") or {}
+        for key, limit in sorted(hard.items()):
+            resource = REQUEST_ALIASES.get(key, key)
+            need = asked.get(resource, Decimal(0))
+            if not need:
+                continue
+            try:
+                cap = res.parse_quantity(limit, f"ResourceQuota {name}: hard.{key}")
+                now = res.parse_quantity(used.get(key, "0"), f"ResourceQuota {name}: used.{key}")
+            except InvalidValueError:
+                continue
+            now = max(now, held.get(resource, Decimal(0)))
+            if now + need > cap:
+                return (
+                    f"ResourceQuota {name}: {key} {_show(resource, need)} asked, "
+                    f"{_show(resource, max(Decimal(0), cap - now))} left of {_show(resource, cap)}"
+                )
+        return None
+
+
+__all__ = ["NamespaceQuotas", "PodSet", "pod_amounts", "workload_amounts"]
