@@ -7,11 +7,21 @@ import json
 from collections import Counter
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from alnair.common.bus import Bus, RemoteError
 from alnair.common.errors import PermanentError, TemporaryError
-from alnair.common.events import DeadLetter, Envelope, JobEvent, JobPhase, PodMetric
+from alnair.common.events import (
+    DeadLetter,
+    Envelope,
+    GpuHealthChanged,
+    JobEvent,
+    JobPhase,
+    PodMetric,
+    encode,
+    wrap,
+)
 from alnair.common.localstack import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -319,3 +329,48 @@ async def test_a_thousand_health_flips_of_one_gpu_always_end_as_the_last_one_sai
             await sub.stop()
     finally:
         await bus.close()
+
+
+async def test_a_message_on_a_subject_its_payload_does_not_name_is_dead_lettered_and_counted(
+    nats_url: str,
+) -> None:
+    """Node A's agent, allowed the health and metric subjects, sends node A's payload on node
+    B's subject: every consumer dead-letters it as `wrong_subject` and counts it; node B's own
+    event, on its own subject, is still handled."""
+    bus = await Bus.connect(nats_url, name="test")
+    registry = CollectorRegistry()
+    bus.export_metrics(registry)
+    health: list[str] = []
+    samples: list[str] = []
+
+    async def on_health(ev: GpuHealthChanged, env: Envelope[GpuHealthChanged]) -> None:
+        health.append(ev.node)
+
+    async def on_metric(ev: PodMetric, env: Envelope[PodMetric]) -> None:
+        samples.append(ev.node)
+
+    await bus.subscribe(GpuHealthChanged, on_health, durable="health-subject")
+    await bus.subscribe(PodMetric, on_metric, durable="metric-subject")
+    forged = GpuHealthChanged(node="node-a", gpu_index=0, gpu_uuid="GPU-a0", healthy=False)
+    await bus.js.publish("alnair.health.node-b.0", encode(wrap(forged, source="agent-a")))
+    sample = PodMetric(node="node-a", namespace="ns", pod="p", pod_uid="u")
+    await bus.publish_raw("alnair.metrics.pod.node-b", encode(wrap(sample, source="agent-a")))
+    real = GpuHealthChanged(node="node-b", gpu_index=0, gpu_uuid="GPU-b0", healthy=False)
+    await bus.publish(real, source="agent-b")
+    await bus.publish(PodMetric(node="node-b", namespace="ns", pod="p", pod_uid="u"), source="b")
+
+    (letter,) = await dead_letters(bus, "health-subject", 1)
+    assert letter.subject == "alnair.health.node-b.0"
+    assert "belongs on 'alnair.health.node-a.0'" in letter.reason, letter.reason
+    (metric_letter,) = await dead_letters(bus, "metric-subject", 1)
+    assert metric_letter.subject == "alnair.metrics.pod.node-b"
+    async with asyncio.timeout(10):
+        while not (health and samples):
+            await asyncio.sleep(0.02)
+    assert health == ["node-b"] and samples == ["node-b"]
+    for consumer in ("health-subject", "metric-subject"):
+        count = registry.get_sample_value(
+            "alnair_bus_dead_letters_total", {"consumer": consumer, "cause": "wrong_subject"}
+        )
+        assert count == 1, consumer
+    await bus.close()

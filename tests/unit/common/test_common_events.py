@@ -88,3 +88,16 @@ def test_schema_command_writes_one_schema_per_type(tmp_path) -> None:  # type: i
     schema = json.loads((tmp_path / "io.alnair.metrics.pod.v1.schema.json").read_text())
     assert "data" in schema["properties"]
     assert set(json_schemas()) == set(BY_TYPE)
+
+
+def test_an_inventory_is_read_only_under_its_own_nodes_key() -> None:
+    from alnair.common.events import GpuDevice, GpuInventory
+
+    gpu = GpuDevice(index=0, uuid="GPU-0", model="V100M32", memory_mib=32768)
+    inv = GpuInventory(node="ip-10-0-0-1.ec2.internal", gpus=[gpu])
+    raw = inv.model_dump_json().encode()
+    assert GpuInventory.read(inv.kv_key(), raw) == inv
+    with pytest.raises(DecodeError, match="of node 'ip-10-0-0-1.ec2.internal' stored under 'b'"):
+        GpuInventory.read("b", raw)  # one node's agent writing another node's key
+    with pytest.raises(DecodeError, match="unreadable GPU inventory at 'b'"):
+        GpuInventory.read("b", b"{}")

@@ -8,7 +8,9 @@ Design:
   One place turns a handler's outcome into the acknowledgement: success -> ack; `TemporaryError`
   -> nak with its delay; anything undecodable, schema-invalid, a `PermanentError`, or a message
   that exhausted its deliveries -> a `DeadLetter` on `alnair.dlq.<durable>` (stream DLQ), then
-  term. Nothing is dropped silently.
+  term. Nothing is dropped silently. A message whose subject is not the one its payload derives
+  (node A's agent publishing node B's health) is dead-lettered the same way: a publisher's
+  subject rights then bound what it may speak for. `export_metrics` counts dead letters.
 - Idempotence: an event id already handled by this durable is acknowledged without calling the
   handler again. Handled ids live in a JetStream KV bucket (`alnair-handled`, one key per
   durable+id, with a TTL), so this survives restarts; an in-memory LRU saves the round trip.
@@ -29,8 +31,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import nats
@@ -50,6 +52,9 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ValidationError
 
 from alnair.common.errors import PermanentError, TemporaryError
@@ -128,6 +133,21 @@ class Subscription:
                 await s.unsubscribe()
 
 
+class _DeadLetterCollector(Collector):
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "alnair_bus_dead_letters",
+            "Messages dead-lettered by this service's consumers, by consumer and cause",
+            labels=["consumer", "cause"],
+        )
+        for (consumer, cause), count in sorted(self.bus.dead_letters.items()):
+            family.add_metric([consumer, cause], count)
+        yield family
+
+
 class Bus:
     """A connected NATS client with Alnair's event conventions."""
 
@@ -140,6 +160,13 @@ class Bus:
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subs: list[Subscription] = []
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
+        self.dead_letters: Counter[tuple[str, str]] = Counter()
+        """Messages dead-lettered, by (consumer, cause): `alnair_bus_dead_letters_total`."""
+
+    def export_metrics(self, registry: CollectorRegistry) -> None:
+        """Show this bus's dead letters in a service's registry, by consumer and cause
+        (undecodable, wrong_subject, refused, gave_up, handler_error)."""
+        registry.register(_DeadLetterCollector(self))
 
     @property
     def connected(self) -> bool:
@@ -432,7 +459,17 @@ class Bus:
         try:
             env = decode(msg.data, expected=event_type)
         except DecodeError as exc:
-            await self._dead_letter(msg, durable, str(exc), sub, jetstream)
+            await self._dead_letter(msg, durable, str(exc), sub, jetstream, "undecodable")
+            return
+        named = env.data.subject()
+        if msg.subject != named:
+            # Each event names its subject from its own fields (a node's samples under that
+            # node): a message on another subject was sent by someone allowed that subject
+            # speaking for what the payload names (node A's agent writing node B's health).
+            await self._dead_letter(
+                msg, durable, f"sent on {msg.subject!r}, but its payload belongs on {named!r}",
+                sub, jetstream, "wrong_subject",
+            )  # fmt: skip
             return
         if not jetstream:
             # Core NATS delivers at most once and nothing redelivers, so there is no copy to
@@ -480,11 +517,14 @@ class Bus:
                 await msg.nak(delay=exc.delay_s)
                 return
             await self._dead_letter(
-                msg, durable, f"gave up after {delivered} deliveries: {exc}", sub, jetstream
-            )
+                msg, durable, f"gave up after {delivered} deliveries: {exc}", sub, jetstream,
+                "gave_up",
+            )  # fmt: skip
             return
         except (PermanentError, ValidationError) as exc:
-            await self._dead_letter(msg, durable, f"{type(exc).__name__}: {exc}", sub, jetstream)
+            await self._dead_letter(
+                msg, durable, f"{type(exc).__name__}: {exc}", sub, jetstream, "refused"
+            )
             return
         except asyncio.CancelledError:
             raise
@@ -494,7 +534,9 @@ class Bus:
             if jetstream and msg.metadata.num_delivered < max_deliver:
                 await msg.nak(delay=2.0)
             else:
-                await self._dead_letter(msg, durable, f"handler error: {exc!r}", sub, jetstream)
+                await self._dead_letter(
+                    msg, durable, f"handler error: {exc!r}", sub, jetstream, "handler_error"
+                )
             return
         if jetstream:
             await self._mark_handled(key)
@@ -520,8 +562,9 @@ class Bus:
             await self._handled_kv.put(key, b"1")
 
     async def _dead_letter(
-        self, msg: Msg, durable: str, reason: str, sub: Subscription, jetstream: bool
-    ) -> None:
+        self, msg: Msg, durable: str, reason: str, sub: Subscription, jetstream: bool,
+        cause: str,
+    ) -> None:  # fmt: skip
         dl = DeadLetter(
             subject=msg.subject,
             consumer=durable,
@@ -532,6 +575,7 @@ class Bus:
         subject = f"{DLQ_PREFIX}.{subject_token(durable)}"
         await self._js_publish(subject, dl.model_dump_json().encode(), {}, 30.0)
         sub.dead_lettered += 1
+        self.dead_letters[(durable, cause)] += 1
         log.warning(
             "message dead-lettered",
             extra={"durable": durable, "subject": msg.subject, "reason": reason},

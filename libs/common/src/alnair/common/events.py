@@ -204,6 +204,21 @@ class GpuInventory(Event):
     def kv_key(self) -> str:
         return subject_token(self.node)
 
+    @classmethod
+    def read(cls, key: str, value: bytes) -> GpuInventory:
+        """The inventory stored at `key`; DecodeError when unreadable, or when it names
+        another node than its key does (one node's agent writing another node's GPUs, which
+        that node's device plugin would advertise to its kubelet)."""
+        try:
+            inventory = cls.model_validate_json(value)
+        except ValidationError as exc:
+            raise DecodeError(f"unreadable GPU inventory at {key!r}: {exc}") from exc
+        if inventory.kv_key() != key:
+            raise DecodeError(
+                f"GPU inventory of node {inventory.node!r} stored under {key!r}: refused"
+            )
+        return inventory
+
 
 class GpuHealthChanged(Event):
     """A GPU became unhealthy (XID, ECC, lost) or healthy again."""

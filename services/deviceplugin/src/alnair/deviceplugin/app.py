@@ -150,6 +150,7 @@ async def start(
             name=f"deviceplugin-{settings.node_name}",
             credentials=settings.nats_credentials(),
         )
+        bus.export_metrics(metrics.registry)
         kv = await bus.kv(GpuInventory.BUCKET)
         tasks.append(
             spawn(watch_inventory(kv, state), name="deviceplugin.inventory", on_death=on_death)

@@ -14,10 +14,16 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from nats.js.kv import KeyValue
-from pydantic import ValidationError
 
 from alnair.common.bus import Bus, Subscription
-from alnair.common.events import Envelope, GpuHealthChanged, GpuInventory, PodMetric, subject_token
+from alnair.common.events import (
+    DecodeError,
+    Envelope,
+    GpuHealthChanged,
+    GpuInventory,
+    PodMetric,
+    subject_token,
+)
 from alnair.common.informer import WatchEvent
 from alnair.common.kube import Obj
 from alnair.deviceplugin.metrics import DevicePluginMetrics
@@ -113,9 +119,9 @@ async def watch_inventory(kv: KeyValue, state: NodeDevices) -> None:
             if entry is None or not entry.value:
                 continue  # the end-of-history marker, or a deleted key
             try:
-                inventory = GpuInventory.model_validate_json(entry.value)
-            except ValidationError as exc:
-                log.error("unreadable GPU inventory", extra={"error": str(exc)})
+                inventory = GpuInventory.read(entry.key, entry.value)
+            except DecodeError as exc:
+                log.error("GPU inventory refused", extra={"error": str(exc)})
                 continue
             statuses = state.set_inventory(inventory)
             log.info(

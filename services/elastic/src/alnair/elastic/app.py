@@ -96,6 +96,7 @@ async def start(
         bus = await Bus.connect(
             settings.nats_url, name="elastic", credentials=settings.nats_credentials()
         )
+        bus.export_metrics(metrics.registry)
         connected = bus
 
         async def publish_event(event: ScaleEvent, event_id: str) -> None:

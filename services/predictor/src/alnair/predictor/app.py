@@ -84,6 +84,7 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     bus = await Bus.connect(
         settings.nats_url, name="predictor", credentials=settings.nats_credentials()
     )
+    bus.export_metrics(metrics.registry)
     died = asyncio.Event()
 
     def on_death(_exc: BaseException) -> None:

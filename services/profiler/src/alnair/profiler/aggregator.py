@@ -63,12 +63,14 @@ from alnair.common.annotations import object_model
 from alnair.common.bus import Bus
 from alnair.common.errors import TemporaryError
 from alnair.common.events import (
+    DecodeError,
     Envelope,
     GpuInventory,
     JobEvent,
     JobPhase,
     PodMetric,
     PodSummary,
+    subject_token,
 )
 from alnair.common.kube import (
     NODES,
@@ -583,13 +585,15 @@ class Aggregator:
         try:
             if self._kv is None:
                 self._kv = await self.bus.kv(GpuInventory.BUCKET)
-            entry = await self._kv.get(node)
+            entry = await self._kv.get(subject_token(node))  # (the key the agent writes)
             if entry.value:
-                inv = GpuInventory.model_validate_json(entry.value)
+                inv = GpuInventory.read(entry.key, entry.value)
                 if inv.gpus:
                     return inv.gpus[0].model
         except KeyNotFoundError:
             pass
+        except DecodeError as exc:
+            log.error("GPU inventory refused", extra={"node": node, "error": str(exc)})
         try:
             obj = await self.kube.get(NODES, node)
         except NotFound:

@@ -124,6 +124,7 @@ async def start_agent(
         name=f"profiler-agent-{settings.node_name or 'sim'}",
         credentials=settings.nats_credentials(),
     )
+    bus.export_metrics(metrics.registry)
     kube = KubeClient.from_config(settings.kubeconfig)
     agent = Agent(
         backend,
@@ -268,6 +269,7 @@ async def start_aggregator(
     bus = await Bus.connect(
         settings.nats_url, name="profiler-aggregator", credentials=settings.nats_credentials()
     )
+    bus.export_metrics(metrics.registry)
     kube = KubeClient.from_config(settings.kubeconfig)
     redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
     tasks: list[asyncio.Task[Any]] = []

@@ -52,6 +52,7 @@ async def serve(settings: SchedulerSettings) -> int:
             name=f"scheduler-{settings.identity}",
             credentials=settings.nats_credentials(),
         )
+        bus.export_metrics(metrics.registry)
         await handlers.subscribe(bus, scheduler, settings.identity)
         inventory = spawn(
             handlers.watch_inventory(bus, scheduler), name="scheduler.inventory", on_death=on_death

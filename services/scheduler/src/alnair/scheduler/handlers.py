@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from pydantic import ValidationError
-
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import (
+    DecodeError,
     Envelope,
     GpuHealthChanged,
     GpuInventory,
@@ -88,9 +87,9 @@ async def watch_inventory(bus: Bus, scheduler: Scheduler) -> None:
                     scheduler.on_inventory(node, [])
                 continue
             try:
-                inventory = GpuInventory.model_validate_json(entry.value)
-            except ValidationError as exc:
-                log.error("unreadable GPU inventory", extra={"key": entry.key, "error": str(exc)})
+                inventory = GpuInventory.read(entry.key, entry.value)
+            except DecodeError as exc:
+                log.error("GPU inventory refused", extra={"key": entry.key, "error": str(exc)})
                 continue
             node_of_key[entry.key] = inventory.node
             scheduler.on_inventory(inventory.node, inventory.topology)

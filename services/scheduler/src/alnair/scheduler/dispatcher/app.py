@@ -144,6 +144,7 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         bus = await Bus.connect(
             settings.nats_url, name="dispatcher", credentials=settings.nats_credentials()
         )
+        bus.export_metrics(metrics.registry)
         predictor = PredictorClient(bus, settings.predict_subject, settings.predict_timeout_s)
     dispatcher: Dispatcher | Hub
     if settings.mode == "hub":
