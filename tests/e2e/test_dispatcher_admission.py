@@ -94,7 +94,9 @@ async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_
     cp = control_plane
     skip = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Job"}
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    elastic_cfg = await shipped_account(cp, kube, "alnair-elastic", "elastic/rbac.yaml")
+    elastic_cfg = await shipped_account(
+        cp, kube, "alnair-elastic", "elastic/rbac.yaml", "elastic/owned-policy.yaml"
+    )
     certs_cfg = await shipped_account(
         cp, kube, "alnair-dispatcher-certs", "dispatcher/webhook.yaml", skip=skip
     )

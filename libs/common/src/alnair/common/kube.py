@@ -190,6 +190,9 @@ KIND_RESOURCES: dict[str, Resource] = {
     "ValidatingWebhookConfiguration": VALIDATING_WEBHOOKS,
     "Deployment": DEPLOYMENTS,
     "DaemonSet": DAEMONSETS,
+    "ValidatingAdmissionPolicy": ADMISSION_POLICIES,
+    "ValidatingAdmissionPolicyBinding": ADMISSION_POLICY_BINDINGS,
+    "ResourceQuota": RESOURCEQUOTAS,
     "ClusterRole": Resource(_RBAC, "v1", "clusterroles", namespaced=False),
     "ClusterRoleBinding": Resource(_RBAC, "v1", "clusterrolebindings", namespaced=False),
     "Role": Resource(_RBAC, "v1", "roles"),
@@ -604,12 +607,20 @@ class KubeClient:
         name: str,
         expiration_s: int = 3600,
         audiences: Sequence[str] = (),
+        bound_pod: Obj | None = None,
     ) -> str:
         """A token for a ServiceAccount through the TokenRequest API (tests, tools); for
-        `audiences` (default: the API server's own)."""
+        `audiences` (default: the API server's own). Bound to `bound_pod`, it is valid only
+        while that pod exists, and the API server adds the pod's node to its user info
+        (`authentication.kubernetes.io/node-name`), as for a pod's projected token."""
         spec: dict[str, Any] = {"expirationSeconds": expiration_s}
         if audiences:
             spec["audiences"] = list(audiences)
+        if bound_pod is not None:
+            meta = bound_pod["metadata"]
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+            }  # fmt: skip
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         doc = await self.request("POST", SERVICEACCOUNTS.path(namespace, name, "token"), body=body)
         token: str = doc["status"]["token"]
