@@ -25,6 +25,7 @@ import pytest
 from alnair.common import dra
 from alnair.common import resources as res
 from alnair.common.kube import (
+    ADMISSION_POLICY_BINDINGS,
     JOBS,
     MUTATING_WEBHOOKS,
     NODES,
@@ -305,6 +306,15 @@ EXPECTATIONS = [
         ],
     ),
     Expectation(
+        "alnair-bus-auth",
+        allowed=[Access("create", "tokenreviews", "authentication.k8s.io")],
+        denied=[
+            Access("list", "pods"),
+            Access("get", "nodes"),
+            Access("patch", "pods", namespace="team-a"),
+        ],
+    ),
+    Expectation(
         "alnair-deviceplugin",
         allowed=[
             Access("list", "pods"),
@@ -452,6 +462,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
                 "alnair-deviceplugin": 1,
+                "alnair-bus-auth": 2,
                 "nats": 1,
                 "redis": 1,
             },
@@ -483,7 +494,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 # Real requests: refused with 403 where it must not reach.
                 await forbidden(limited.list(SECRETS, NS))
                 await forbidden(limited.delete(NODES, gpu_node))
-                await real_requests(limited, expect.account, gpu_node)
+                await real_requests(limited, expect.account, gpu_node, control_plane, kube)
     finally:
         with contextlib.suppress(Exception):
             await run_kubectl(
@@ -508,9 +519,35 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             await kube.delete(VALIDATING_WEBHOOKS, "alnair-dispatcher")
         with contextlib.suppress(Exception):
             await kube.delete(NODES, gpu_node)
+        # The node components' policies bind the shipped accounts cluster-wide: later tests
+        # run those accounts with tokens bound to no node.
+        for policy in POLICIES:
+            with contextlib.suppress(Exception):
+                await kube.delete(ADMISSION_POLICY_BINDINGS, policy)
 
 
-async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> None:
+POLICIES = ("alnair-profiler-agent-own-node", "alnair-deviceplugin-own-node",
+            "alnair-elastic-owned-objects")  # fmt: skip
+
+
+async def _bound_to(cp: ControlPlane, kube: KubeClient, account: str, node: str) -> KubeClient:
+    """A client of `account` whose token is bound to a pod of it on `node`."""
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{account}-bound", "namespace": NS},
+            "spec": {"serviceAccountName": account, "nodeName": node,
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
+    with contextlib.suppress(ApiError):
+        await kube.delete(PODS, body["metadata"]["name"], NS)
+    pod = await kube.create(PODS, body, NS)
+    token = await kube.service_account_token(NS, account, bound_pod=pod)
+    assert cp.pki is not None
+    return KubeClient(KubeConfig(server=cp.server, ca_file=str(cp.pki.ca_cert), token=token))
+
+
+async def real_requests(
+    limited: KubeClient, account: str, gpu_node: str, cp: ControlPlane, kube: KubeClient
+) -> None:
     """Per service: one request it needs, answered; one beside its job, refused."""
     if account == "alnair-scheduler":
         assert (await limited.list(NODES))["items"]
@@ -550,9 +587,12 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         await forbidden(limited.list(PODS))
         await forbidden(limited.get(CONFIGMAPS, "kube-root-ca.crt", NS))
     elif account == "alnair-profiler-agent":
-        patched = await limited.patch(
-            NODES, gpu_node, {"metadata": {"labels": {res.LABEL_GPU_COUNT: "1"}}}
-        )
+        # Its node's label, with a token bound to a pod on that node (as the DaemonSet's pod
+        # holds one); a token bound to no node is refused by the shipped policy.
+        label = {"metadata": {"labels": {res.LABEL_GPU_COUNT: "1"}}}
+        await forbidden(limited.patch(NODES, gpu_node, label))
+        async with await _bound_to(cp, kube, account, gpu_node) as on_node:
+            patched = await on_node.patch(NODES, gpu_node, label)
         assert patched["metadata"]["labels"][res.LABEL_GPU_COUNT] == "1"
         await forbidden(limited.list(NODES))
         await forbidden(limited.create(JOBS, {"metadata": {"name": "x"}}, NS))
@@ -568,6 +608,14 @@ async def real_requests(limited: KubeClient, account: str, gpu_node: str) -> Non
         pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
         owner = await resolve_owner(limited, pod)
         assert (owner.kind, owner.name, owner.uid) == ("Widget", "w", "u-w")
+    elif account == "alnair-bus-auth":
+        # It reviews tokens (the bus's callout), and reads nothing of the cluster.
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                  "spec": {"token": "not-a-token", "audiences": ["alnair-bus"]}}  # fmt: skip
+        answer = await limited.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
+                                       body=review)  # fmt: skip
+        assert answer["status"].get("authenticated") is not True
+        await forbidden(limited.list(PODS))
     elif account == "alnair-deviceplugin":
         # Its own pod (created by the DaemonSet controller for the GPU node; nothing binds it
         # here, as no default scheduler runs in this control plane).

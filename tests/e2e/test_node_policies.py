@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from alnair.common.kube import (
+    ADMISSION_POLICY_BINDINGS,
     CONFIGMAPS,
     NODES,
     PODS,
@@ -37,6 +39,17 @@ from kube_builders import make_pod, shipped_account
 pytestmark = pytest.mark.e2e
 
 SYSTEM_NS = "alnair-system"
+
+
+@pytest.fixture(autouse=True)
+async def _policies_removed_after(kube: KubeClient) -> AsyncIterator[None]:
+    """The policies bind the shipped accounts cluster-wide; later tests run those accounts with
+    tokens bound to no node."""
+    yield
+    for binding in ("alnair-profiler-agent-own-node", "alnair-deviceplugin-own-node",
+                    "alnair-elastic-owned-objects"):  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await kube.delete(ADMISSION_POLICY_BINDINGS, binding)
 
 
 async def _refused(call: Any, *says: str) -> str:
@@ -64,8 +77,9 @@ async def _bound_client(
     return KubeClient(cfg), name
 
 
-async def _until_enforced(call: Any) -> None:
-    """A new policy takes a moment to load: retry `call()` until it is refused."""
+async def _until_enforced(call: Any, undo: Any) -> None:
+    """A new policy takes a moment to load: retry `call()` until it is refused, undoing
+    (`undo()`, as the cluster's admin) what went through before it was."""
     async with asyncio.timeout(20):
         while True:
             try:
@@ -74,6 +88,7 @@ async def _until_enforced(call: Any) -> None:
                 if exc.status == 403:
                     return
                 raise
+            await undo()
             await asyncio.sleep(0.2)
 
 
@@ -100,7 +115,9 @@ async def test_node_components_change_only_their_own_node_and_its_pods(
     labelled = {"metadata": {"labels": {"alnair.io/probe": "agent"}}}
     async with agent, plugin, KubeClient(unbound_cfg) as unbound_plugin:
         try:
-            await _until_enforced(lambda: agent.patch(NODES, node_b, labelled))
+            unlabel = {"metadata": {"labels": {"alnair.io/probe": None}}}
+            await _until_enforced(lambda: agent.patch(NODES, node_b, labelled),
+                                  lambda: kube.patch(NODES, node_b, unlabel))  # fmt: skip
             # The agent: its own node, its own labels.
             await agent.patch(NODES, node_a, labelled)
             await _refused(agent.patch(NODES, node_b, labelled),
@@ -114,7 +131,11 @@ async def test_node_components_change_only_their_own_node_and_its_pods(
 
             # The device plugin: pods on its node, their alnair.io/ annotations only.
             marked = {"metadata": {"annotations": {"alnair.io/gpu-allocated": "train"}}}
-            await _until_enforced(lambda: plugin.patch(PODS, pods[node_b], marked, namespace))
+            unmark = {"metadata": {"annotations": {"alnair.io/gpu-allocated": None}}}
+            await _until_enforced(
+                lambda: plugin.patch(PODS, pods[node_b], marked, namespace),
+                lambda: kube.patch(PODS, pods[node_b], unmark, namespace),
+            )
             await plugin.patch(PODS, pods[node_a], marked, namespace)
             await _refused(plugin.patch(PODS, pods[node_b], marked, namespace),
                            f"only pods on its own node ({node_a})")  # fmt: skip
@@ -154,7 +175,8 @@ async def test_the_elastic_controller_writes_only_what_an_elastic_job_owns(
              "uid": str(uuid.uuid4()), "controller": True}  # fmt: skip
     async with KubeClient(cfg) as elastic:
         loose = _stateful_set("loose", namespace, None)
-        await _until_enforced(lambda: elastic.create(STATEFULSETS, loose, namespace))
+        await _until_enforced(lambda: elastic.create(STATEFULSETS, loose, namespace),
+                              lambda: kube.delete(STATEFULSETS, "loose", namespace))  # fmt: skip
         await _refused(
             elastic.create(STATEFULSETS, _stateful_set("inside", SYSTEM_NS, owner), SYSTEM_NS),
             "may not write in alnair-system",

@@ -55,7 +55,11 @@ def nats(tmp_path: Path, secrets_: dict[str, dict[str, str]]) -> Iterator[str]:
             str(tmp_path / "nats-auth/nats.conf"),
         ],
         tmp_path,
-        env=secrets_["alnair-nats-users"],  # envFrom: secretRef, as the patched StatefulSet
+        # envFrom: secretRef, and the callout's public key, as the patched StatefulSet
+        env={
+            **secrets_["alnair-nats-users"],
+            "NATS_CALLOUT_ISSUER": secrets_["alnair-nats-callout"]["NATS_CALLOUT_ISSUER"],
+        },
     )
     proc.start()
     proc.wait_ready(lambda: port_open(port), 30)

@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from alnair.common import nkeys
+from alnair.common.busauth import AUDIENCE
 from alnair.common.credentials import (
+    CALLOUT_SECRET,
     NATS_SECRET,
     PREDICTOR_SECRET,
     REDIS_SECRET,
@@ -68,12 +71,23 @@ def test_every_workload_connects_as_its_own_user(overlay: str) -> None:
         assert name in WORKLOAD_USERS, f"{name} has no credentials in WORKLOAD_USERS"
         seen.add(name)
         nats_user, redis_user = WORKLOAD_USERS[name]
-        (container,) = obj["spec"]["template"]["spec"]["containers"]
+        pod = obj["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
         env = {e["name"]: e for e in container.get("env", [])}
-        assert env["ALNAIR_NATS_USER"]["value"] == nats_user
-        assert nats_user in SERVICE_PERMISSIONS
-        ref = env["ALNAIR_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
-        assert (ref["name"], ref["key"]) == (NATS_SECRET, env_key("NATS_PW", nats_user))
+        if nats_user is None:
+            # A node component: its pod's token for the bus's audience, no shared password.
+            assert "ALNAIR_NATS_USER" not in env and "ALNAIR_NATS_PASSWORD" not in env
+            path = Path(env["ALNAIR_NATS_TOKEN_FILE"]["value"])
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent)]
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            (source,) = volume["projected"]["sources"]
+            assert source["serviceAccountToken"]["audience"] == AUDIENCE
+            assert source["serviceAccountToken"]["path"] == path.name
+        else:
+            assert env["ALNAIR_NATS_USER"]["value"] == nats_user
+            assert nats_user in SERVICE_PERMISSIONS
+            ref = env["ALNAIR_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == (NATS_SECRET, env_key("NATS_PW", nats_user))
         if redis_user is None:
             assert "ALNAIR_REDIS_USER" not in env
         else:
@@ -115,7 +129,14 @@ def test_generated_secrets_are_fresh_and_complete(capsys: pytest.CaptureFixture[
         assert f">{first[1]['stringData'][env_key('REDIS_PW', user)]} " in acl
     assert main(["--namespace", "ml-platform"]) == 0
     printed = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert {s["metadata"]["name"] for s in printed} == {NATS_SECRET, REDIS_SECRET, PREDICTOR_SECRET}
+    assert {s["metadata"]["name"] for s in printed} == {
+        NATS_SECRET, REDIS_SECRET, PREDICTOR_SECRET, CALLOUT_SECRET,
+    }  # fmt: skip
+    # The callout's seed signs and its public key is what nats-server trusts: one pair.
+    callout = first[3]["stringData"]
+    issuer = nkeys.KeyPair.from_seed(callout["issuer-seed"])
+    assert issuer.role == nkeys.ACCOUNT
+    assert issuer.public_key == callout["NATS_CALLOUT_ISSUER"]
     assert all(s["metadata"]["namespace"] == "ml-platform" for s in printed)
 
 

@@ -65,6 +65,7 @@ from alnair.common.events import (
     E,
     Envelope,
     Event,
+    GpuInventory,
     decode,
     encode,
     subject_token,
@@ -227,7 +228,17 @@ class Bus:
         bus._reconnect_listeners = listeners
         if ensure_streams:
             await bus.ensure_streams()
+        else:
+            await bus._bind_handled()
         return bus
+
+    async def _bind_handled(self) -> None:
+        """Use the handled-event bucket the services that ensure streams made (a node
+        component may look it up, not create it)."""
+        try:
+            self._handled_kv = await self.js.key_value(HANDLED_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            log.warning("no handled-event bucket yet: idempotence is in memory only")
 
     async def ensure_streams(
         self, max_bytes: int = STREAM_MAX_BYTES, dlq_max_bytes: int = DLQ_MAX_BYTES
@@ -251,6 +262,8 @@ class Bus:
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(cfg)
         self._handled_kv = await self.kv(HANDLED_BUCKET, ttl_s=7 * 24 * 3600.0)
+        # Written by node components, which may not create it themselves (busauth).
+        await self.kv(GpuInventory.BUCKET)
 
     async def kv(self, bucket: str, ttl_s: float | None = None, history: int = 1) -> KeyValue:
         """The JetStream KV bucket `bucket`, created on first use."""

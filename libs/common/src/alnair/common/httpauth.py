@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 SUBJECTACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
@@ -64,6 +65,9 @@ class Identity:
     username: str
     uid: str = ""
     groups: tuple[str, ...] = ()
+    node: str = ""
+    """The node of the pod a bound token belongs to (`authentication.kubernetes.io/node-name`
+    in the review's user extra), when it names one."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +142,12 @@ class TokenReviewer:
         identity: Identity | None = None
         if status.get("authenticated"):
             user = status.get("user") or {}
+            nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or [""]
             identity = Identity(
                 username=str(user.get("username", "")),
                 uid=str(user.get("uid", "")),
                 groups=tuple(str(g) for g in user.get("groups") or ()),
+                node=str(nodes[0]),
             )
         ttl = self.cache_s if identity is not None else self.rejected_cache_s
         self._remember(self._cache, key, now + ttl, identity)

@@ -50,6 +50,7 @@ SCALE = "alnair.scale.>"
 PREDICT = "alnair.predict"
 PREDICT_ALL = ("alnair.predict", "alnair.predict.>")
 INVENTORY_WRITE = "$KV.gpu-inventory.>"
+CALLOUT = "$SYS.REQ.USER.AUTH"
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,13 @@ class Permissions:
     subscribe: tuple[str, ...] = ()
     respond: bool = False
     """May answer requests it received (`allow_responses`): request-reply servers."""
+    bus: bool = True
+    """Uses the bus's streams (the JetStream API, acks, idempotence keys, dead letters)."""
 
     def render(self) -> dict[str, object]:
+        publish = [*_BUS_PUBLISH, *self.publish] if self.bus else list(self.publish)
         doc: dict[str, object] = {
-            "publish": {"allow": [*_BUS_PUBLISH, *self.publish], "deny": list(JS_DESTRUCTIVE)},
+            "publish": {"allow": publish, "deny": list(JS_DESTRUCTIVE)},
             "subscribe": {"allow": [INBOX, *self.subscribe]},
         }
         if self.respond:
@@ -82,6 +86,8 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     # dispatcher: job lifecycle out, asks the predictor, asks elastic jobs to give back the
     # borrowed surplus (scale requests)
     "dispatcher": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL)),
+    # the bus's auth callout (busauth): answers nats-server's authorization requests only
+    "bus-auth": Permissions(subscribe=(CALLOUT,), respond=True, bus=False),
     # predictor: consumes job events, answers predictions; publishes no event
     "predictor": Permissions(subscribe=PREDICT_ALL, respond=True),
     # elastic controller: scale requests in, scale outcomes out
@@ -111,6 +117,7 @@ def server_config(
     store_dir: Path | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    callout_issuer: str | None = None,
 ) -> str:
     """A nats-server configuration whose `authorization` block holds `users` (name -> password).
 
@@ -142,7 +149,15 @@ def server_config(
     for password in users.values():
         if password.startswith("$"):
             body = body.replace(json.dumps(password), password)
-    lines.append(f"authorization {{\n  users = {body}\n}}")
+    callout = ""
+    if callout_issuer is not None:
+        # Every static user bypasses the callout; any other connection (a node component's
+        # token) is handed to it, and admitted only as the user it signs.
+        bypass = json.dumps(sorted(users))
+        callout = (
+            f"\n  auth_callout {{\n    issuer: {callout_issuer}\n    auth_users: {bypass}\n  }}"
+        )
+    lines.append(f"authorization {{\n  users = {body}{callout}\n}}")
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +171,11 @@ class NatsCredentials:
     """A `.creds` file (JWT + nkey seed) for operator-mode servers."""
     tls_ca_file: Path | None = None
     """CA that signed the server's certificate; set: the connection uses TLS."""
+    token_file: Path | None = None
+    """A token read at each (re)connect (a projected ServiceAccount token rotates): what a
+    node component presents to the bus's auth callout (`alnair.common.busauth`)."""
+    inbox_prefix: str | None = None
+    """Where replies to this connection's requests go (a node component's own prefix)."""
 
     def connect_options(self) -> dict[str, object]:
         """Keyword arguments for `nats.connect`."""
@@ -174,4 +194,11 @@ class NatsCredentials:
             opts["user_credentials"] = str(self.creds_file)
         if self.tls_ca_file is not None:
             opts["tls"] = ssl.create_default_context(cafile=str(self.tls_ca_file))
+        if self.token_file is not None:
+            path = self.token_file
+            if not path.is_file():
+                raise ConfigError(f"NATS token file {str(path)!r} does not exist", path=str(path))
+            opts["token"] = lambda: path.read_text().strip()
+        if self.inbox_prefix is not None:
+            opts["inbox_prefix"] = self.inbox_prefix
         return opts

@@ -45,6 +45,14 @@ class CommonSettings(BaseSettings):
         default=None,
         description="NATS .creds file (JWT + nkey seed) instead of user and password",
     )
+    nats_token_file: Path | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_TOKEN_FILE"),
+        default=None,
+        description=(
+            "a node component's ServiceAccount token (projected, audience alnair-bus), read at "
+            "each connect: the bus's auth callout admits it as its node only (busauth)"
+        ),
+    )
     nats_tls_ca_file: Path | None = Field(
         validation_alias=AliasChoices("ALNAIR_NATS_TLS_CA"),
         default=None,
@@ -93,6 +101,7 @@ class CommonSettings(BaseSettings):
             password=None if self.nats_password is None else self.nats_password.get_secret_value(),
             creds_file=self.nats_creds_file,
             tls_ca_file=self.nats_tls_ca_file,
+            token_file=self.nats_token_file,
         )
 
     def redis_credentials(self) -> dict[str, str]:
@@ -112,6 +121,7 @@ DEFAULT_HTTP_PORTS: dict[str, int] = {
     "deviceplugin": 8085,
     "dispatcher": 8086,
     "elastic": 8087,
+    "bus-auth": 8088,
 }
 """Each service's HTTP port unless configured: distinct, so every service runs side by side on
 one machine (`make up`). The services' settings and the local stack read this one table."""

@@ -20,6 +20,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus
+from alnair.common.busauth import for_node
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
 from alnair.common.http import bound_port, named_task, start_http, stop_http
@@ -148,7 +149,9 @@ async def start(
         bus = await Bus.connect(
             settings.nats_url,
             name=f"deviceplugin-{settings.node_name}",
-            credentials=settings.nats_credentials(),
+            credentials=for_node(settings.nats_credentials(), settings.node_name),
+            # With its node's identity (a token) it may find the streams, not make them.
+            ensure_streams=settings.nats_token_file is None,
         )
         bus.export_metrics(metrics.registry)
         kv = await bus.kv(GpuInventory.BUCKET)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from nats.js.kv import KeyValue
 
 from alnair.common.bus import Bus, Subscription
+from alnair.common.busauth import deviceplugin_durable
 from alnair.common.events import (
     DecodeError,
     Envelope,
@@ -37,7 +38,8 @@ MetricHandler = Callable[[PodMetric, Envelope[PodMetric]], Awaitable[None]]
 
 
 def durable_name(node: str) -> str:
-    return f"deviceplugin-{subject_token(node)}"
+    """Its durable on the HEALTH stream: the one its node's bus identity may use (busauth)."""
+    return deviceplugin_durable(node)
 
 
 def health_handler(state: NodeDevices, metrics: DevicePluginMetrics) -> HealthHandler:

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus
+from alnair.common.busauth import for_node
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
 from alnair.common.http import bound_port, named_task, start_http, stop_http
@@ -29,6 +30,7 @@ from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent import Agent
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.api import create_app
+from alnair.profiler.busauth import start_bus_auth
 from alnair.profiler.gpu import GpuBackend
 from alnair.profiler.handlers import subscribe_pod_metrics, subscribe_pod_summaries
 from alnair.profiler.metrics import ProfilerMetrics
@@ -122,7 +124,9 @@ async def start_agent(
     bus = await Bus.connect(
         settings.nats_url,
         name=f"profiler-agent-{settings.node_name or 'sim'}",
-        credentials=settings.nats_credentials(),
+        credentials=for_node(settings.nats_credentials(), settings.node_name or "sim"),
+        # With its node's identity (a token) it may find the streams, not make them.
+        ensure_streams=settings.nats_token_file is None,
     )
     bus.export_metrics(metrics.registry)
     kube = KubeClient.from_config(settings.kubeconfig)
@@ -351,6 +355,14 @@ async def _start_trials(
 async def serve(settings: ProfilerSettings) -> None:
     """Run the configured role until SIGTERM/SIGINT or until a vital task dies."""
     setup_logging(settings.log_level, settings.log_json)
+    if settings.role == "bus-auth":
+        auth = await start_bus_auth(settings)
+        log.info("profiler started", extra={"role": settings.role, "port": auth.http_port})
+        died = await until_stopped(auth.died)
+        await auth.stop()
+        if died:
+            raise SystemExit(1)
+        return
     start = start_agent if settings.role == "agent" else start_aggregator
     running = await start(settings)
     log.info("profiler started", extra={"role": settings.role, "port": running.http_port})

@@ -40,7 +40,10 @@ def main(argv: Sequence[str]) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run the node agent or the aggregator")
     run.add_argument(
-        "role", nargs="?", choices=["agent", "aggregator"], help="default: ALNAIR_PROFILER_ROLE"
+        "role",
+        nargs="?",
+        choices=["agent", "aggregator", "bus-auth"],
+        help="default: ALNAIR_PROFILER_ROLE",
     )
     run.add_argument("--backend", choices=["nvml", "sim"], help="agent GPU backend")
     rec = sub.add_parser("records", help="print execution records as JSON lines, newest first")

@@ -24,6 +24,11 @@ class ProfilerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         m = Metrics("profiler", registry)
         self.registry = m.registry
+        self.bus_auth = m.counter(
+            "bus_auth_decisions",
+            "bus-auth: node component connections admitted or refused",
+            ["outcome"],
+        )
         self.pod_gpu_util = m.gauge(
             "pod_gpu_util_pct", "GPU utilization attributed to the pod", POD_GPU_LABELS
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
@@ -24,9 +24,18 @@ class ProfilerSettings(ServiceSettings):
         env_prefix="ALNAIR_PROFILER_", extra="ignore", populate_by_name=True
     )
 
-    role: Literal["agent", "aggregator"] = Field(
-        default="agent", description="which process this is: node agent or aggregator"
+    role: Literal["agent", "aggregator", "bus-auth"] = Field(
+        default="agent",
+        description="which process this is: node agent, aggregator, or the bus's auth callout",
     )
+    bus_auth_issuer_seed: SecretStr | None = Field(
+        default=None,
+        description="bus-auth: the callout account's nkey seed, which signs node users",
+    )
+    bus_auth_ttl_s: int = Field(
+        default=3600, ge=60,
+        description="bus-auth: how long a node user stays admitted before it authenticates again",
+    )  # fmt: skip
     http_port: int = Field(
         default=DEFAULT_HTTP_PORTS["profiler-agent"],
         ge=0,
@@ -115,6 +124,6 @@ class ProfilerSettings(ServiceSettings):
     def _aggregator_port(self) -> ProfilerSettings:
         # Both roles share this class; unless configured, each gets its own port so an agent
         # and an aggregator run side by side on one machine.
-        if "http_port" not in self.model_fields_set and self.role == "aggregator":
-            self.http_port = DEFAULT_HTTP_PORTS["aggregator"]
+        if "http_port" not in self.model_fields_set and self.role != "agent":
+            self.http_port = DEFAULT_HTTP_PORTS[self.role]
         return self

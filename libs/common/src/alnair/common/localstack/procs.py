@@ -120,6 +120,7 @@ class NatsServer:
         workdir: Path | None = None,
         port: int | None = None,
         users: Mapping[str, str] | None = None,
+        callout_issuer: str | None = None,
     ) -> None:
         # Absolute: the server runs with this folder as its working directory, so a relative
         # path handed to it (store, config, ACL file) would be resolved twice.
@@ -127,6 +128,7 @@ class NatsServer:
         self.port = port or free_port()
         self.store = self.workdir / "jetstream"
         self.users = dict(users or {})
+        self.callout_issuer = callout_issuer
         self._proc: ManagedProcess | None = None
 
     @property
@@ -146,7 +148,7 @@ class NatsServer:
         ]  # fmt: skip
         if self.users:
             conf = self.workdir / "nats.conf"
-            conf.write_text(server_config(self.users))
+            conf.write_text(server_config(self.users, callout_issuer=self.callout_issuer))
             conf.chmod(0o600)
             argv += ["-c", str(conf)]
         self._proc = ManagedProcess("nats-server", argv, self.workdir)
