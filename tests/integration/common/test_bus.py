@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -373,4 +374,42 @@ async def test_a_message_on_a_subject_its_payload_does_not_name_is_dead_lettered
             "alnair_bus_dead_letters_total", {"consumer": consumer, "cause": "wrong_subject"}
         )
         assert count == 1, consumer
+    await bus.close()
+
+
+async def test_a_wiped_store_is_made_again_and_consumers_resume_not_ready_until_then(
+    nats_server: NatsServer,
+) -> None:
+    """The server comes back without its store (a lost volume): every stream, bucket and
+    durable consumer is made again on the reconnect (no timer), `ready` is false until then,
+    and events published afterwards reach the same consumer."""
+    bus = await Bus.connect(nats_server.url, name="test")
+    got: list[str] = []
+
+    async def handler(ev: JobEvent, env: Envelope[JobEvent]) -> None:
+        got.append(ev.name)
+
+    await bus.subscribe(JobEvent, handler, durable="wiped")
+    await bus.publish(job(0), source="t")
+    async with asyncio.timeout(10):
+        while got != ["job-0"]:
+            await asyncio.sleep(0.05)
+    assert bus.ready
+    nats_server.stop()
+    async with asyncio.timeout(10):
+        while bus.ready:
+            await asyncio.sleep(0.02)
+    shutil.rmtree(nats_server.store)
+    nats_server.start()
+    async with asyncio.timeout(30):
+        while not bus.ready:
+            await asyncio.sleep(0.05)
+    assert bus.recoveries == 1
+    names = {s.config.name for s in await bus.js.streams_info()}
+    assert {"JOBS", "HEALTH", "DLQ", "KV_alnair-handled", "KV_gpu-inventory"} <= names
+    assert "wiped" in {c.name for c in await bus.js.consumers_info("JOBS")}
+    await bus.publish(job(1), source="t", publish_timeout_s=20)
+    async with asyncio.timeout(20):
+        while got != ["job-0", "job-1"]:
+            await asyncio.sleep(0.05)
     await bus.close()

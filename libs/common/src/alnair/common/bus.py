@@ -134,6 +134,15 @@ class Subscription:
                 await s.unsubscribe()
 
 
+def not_ready(bus: Bus | None) -> str | None:
+    """Why a service's bus keeps it from being ready (None: ready, or it has no bus)."""
+    if bus is None or bus.ready:
+        return None
+    if not bus.nc.is_connected:
+        return "the bus is not connected"
+    return "the bus is making its streams and consumers again after a reconnect"
+
+
 class _DeadLetterCollector(Collector):
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -161,6 +170,13 @@ class Bus:
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._subs: list[Subscription] = []
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
+        self._ensures_streams = True
+        self._consumers: list[tuple[str, ConsumerConfig]] = []
+        self._recovery: asyncio.Task[None] | None = None
+        self.recovered = asyncio.Event()
+        self.recovered.set()
+        self.recoveries = 0
+        """Reconnects after which streams and consumers were made again (or found)."""
         self.dead_letters: Counter[tuple[str, str]] = Counter()
         """Messages dead-lettered, by (consumer, cause): `alnair_bus_dead_letters_total`."""
 
@@ -196,13 +212,21 @@ class Bus:
 
         listeners: list[Callable[[], Awaitable[None]]] = []
 
-        async def on_reconnect() -> None:
-            log.info("nats reconnected", extra={"client": name, "url": str(nc.connected_url)})
+        async def after_reconnect() -> None:
+            # The server may have come back without its store (a wiped volume, a new pod):
+            # what this client made is made again before anyone relies on it.
+            await bus._recover()
             for listener in listeners:
                 try:
                     await listener()
                 except Exception:
                     log.exception("reconnect listener failed", extra={"client": name})
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected", extra={"client": name, "url": str(nc.connected_url)})
+            # Not awaited here: nats-py runs this inside its reconnect loop, which must stay
+            # free to handle the next loss while the recovery waits on the server.
+            bus._recovery = spawn(after_reconnect(), name=f"bus.recover.{name}")
 
         async def on_error(exc: Exception) -> None:
             # A permissions violation means this service tried what its NATS user may not: a
@@ -226,11 +250,45 @@ class Bus:
         )
         bus = cls(nc, nc.jetstream(), name)
         bus._reconnect_listeners = listeners
+        bus._ensures_streams = ensure_streams
         if ensure_streams:
             await bus.ensure_streams()
         else:
             await bus._bind_handled()
         return bus
+
+    @property
+    def ready(self) -> bool:
+        """Connected, and every stream and consumer this client relies on exists again since
+        the last reconnect (readiness probes use it: a consumer whose durable vanished with
+        the server's store consumes nothing, and must not look ready)."""
+        return bool(self.nc.is_connected) and self.recovered.is_set()
+
+    async def _recover(self) -> None:
+        """Make again what this client made: the streams and buckets (or look them up, for a
+        client that may not make them) and every durable consumer, retrying with a backoff
+        until the server answers. Idempotent: after a plain reconnect it changes nothing."""
+        self.recovered.clear()
+        delay = 0.5
+        while True:
+            try:
+                if self._ensures_streams:
+                    await self.ensure_streams()
+                else:
+                    await self._bind_handled()
+                for stream, cfg in self._consumers:
+                    with contextlib.suppress(nats.js.errors.BadRequestError):
+                        await self.js.add_consumer(stream, config=cfg)
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                where = {"client": self.name, "error": repr(exc), "in_s": delay}
+                log.warning("bus recovery failed; retrying", extra=where)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            break
+        self.recovered.set()
+        self.recoveries += 1
+        log.info("bus recovered", extra={"client": self.name, "consumers": len(self._consumers)})
 
     async def _bind_handled(self) -> None:
         """Use the handled-event bucket the services that ensure streams made (a node
@@ -275,6 +333,10 @@ class Bus:
             )
 
     async def close(self) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._recovery
         for sub in list(self._subs):
             await sub.stop()
         with contextlib.suppress(Exception):
@@ -372,6 +434,7 @@ class Bus:
             filter_subject=subject,
             inactive_threshold=inactive_s,
         )
+        self._consumers.append((event_type.STREAM, cfg))
         try:
             await self.js.add_consumer(event_type.STREAM, config=cfg)  # create or update
         except nats.js.errors.BadRequestError as exc:

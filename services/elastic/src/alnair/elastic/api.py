@@ -19,6 +19,7 @@ from fastapi import FastAPI, HTTPException, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.elastic.controller import Controller, ScaleRequest
@@ -39,7 +40,7 @@ class ScaleReply(BaseModel):
     reason: str
 
 
-def create_app(controller: Controller, metrics: ElasticMetrics) -> FastAPI:
+def create_app(controller: Controller, metrics: ElasticMetrics, bus: Bus | None = None) -> FastAPI:
     app = FastAPI(title="Alnair elastic", version="1")
     install_problem_handlers(app)
 
@@ -97,6 +98,8 @@ def create_app(controller: Controller, metrics: ElasticMetrics) -> FastAPI:
     async def readyz() -> dict[str, str]:
         if not controller.started.is_set():
             raise HTTPException(status_code=503, detail="watches not synced yet")
+        if (why := not_ready(bus)) is not None:
+            raise HTTPException(status_code=503, detail=why)
         failing = [inf.name for inf in controller.informers() if not inf.healthy]
         if failing:
             raise HTTPException(status_code=503, detail=f"watches failing: {', '.join(failing)}")

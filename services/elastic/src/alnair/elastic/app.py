@@ -109,7 +109,7 @@ async def start(
         controller.leading = elector.leading
     await controller.start()
     subscriptions = await subscribe(bus, controller, settings.durable) if bus else []
-    app = create_app(controller, metrics)
+    app = create_app(controller, metrics, bus)
     # POST .../scale resizes a job: only callers the API server authenticates (TokenReview)
     # and allows to update that ElasticJob's scale (SubjectAccessReview).
     install_token_auth(app, reviewer_for(settings, kube), service="elastic", authorize=scale_access)

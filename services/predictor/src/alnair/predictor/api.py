@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
 
+from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.predictor.metrics import PredictorMetrics
@@ -33,7 +34,9 @@ from alnair.predictor.schemas import (
 from alnair.predictor.store import ModelStore
 
 
-def create_app(retrainer: Retrainer, store: ModelStore, metrics: PredictorMetrics) -> FastAPI:
+def create_app(
+    retrainer: Retrainer, store: ModelStore, metrics: PredictorMetrics, bus: Bus | None = None
+) -> FastAPI:
     app = FastAPI(title="Alnair predictor", version="1")
     install_problem_handlers(app)
 
@@ -90,6 +93,8 @@ def create_app(retrainer: Retrainer, store: ModelStore, metrics: PredictorMetric
 
     @app.get("/readyz")
     async def readyz() -> dict[str, Any]:
+        if (why := not_ready(bus)) is not None:
+            raise HTTPException(status_code=503, detail=why)
         bundle = serving()
         return {"status": "ready", "version": bundle.version}
 

@@ -94,7 +94,7 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     subscriptions = await subscribe(
         bus, retrainer, metrics, settings.durable, settings.predict_subject
     )
-    app = create_app(retrainer, store, metrics)
+    app = create_app(retrainer, store, metrics, bus)
     server, http_task = await start_http(
         app, settings.http_host, settings.http_port, name="predictor.http", on_death=on_death
     )

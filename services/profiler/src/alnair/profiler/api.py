@@ -5,7 +5,8 @@
 - `GET /v1/pods/{ns}/{name}/metrics`: the pod's latest sample per GPU (aggregator);
 - `GET /v1/jobs/{ns}/{name}/profile`: a job's folded profile, its pods, its record (aggregator);
 - `GET /v1/records?model=&gpu=&limit=`: execution records, newest first (aggregator);
-- `GET /metrics` (Prometheus, per-pod GPU gauges), `GET /healthz`.
+- `GET /metrics` (Prometheus, per-pod GPU gauges), `GET /healthz`, `GET /readyz` (503 while the
+  bus is disconnected or making its streams and consumers again after a reconnect).
 Errors are RFC 9457 problem responses that name what was not found.
 """
 
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from alnair.common.bus import Bus, not_ready
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.events import GpuInventory
 from alnair.common.http import install_problem_handlers, problem
@@ -42,6 +44,7 @@ def create_app(
     metrics: ProfilerMetrics,
     inventory: KeyValue | None = None,
     aggregator: Aggregator | None = None,
+    bus: Bus | None = None,
 ) -> FastAPI:
     """The API; routes needing the aggregator answer 404 problems on an agent."""
     app = FastAPI(title="alnair profiler", version="v1")
@@ -54,6 +57,12 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if (why := not_ready(bus)) is not None:
+            return problem(503, "Not Ready", why)
+        return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")
     async def prometheus() -> Response:

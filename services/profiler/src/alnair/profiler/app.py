@@ -190,7 +190,7 @@ async def start_agent(
         agent._summaries_wake.set()
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
-        create_app(metrics, inventory), settings.http_host, settings.http_port, tasks
+        create_app(metrics, inventory, bus=bus), settings.http_host, settings.http_port, tasks
     )
     return Running(
         "agent", metrics, bus, kube, server, tasks, agent=agent, backend=backend, died=died
@@ -309,7 +309,10 @@ async def start_aggregator(
         await _start_trials(kube, aggregator, tasks, died)
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
-        create_app(metrics, inventory, aggregator), settings.http_host, settings.http_port, tasks
+        create_app(metrics, inventory, aggregator, bus),
+        settings.http_host,
+        settings.http_port,
+        tasks,
     )
     return Running(
         "aggregator",

@@ -15,13 +15,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.live.binder import Scheduler
 
 
-def build_api(scheduler: Scheduler) -> FastAPI:
+def build_api(scheduler: Scheduler, bus: Bus | None = None) -> FastAPI:
     app = FastAPI(title="alnair-scheduler", version="0.1.0")
     install_problem_handlers(app)
 
@@ -56,6 +57,8 @@ def build_api(scheduler: Scheduler) -> FastAPI:
     async def readyz() -> dict[str, str] | JSONResponse:
         # A dead or failing watch freezes the scheduler's view of the cluster: not ready,
         # with which informer and why, instead of serving decisions from a stale cache.
+        if (why := not_ready(bus)) is not None:
+            return problem(503, "Not Ready", why)
         informers = scheduler.informers()
         if not all(inf.healthy for inf in informers):
             return problem(

@@ -58,7 +58,7 @@ async def serve(settings: SchedulerSettings) -> int:
             handlers.watch_inventory(bus, scheduler), name="scheduler.inventory", on_death=on_death
         )
     server, http = await start_http(
-        build_api(scheduler),
+        build_api(scheduler, bus),
         settings.http_host,
         settings.http_port,
         name="scheduler.http",

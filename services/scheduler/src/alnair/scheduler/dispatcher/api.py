@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from alnair.common.bus import not_ready
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
@@ -63,6 +64,8 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     async def readyz() -> dict[str, str] | JSONResponse:
         # A dead or failing watch freezes the queue's view: not ready, naming the informer,
         # rather than deciding from a stale cache.
+        if (why := not_ready(dispatcher.bus)) is not None:
+            return problem(503, "Not Ready", why)
         informers = dispatcher.informers
         if not all(inf.healthy for inf in informers):
             return problem(

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from alnair.common.bus import not_ready
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
@@ -52,6 +53,8 @@ def build_hub_api(hub: Hub) -> FastAPI:
     async def readyz() -> dict[str, str] | JSONResponse:
         if not hub.synced:
             return problem(503, "Not Ready", "caches not synced yet")
+        if (why := not_ready(hub.bus)) is not None:
+            return problem(503, "Not Ready", why)
         return {"status": "ready"}
 
     return app
