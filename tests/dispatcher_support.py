@@ -16,6 +16,7 @@ from alnair.common import resources as r
 from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
+    EVENTS,
     JOBS,
     LOCALQUEUES,
     MUTATING_WEBHOOKS,
@@ -252,3 +253,14 @@ async def webhooked_dispatcher(
         await running.stop()
         with contextlib.suppress(NotFound):
             await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+
+
+async def queue_used(kube: KubeClient, cq: str) -> int:
+    """The GPUs a ClusterQueue's status says are in use."""
+    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
+
+
+async def events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events of `reason` about the object `name` in `ns`."""
+    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
+    return [e for e in items if e["reason"] == reason]

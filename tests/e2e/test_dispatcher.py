@@ -24,7 +24,6 @@ from alnair.common.kube import (
     ADMISSION_POLICY_BINDINGS,
     CLUSTERQUEUES,
     ELASTICJOBS,
-    EVENTS,
     JOBS,
     LOCALQUEUES,
     TRIALJOBS,
@@ -46,6 +45,7 @@ from dispatcher_support import (
     cluster_queue,
     cohort_queues,
     dispatcher_settings,
+    events,
     explain,
     gpu_job,
     job,
@@ -55,11 +55,6 @@ from dispatcher_support import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-async def events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
-    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
-    return [e for e in items if e["reason"] == reason]
 
 
 def finished_at(j: dict[str, Any]) -> float | None:

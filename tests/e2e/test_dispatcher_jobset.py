@@ -33,6 +33,7 @@ from dispatcher_support import (
     admitted_type,
     cohort_queues,
     gpu_job,
+    queue_used,
     scheduler,
     wait_for,
     webhooked_dispatcher,
@@ -101,10 +102,6 @@ async def _pods(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
-async def _used(kube: KubeClient, cq: str) -> int:
-    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
-
-
 async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -137,7 +134,7 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
             for pod in pods:  # two workers and the driver
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
             # Counted: the workers' two GPUs, nothing for the driver.
-            assert await wait_for(lambda: _used(kube, f"train-{ns}"), 10) == 2
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
             # On quota borrowed from the idle lender; then one more waits for quota.
             await kube.create(JOBSETS, jobset("js2", ns, "train", 2, 600), ns)

@@ -20,7 +20,6 @@ import pytest
 from alnair.common import resources as r
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    EVENTS,
     JOBS,
     LEADERWORKERSETS,
     PODS,
@@ -34,8 +33,10 @@ from dispatcher_support import (
     POOL,
     admitted_type,
     cohort_queues,
+    events,
     explain,
     gpu_job,
+    queue_used,
     scheduler,
     wait_for,
     webhooked_dispatcher,
@@ -93,15 +94,6 @@ async def _all_gated(kube: KubeClient, ns: str, name: str, n: int) -> list[dict[
     return gated if len(gated) == n and len(pods) == n else []
 
 
-async def _used(kube: KubeClient, cq: str) -> int:
-    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
-
-
-async def _events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
-    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
-    return [e for e in items if e["reason"] == reason]
-
-
 async def test_leaderworkersets_are_admitted_whole_counted_and_evicted_whole(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -129,10 +121,10 @@ async def test_leaderworkersets_are_admitted_whole_counted_and_evicted_whole(
             for pod in pods:
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
                 assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
-            admitted = await wait_for(lambda: _events(kube, ns, "a", "Admitted"), 10)
+            admitted = await wait_for(lambda: events(kube, ns, "a", "Admitted"), 10)
             assert "2 x V100M32" in admitted[0]["message"]
             # Counted: the two workers' GPUs, nothing for the leader.
-            assert await wait_for(lambda: _used(kube, f"serve-{ns}"), 10) == 2
+            assert await wait_for(lambda: queue_used(kube, f"serve-{ns}"), 10) == 2
 
             # The next borrows the idle lender's quota; a third (a GPU leader and one worker)
             # waits with both its pods gated.
@@ -155,7 +147,7 @@ async def test_leaderworkersets_are_admitted_whole_counted_and_evicted_whole(
             await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
             assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
             evicted = await wait_for(lambda: _evicted_one(kube, ns), 30)
-            reasons = await _events(kube, ns, evicted, "Preempted")
+            reasons = await events(kube, ns, evicted, "Preempted")
             assert "evicted whole" in reasons[0]["message"]
         finally:
             for cq in (f"serve-{ns}", f"lender-{ns}"):
@@ -165,7 +157,7 @@ async def test_leaderworkersets_are_admitted_whole_counted_and_evicted_whole(
 async def _evicted_one(kube: KubeClient, ns: str) -> str | None:
     """The LeaderWorkerSet that was evicted: its pods are back, every one gated."""
     for name, size in (("b", 3), ("c", 2)):
-        if await _all_gated(kube, ns, name, size) and await _events(kube, ns, name, "Preempted"):
+        if await _all_gated(kube, ns, name, size) and await events(kube, ns, name, "Preempted"):
             return name
     return None
 

@@ -15,15 +15,17 @@ from typing import Any
 import pytest
 
 from alnair.common import resources as r
-from alnair.common.kube import CLUSTERQUEUES, EVENTS, JOBS, PODGROUPS, PODS, KubeClient
+from alnair.common.kube import CLUSTERQUEUES, JOBS, PODGROUPS, PODS, KubeClient
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
 from dispatcher_support import (
     POOL,
     admitted_type,
     cohort_queues,
+    events,
     explain,
     gpu_job,
+    queue_used,
     scheduler,
     wait_for,
     webhooked_dispatcher,
@@ -76,15 +78,6 @@ async def _all_bound(kube: KubeClient, ns: str, name: str, n: int) -> list[dict[
     return ok if len(ok) == n == len(pods) else []
 
 
-async def _used(kube: KubeClient, cq: str) -> int:
-    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
-
-
-async def _events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
-    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
-    return [e for e in items if e["reason"] == reason]
-
-
 async def test_pod_groups_queue_admit_whole_complete_and_are_reclaimed(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
@@ -116,9 +109,9 @@ async def test_pod_groups_queue_admit_whole_complete_and_are_reclaimed(
             for pod in pods:
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
                 assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
-            admitted = await wait_for(lambda: _events(kube, ns, "g1", "Admitted"), 10)
+            admitted = await wait_for(lambda: events(kube, ns, "g1", "Admitted"), 10)
             assert "2 x V100M32" in admitted[0]["message"]
-            assert await wait_for(lambda: _used(kube, f"train-{ns}"), 10) == 2
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
             # A second borrows the idle lender's quota; a third waits, its pods gated.
             await kube.create(PODGROUPS, group("g2", ns, "train", 2, 2), ns)
@@ -147,7 +140,7 @@ async def test_pod_groups_queue_admit_whole_complete_and_are_reclaimed(
             await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
             assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
             evicted = await wait_for(lambda: _reclaimed_one(kube, ns), 30)
-            reasons = await _events(kube, ns, evicted, "Preempted")
+            reasons = await events(kube, ns, evicted, "Preempted")
             assert "evicted whole" in reasons[0]["message"]
         finally:
             for cq in (f"train-{ns}", f"lender-{ns}"):
@@ -163,7 +156,7 @@ async def _done(running: Any, ns: str, name: str) -> bool:
 async def _reclaimed_one(kube: KubeClient, ns: str) -> str | None:
     """The borrowing group reclaimed: its pods are gone, and it was told why."""
     for name in ("g2", "g3"):
-        if not await _members(kube, ns, name) and await _events(kube, ns, name, "Preempted"):
+        if not await _members(kube, ns, name) and await events(kube, ns, name, "Preempted"):
             return name
     return None
 

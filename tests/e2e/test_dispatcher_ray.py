@@ -42,6 +42,7 @@ from dispatcher_support import (
     admitted_type,
     cohort_queues,
     gpu_job,
+    queue_used,
     scheduler,
     wait_for,
     webhooked_dispatcher,
@@ -125,10 +126,6 @@ async def _job_cluster(kube: KubeClient, ns: str, job: str) -> str | None:
     return str(name) if name else None
 
 
-async def _used(kube: KubeClient, cq: str) -> int:
-    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
-
-
 def _check_model(pods: list[dict[str, Any]]) -> None:
     """Workers carry the model; the head, which asks no GPU, does not."""
     for pod in pods:
@@ -161,7 +158,7 @@ async def test_ray_clusters_and_jobs_queue_admit_complete_and_are_reclaimed(
             assert made["spec"]["suspend"] is True
             await wait_for(lambda: _admitted(kube, RAYCLUSTERS, ns, "rc1"), 20)
             _check_model(await wait_for(lambda: _bound(kube, ns, "rc1", 3), 40))
-            assert await wait_for(lambda: _used(kube, f"train-{ns}"), 10) == 2
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
             # A RayJob borrows the idle lender's quota; its own RayCluster (owned by it) is
             # not held again, and its workers carry the model.

@@ -42,6 +42,7 @@ from dispatcher_support import (
     POOL,
     admitted_type,
     cohort_queues,
+    queue_used,
     scheduler,
     wait_for,
     webhooked_dispatcher,
@@ -105,10 +106,6 @@ async def _complete(kube: KubeClient, ns: str, name: str) -> bool:
     return any(c["type"] == "Complete" and c["status"] == "True" for c in conds)
 
 
-async def _used(kube: KubeClient, cq: str) -> int:
-    return int(((await kube.get(CLUSTERQUEUES, cq)).get("status") or {}).get("usedGPUs") or 0)
-
-
 async def _trainer_prerequisites(kube: KubeClient) -> None:
     """What Trainer's deploy gives its manager: its namespace, the Secret its certificate
     rotation fills, and the webhook configuration it injects its CA into (empty here: see
@@ -160,7 +157,7 @@ async def test_train_jobs_queue_by_their_runtime_admit_complete_and_are_reclaime
             pods = await wait_for(lambda: _bound(kube, ns, "tj1", 2), 60)
             for pod in pods:
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-            assert await wait_for(lambda: _used(kube, f"train-{ns}"), 10) == 2
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
             # A second borrows the idle lender's quota; a third waits for quota.
             long_runtime = f"torch-long-{ns}"
