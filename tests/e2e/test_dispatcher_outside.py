@@ -112,10 +112,7 @@ async def test_a_workload_its_namespaces_resource_quota_would_refuse_waits_sayin
             await kube.create(JOBS, gpu_job("first", ns, "ml", 2, duration_s=4), ns)
             await kube.create(JOBS, gpu_job("second", ns, "ml", 2), ns)
             assert await wait_for(lambda: admitted_type(kube, ns, "first"), 20) == "V100M32"
-            waiting = await wait_for(
-                lambda: explain(running, ns, "second", lambda d: d["reason"] is not None), 20
-            )
-            assert waiting["reason"]["kind"] == "resource_quota", waiting
+            waiting = await wait_for(lambda: explain(running, ns, "second", _for_quota), 20)
             said = waiting["reason"]["message"]
             assert f"ResourceQuota {ns}/gpus: requests.{r.GPU} 2 asked, 1 left of 3" == said
             assert await admitted_type(kube, ns, "second") is None
@@ -123,10 +120,22 @@ async def test_a_workload_its_namespaces_resource_quota_would_refuse_waits_sayin
                 "items"
             ]
             assert any("ResourceQuota" in e["message"] for e in events), events
-            conds = (await kube.get(JOBS, "second", ns)).get("status", {}).get("conditions")
-            assert any(c["reason"] == "ResourceQuota" for c in conds or []), conds
+            # (the condition is written after the Event)
+            assert await wait_for(lambda: _condition_reason(kube, ns, "second"), 10) == (
+                "ResourceQuota"
+            )
             # The first Job's pods finish: the quota's status frees the room, and that event
             # admits the second.
             assert await wait_for(lambda: admitted_type(kube, ns, "second"), 40) == "V100M32"
         finally:
             await running.stop()
+
+
+async def _condition_reason(kube: KubeClient, ns: str, name: str) -> str | None:
+    conds = ((await kube.get(JOBS, name, ns)).get("status") or {}).get("conditions") or []
+    reasons = [c["reason"] for c in conds if c["type"] == "alnair.io/Admitted"]
+    return reasons[0] if reasons and reasons[0] == "ResourceQuota" else None
+
+
+def _for_quota(doc: dict[str, Any]) -> bool:
+    return bool(doc["reason"]) and doc["reason"]["kind"] == "resource_quota"

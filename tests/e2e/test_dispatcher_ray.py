@@ -33,6 +33,7 @@ from alnair.common.kube import (
     RAYJOBS,
     ApiError,
     KubeClient,
+    NotFound,
     Resource,
 )
 from alnair.common.localstack import ControlPlane
@@ -120,6 +121,13 @@ async def _bound(kube: KubeClient, ns: str, cluster: str, n: int) -> list[dict[s
     return ok if len(ok) == n == len(pods) else []
 
 
+async def _existing(kube: KubeClient, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(res, name, ns)
+    except NotFound:
+        return None
+
+
 async def _job_cluster(kube: KubeClient, ns: str, job: str) -> str | None:
     """The RayCluster KubeRay made for a RayJob."""
     name = ((await kube.get(RAYJOBS, job, ns)).get("status") or {}).get("rayClusterName")
@@ -166,7 +174,9 @@ async def test_ray_clusters_and_jobs_queue_admit_complete_and_are_reclaimed(
             rj1 = await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj1"), 20)
             assert rj1["metadata"]["annotations"][ANN_BORROWING] == "true"
             cluster = await wait_for(lambda: _job_cluster(kube, ns, "rj1"), 30)
-            assert not (await kube.get(RAYCLUSTERS, cluster, ns))["spec"].get("suspend")
+            # (KubeRay names the cluster in the RayJob's status before it creates it)
+            made = await wait_for(lambda: _existing(kube, RAYCLUSTERS, ns, cluster), 30)
+            assert not made["spec"].get("suspend")
             _check_model(await wait_for(lambda: _bound(kube, ns, cluster, 3), 40))
 
             # One KubeRay would not let be suspended is refused at creation, the reason named.
