@@ -514,3 +514,49 @@ def test_the_dashboard_queries_only_metrics_the_services_export() -> None:
     # Every service shows up.
     for prefix in ("scheduler", "predictor", "profiler", "deviceplugin"):
         assert any(n.startswith(f"alnair_{prefix}_") for n in used), prefix
+
+
+# -- network ------------------------------------------------------------------------------
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector's match (matchLabels and the four matchExpressions operators)."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if (op == "In" and labels.get(key) not in values) or (
+            op == "NotIn" and labels.get(key) in values) or (
+            op == "Exists" and key not in labels) or (
+            op == "DoesNotExist" and key in labels):  # fmt: skip
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_port_a_pod_serves_is_fenced_by_a_network_policy(overlay: str) -> None:
+    """KWOK enforces no NetworkPolicy, so this says it statically: every container port of
+    every workload is selected by an Ingress policy naming that port, and the NATS monitor is
+    open only to named sources."""
+    policies = [p for p in render(overlay) if p["kind"] == "NetworkPolicy"]
+    for w in workloads(overlay):
+        ns = w["metadata"].get("namespace")
+        template = w["spec"]["template"]
+        labels = template["metadata"].get("labels") or {}
+        covering = [
+            p for p in policies
+            if p["metadata"].get("namespace") == ns and "Ingress" in p["spec"]["policyTypes"]
+            and _selects(p["spec"]["podSelector"], labels)
+        ]  # fmt: skip
+        assert covering, f"{w['metadata']['name']}: no NetworkPolicy selects its pods"
+        for c in template["spec"]["containers"]:
+            for port in c.get("ports") or []:
+                number = port["containerPort"]
+                admitted = [
+                    rule for p in covering for rule in p["spec"].get("ingress") or []
+                    if any(x.get("port") in (number, port.get("name")) for x in rule["ports"])
+                ]  # fmt: skip
+                assert admitted, f"{w['metadata']['name']}: port {number} in no ingress rule"
+                if number == 8222:  # the NATS monitor: never open to every source
+                    assert all(rule.get("from") for rule in admitted), admitted
