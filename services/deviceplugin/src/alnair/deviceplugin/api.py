@@ -10,8 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
 
-from alnair.common.http import install_problem_handlers
+from alnair.common.bus import Bus, not_ready
+from alnair.common.http import install_problem_handlers, problem
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.registry import VgpuRegistry
@@ -23,6 +25,7 @@ def create_app(
     vgpus: VgpuRegistry,
     metrics: DevicePluginMetrics,
     resources: list[str],
+    bus: Bus | None = None,
 ) -> FastAPI:
     app = FastAPI(title="alnair-deviceplugin")
     install_problem_handlers(app)
@@ -30,6 +33,13 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        # Without the bus, GPU health and the node's inventory stop arriving: not ready.
+        if (why := not_ready(bus)) is not None:
+            return problem(503, "Not Ready", why)
+        return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:

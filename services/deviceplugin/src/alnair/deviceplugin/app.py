@@ -205,7 +205,7 @@ async def start(
 
     server: uvicorn.Server | None = None
     if http:
-        app = create_app(state, vgpus, metrics, settings.resources)
+        app = create_app(state, vgpus, metrics, settings.resources, bus)
         server, http_task = await start_http(
             app, settings.http_host, settings.http_port, name="deviceplugin.http", on_death=on_death
         )
