@@ -213,7 +213,6 @@ class Dispatcher(ReconcileLoop):
         # Namespaces' ResourceQuotas, asked before admitting (a change wakes it: room freed).
         self.quotas = NamespaceQuotas(kube)
         watching.append(self.quotas.informer)
-        self._admitted_in: dict[str, list[Workload]] = {}
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
         self.queues: dict[str, QueueState] = {}
@@ -420,8 +419,7 @@ class Dispatcher(ReconcileLoop):
         live_keys: set[str] = set()
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
-        admitted_in: dict[str, list[Workload]] = {}  # by namespace (ResourceQuota room)
-        self._admitted_in = admitted_in
+        self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
         queued = [
             (obj if KINDS[name].writable else self._with_admission(KINDS[name], obj), KINDS[name])
             for name in self.workload_watches
@@ -458,7 +456,7 @@ class Dispatcher(ReconcileLoop):
                 ours.append(wl)
                 if await self._pods_not_ready(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
-                admitted_in.setdefault(wl.namespace, []).append(wl)
+                self.quotas.charge(wl)
                 if kind.kind in SERVING:
                     await self._ungate(wl, admitted)
                 spec = self._job_spec(
@@ -560,7 +558,7 @@ class Dispatcher(ReconcileLoop):
     def _over_resource_quota(self, wl: Workload, state: JobState) -> bool:
         """Whether the namespace's ResourceQuota would refuse the workload's pods now, given
         what is admitted there (`resource_quota.py`); the reason goes on its state."""
-        problem = self.quotas.shortfall(wl, self._admitted_in.get(wl.namespace, ()))
+        problem = self.quotas.shortfall(wl)
         if problem is None:
             return False
         state.reason = WaitReason("resource_quota", problem)
@@ -677,7 +675,7 @@ class Dispatcher(ReconcileLoop):
                 continue
             self.fence(f"admission of {adm.job_id}")
             if await self._admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
-                self._admitted_in.setdefault(wl.namespace, []).append(wl)
+                self.quotas.charge(wl)
                 self.metrics.decisions.labels(
                     policy, "borrowing" if adm.borrowing else "admitted"
                 ).inc()

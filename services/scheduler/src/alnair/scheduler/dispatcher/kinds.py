@@ -52,6 +52,7 @@ from alnair.scheduler.dispatcher.objects import (
     RUNTIME,
     TRAINER_API_VERSION,
     Workload,
+    controller_ref,
     elastic_finished,
     elastic_key,
     gpus_asked,
@@ -152,7 +153,7 @@ def _managed_queued(obj: Obj, controller: str) -> bool:
     return (
         bool(queue_label(obj.get("metadata") or {}))
         and managed_by in (None, "", controller)
-        and _controller(obj) is None
+        and controller_ref(obj) is None
     )
 
 
@@ -162,11 +163,6 @@ def _job_queued(obj: Obj) -> bool:
 
 def _jobset_queued(obj: Obj) -> bool:
     return _managed_queued(obj, JOBSET_CONTROLLER)
-
-
-def _controller(obj: Obj) -> dict[str, Any] | None:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return next((r for r in refs if r.get("controller")), None)
 
 
 def _pod_queued(obj: Obj) -> bool:
@@ -185,7 +181,7 @@ def member_pod(pod: Obj) -> bool:
 
 def _own_queued(obj: Obj) -> bool:
     """Labelled for a queue, and owned by no controller."""
-    return bool(queue_label(obj.get("metadata") or {})) and _controller(obj) is None
+    return bool(queue_label(obj.get("metadata") or {})) and controller_ref(obj) is None
 
 
 def _suspend(obj: Obj) -> Patch:
@@ -331,7 +327,9 @@ def _serving_queued(obj: Obj) -> bool:
     """A Deployment or StatefulSet of its own, labelled for a queue, with replicas to run."""
     replicas = (obj.get("spec") or {}).get("replicas", 1)
     return (
-        bool(queue_label(obj.get("metadata") or {})) and _controller(obj) is None and replicas != 0
+        bool(queue_label(obj.get("metadata") or {}))
+        and controller_ref(obj) is None
+        and replicas != 0
     )
 
 

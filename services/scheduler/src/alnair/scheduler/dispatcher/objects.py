@@ -42,6 +42,12 @@ that name in the namespace). Do not run Kueue beside Alnair on one cluster: both
 QUEUE_LABELS = (LABEL_QUEUE, LABEL_KUEUE_QUEUE)
 
 
+def controller_ref(obj: Obj) -> Obj | None:
+    """The owner reference of `obj` that is its controller, if any."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((dict(r) for r in refs if r.get("controller")), None)
+
+
 def queue_label(meta: Mapping[str, Any]) -> str:
     """The LocalQueue a workload's labels name ('' for none): Alnair's label first."""
     labels = meta.get("labels") or {}

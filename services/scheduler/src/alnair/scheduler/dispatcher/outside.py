@@ -46,7 +46,7 @@ from alnair.common.kube import (
     Resource,
     Unavailable,
 )
-from alnair.scheduler.dispatcher.objects import LABEL_WORKLOAD
+from alnair.scheduler.dispatcher.objects import LABEL_WORKLOAD, controller_ref
 from alnair.scheduler.live.pods import parse_bound_pod
 
 log = logging.getLogger(__name__)
@@ -99,13 +99,6 @@ def held_by(pod: Obj) -> Held | None:
     return Held(node, 0, request.gpu_milli)
 
 
-def _controller(meta: Obj) -> Obj | None:
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller"):
-            return dict(ref)
-    return None
-
-
 class OutsidePods:
     """Bound pods holding GPUs, and which of them no admitted workload owns."""
 
@@ -153,7 +146,7 @@ class OutsidePods:
         member = (meta.get("labels") or {}).get(LABEL_WORKLOAD)
         if meta.get("uid") in inside.uids or (member and (ns, member) in inside.members):
             return True
-        ref = _controller(meta)
+        ref = controller_ref(pod)
         for _ in range(MAX_DEPTH):
             if ref is None:
                 return False
@@ -189,7 +182,7 @@ class OutsidePods:
         else:
             # (a new object under the old name is not the pod's owner: that one is gone)
             same = owner["metadata"].get("uid") == uid
-            parent = _controller(owner["metadata"]) if same else None
+            parent = controller_ref(owner) if same else None
         self.parents[uid] = parent
         if len(self.parents) > MAX_REMEMBERED:
             self.parents.popitem(last=False)

@@ -86,6 +86,15 @@ def workload_amounts(wl: Workload) -> Amounts:
     return total
 
 
+def _charge(held: Amounts, wl: Workload) -> None:
+    try:
+        amounts = workload_amounts(wl)
+    except InvalidValueError:
+        return  # (its own admission was refused the same way: it holds nothing here)
+    for name, amount in amounts.items():
+        _add(held, name, amount)
+
+
 def _show(name: str, amount: Decimal) -> str:
     if name.endswith(("memory", "storage")):
         return f"{amount / 2**20:.0f}Mi"
@@ -98,10 +107,34 @@ class NamespaceQuotas:
     def __init__(self, kube: KubeClient) -> None:
         self.informer = Informer(kube, RESOURCEQUOTAS, name="resourcequotas")
         self._scoped: set[str] = set()
+        self._admitted: dict[str, list[Workload]] = {}
+        self._held: dict[str, Amounts] = {}
 
-    def shortfall(self, wl: Workload, admitted: Iterable[Workload]) -> str | None:
-        """Why `wl`'s namespace's quota would refuse its pods (None: it would not).
-        `admitted`: the workloads admitted in that namespace now."""
+    def begin(self) -> None:
+        """A new reconcile: nothing admitted yet (each admitted workload is `charge`d)."""
+        self._admitted.clear()
+        self._held.clear()
+
+    def charge(self, wl: Workload) -> None:
+        """`wl` is admitted in its namespace now."""
+        self._admitted.setdefault(wl.namespace, []).append(wl)
+        held = self._held.get(wl.namespace)
+        if held is not None:
+            _charge(held, wl)
+
+    def _held_in(self, namespace: str) -> Amounts:
+        """What the admitted workloads of `namespace` ask, summed once per reconcile (and
+        only for a namespace that has a quota)."""
+        held = self._held.get(namespace)
+        if held is None:
+            held = self._held[namespace] = {}
+            for wl in self._admitted.get(namespace, ()):
+                _charge(held, wl)
+        return held
+
+    def shortfall(self, wl: Workload) -> str | None:
+        """Why `wl`'s namespace's quota would refuse its pods, given what is charged there
+        (None: it would not)."""
         quotas = [q for q in self.informer.values()
                   if q["metadata"].get("namespace") == wl.namespace]  # fmt: skip
         if not quotas:
@@ -110,13 +143,7 @@ class NamespaceQuotas:
             asked = workload_amounts(wl)
         except InvalidValueError as exc:
             return f"its pods' requests cannot be read: {exc}"
-        held: Amounts = {}
-        for other in admitted:
-            try:
-                for name, amount in workload_amounts(other).items():
-                    _add(held, name, amount)
-            except InvalidValueError:
-                continue
+        held = self._held_in(wl.namespace)
         for quota in sorted(quotas, key=lambda q: str(q["metadata"]["name"])):
             problem = self._over(quota, asked, held)
             if problem:
