@@ -251,11 +251,16 @@ class Bus:
         bus = cls(nc, nc.jetstream(), name)
         bus._reconnect_listeners = listeners
         bus._ensures_streams = ensure_streams
-        if ensure_streams:
-            await bus.ensure_streams()
-        else:
-            await bus._bind_handled()
+        await bus._streams()
         return bus
+
+    async def _streams(self) -> None:
+        """Make the streams and buckets, or, for a client that may not make them, look up
+        the ones it uses."""
+        if self._ensures_streams:
+            await self.ensure_streams()
+        else:
+            await self._bind_handled()
 
     @property
     def ready(self) -> bool:
@@ -272,10 +277,7 @@ class Bus:
         delay = 0.5
         while True:
             try:
-                if self._ensures_streams:
-                    await self.ensure_streams()
-                else:
-                    await self._bind_handled()
+                await self._streams()
                 for stream, cfg in self._consumers:
                     with contextlib.suppress(nats.js.errors.BadRequestError):
                         await self.js.add_consumer(stream, config=cfg)
