@@ -5,11 +5,12 @@ ServiceAccount is granted (`shipped_account`)."""
 from __future__ import annotations
 
 import contextlib
+import uuid
 from pathlib import Path
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import NAMESPACES, PRIORITYCLASSES, Conflict, KubeClient, KubeConfig
+from alnair.common.kube import NAMESPACES, PODS, PRIORITYCLASSES, Conflict, KubeClient, KubeConfig
 from alnair.common.localstack import ControlPlane
 from alnair.common.localstack.controlplane import load_manifests
 
@@ -135,3 +136,24 @@ def pod_group(name: str, namespace: str, min_member: int, timeout_s: int = 60) -
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"minMember": min_member, "scheduleTimeoutSeconds": timeout_s},
     }
+
+
+async def pod_bound_token(
+    kube: KubeClient, account: str, node: str, *, audiences: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """A token of `account` (in alnair-system) bound to a new pod of it on `node`, as the
+    kubelet projects one into a DaemonSet's pod (the API server then names the node in the
+    token's user info), and that pod's name."""
+    name = f"{account}-{uuid.uuid4().hex[:5]}"
+    body = make_pod(name, SYSTEM_NS).obj()
+    body["spec"].update({"serviceAccountName": account, "nodeName": node,
+                         "tolerations": [{"operator": "Exists"}]})  # fmt: skip
+    pod = await kube.create(PODS, body, SYSTEM_NS)
+    token = await kube.service_account_token(SYSTEM_NS, account, audiences=audiences, bound_pod=pod)
+    return token, name
+
+
+def token_client(cp: ControlPlane, token: str) -> KubeClient:
+    """A client of the local control plane presenting `token`."""
+    assert cp.pki is not None
+    return KubeClient(KubeConfig(server=cp.server, ca_file=str(cp.pki.ca_cert), token=token))

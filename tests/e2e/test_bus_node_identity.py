@@ -42,11 +42,11 @@ from alnair.common.events import (
     subject_token,
     wrap,
 )
-from alnair.common.kube import PODS, KubeClient
+from alnair.common.kube import KubeClient
 from alnair.common.localstack import ControlPlane, NatsServer
 from alnair.common.natsauth import ADMIN_USER, NatsCredentials, new_password
 from alnair.profiler.busauth import BusAuthRunning, start_bus_auth
-from kube_builders import make_pod, shipped_account
+from kube_builders import pod_bound_token, shipped_account
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e
@@ -76,18 +76,6 @@ async def callout_bus(
     finally:
         await auth.stop()
         server.stop()
-
-
-async def _pod_token(kube: KubeClient, account: str, node: str | None) -> str:
-    """A token of `account` for the bus, bound to a pod of it on `node` (as the kubelet
-    projects it), or to no pod when `node` is None."""
-    if node is None:
-        return await kube.service_account_token(SYSTEM_NS, account, audiences=[AUDIENCE])
-    body = make_pod(f"{account}-{uuid.uuid4().hex[:5]}", SYSTEM_NS).obj()
-    body["spec"].update({"serviceAccountName": account, "nodeName": node,
-                         "tolerations": [{"operator": "Exists"}]})  # fmt: skip
-    pod = await kube.create(PODS, body, SYSTEM_NS)
-    return await kube.service_account_token(SYSTEM_NS, account, audiences=[AUDIENCE], bound_pod=pod)
 
 
 def _as_node(tmp_path: Path, token: str, node: str) -> NatsCredentials:
@@ -124,8 +112,11 @@ async def test_a_node_agent_speaks_only_for_its_node_on_the_bus(
     await shipped_account(cp, kube, "alnair-deviceplugin", "deviceplugin/rbac.yaml")
     node_a, node_b = await cp.create_gpu_nodes("2x V100M32:8", kube=kube, prefix=namespace)
     a, b = subject_token(node_a), subject_token(node_b)
-    agent_a = _as_node(tmp_path, await _pod_token(kube, "alnair-profiler-agent", node_a), node_a)
-    plugin_a = _as_node(tmp_path, await _pod_token(kube, "alnair-deviceplugin", node_a), node_a)
+    bus_token = {"audiences": (AUDIENCE,)}
+    agent_token, _ = await pod_bound_token(kube, "alnair-profiler-agent", node_a, **bus_token)
+    plugin_token, _ = await pod_bound_token(kube, "alnair-deviceplugin", node_a, **bus_token)
+    agent_a = _as_node(tmp_path, agent_token, node_a)
+    plugin_a = _as_node(tmp_path, plugin_token, node_a)
 
     async with callout_bus(cp, tmp_path) as (server, auth):
         callout = auth.callout
@@ -201,7 +192,9 @@ async def test_a_node_agent_speaks_only_for_its_node_on_the_bus(
 
         # Not admitted: another account's token, a token bound to no node, no token.
         other = await kube.service_account_token(namespace, "default", audiences=[AUDIENCE])
-        unbound = await _pod_token(kube, "alnair-profiler-agent", None)
+        unbound = await kube.service_account_token(
+            SYSTEM_NS, "alnair-profiler-agent", audiences=[AUDIENCE]
+        )  # (bound to no pod, so to no node)
         for creds in (_as_node(tmp_path, other, node_a), _as_node(tmp_path, unbound, node_a),
                       NatsCredentials()):  # fmt: skip
             refused = NatsClient()

@@ -41,6 +41,7 @@ from alnair.common.localstack import ControlPlane
 from alnair.profiler.aggregator import resolve_owner
 from alnair.scheduler.dra.live import unavailable
 from dra_support import node_slice
+from kube_builders import pod_bound_token, token_client
 
 pytestmark = pytest.mark.e2e
 
@@ -530,21 +531,6 @@ POLICIES = ("alnair-profiler-agent-own-node", "alnair-deviceplugin-own-node",
             "alnair-elastic-owned-objects")  # fmt: skip
 
 
-async def _bound_to(cp: ControlPlane, kube: KubeClient, account: str, node: str) -> KubeClient:
-    """A client of `account` whose token is bound to a pod of it on `node`."""
-    body = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{account}-bound", "namespace": NS},
-            "spec": {"serviceAccountName": account, "nodeName": node,
-                     "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
-    with contextlib.suppress(ApiError):
-        await kube.delete(PODS, body["metadata"]["name"], NS)
-    pod = await kube.create(PODS, body, NS)
-    token = await kube.service_account_token(NS, account, bound_pod=pod)
-    assert cp.pki is not None
-    return KubeClient(KubeConfig(server=cp.server, ca_file=str(cp.pki.ca_cert), token=token))
-
-
 async def real_requests(
     limited: KubeClient, account: str, gpu_node: str, cp: ControlPlane, kube: KubeClient
 ) -> None:
@@ -591,7 +577,8 @@ async def real_requests(
         # holds one); a token bound to no node is refused by the shipped policy.
         label = {"metadata": {"labels": {res.LABEL_GPU_COUNT: "1"}}}
         await forbidden(limited.patch(NODES, gpu_node, label))
-        async with await _bound_to(cp, kube, account, gpu_node) as on_node:
+        token, _ = await pod_bound_token(kube, account, gpu_node)
+        async with token_client(cp, token) as on_node:
             patched = await on_node.patch(NODES, gpu_node, label)
         assert patched["metadata"]["labels"][res.LABEL_GPU_COUNT] == "1"
         await forbidden(limited.list(NODES))

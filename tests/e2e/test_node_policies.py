@@ -31,10 +31,9 @@ from alnair.common.kube import (
     STATEFULSETS,
     ApiError,
     KubeClient,
-    KubeConfig,
 )
 from alnair.common.localstack import ControlPlane
-from kube_builders import make_pod, shipped_account
+from kube_builders import make_pod, pod_bound_token, shipped_account, token_client
 
 pytestmark = pytest.mark.e2e
 
@@ -59,22 +58,6 @@ async def _refused(call: Any, *says: str) -> str:
     for text in says:
         assert text in str(refused.value), refused.value
     return str(refused.value)
-
-
-async def _bound_client(
-    cp: ControlPlane, kube: KubeClient, account: str, node: str
-) -> tuple[KubeClient, str]:
-    """A client with `account`'s token bound to a pod of it on `node` (what the kubelet
-    projects into a DaemonSet pod), and that pod's name."""
-    name = f"{account}-{uuid.uuid4().hex[:5]}"
-    body = make_pod(name, SYSTEM_NS).obj()
-    body["spec"].update({"serviceAccountName": account, "nodeName": node,
-                         "tolerations": [{"operator": "Exists"}]})  # fmt: skip
-    pod = await kube.create(PODS, body, SYSTEM_NS)
-    token = await kube.service_account_token(SYSTEM_NS, account, bound_pod=pod)
-    assert cp.pki is not None
-    cfg = KubeConfig(server=cp.server, ca_file=str(cp.pki.ca_cert), token=token)
-    return KubeClient(cfg), name
 
 
 async def _until_enforced(call: Any, undo: Any) -> None:
@@ -110,8 +93,9 @@ async def test_node_components_change_only_their_own_node_and_its_pods(
         body["spec"]["nodeName"] = node
         pods[node] = (await kube.create(PODS, body, namespace))["metadata"]["name"]
 
-    agent, agent_pod = await _bound_client(cp, kube, "alnair-profiler-agent", node_a)
-    plugin, plugin_pod = await _bound_client(cp, kube, "alnair-deviceplugin", node_a)
+    agent_token, agent_pod = await pod_bound_token(kube, "alnair-profiler-agent", node_a)
+    plugin_token, plugin_pod = await pod_bound_token(kube, "alnair-deviceplugin", node_a)
+    agent, plugin = token_client(cp, agent_token), token_client(cp, plugin_token)
     labelled = {"metadata": {"labels": {"alnair.io/probe": "agent"}}}
     async with agent, plugin, KubeClient(unbound_cfg) as unbound_plugin:
         try:

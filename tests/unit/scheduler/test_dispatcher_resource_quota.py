@@ -60,32 +60,37 @@ def test_a_workload_charges_every_pod_at_once() -> None:
 def test_the_quota_refuses_what_does_not_fit_naming_it() -> None:
     wl = job("j", 2, "1", 2)
     roomy = quotas(quota("gpus", {f"requests.{r.GPU}": "8"}, {f"requests.{r.GPU}": "4"}))
-    assert roomy.shortfall(wl, []) is None
+    assert roomy.shortfall(wl) is None
     tight = quotas(quota("gpus", {f"requests.{r.GPU}": "8"}, {f"requests.{r.GPU}": "6"}))
-    said = tight.shortfall(wl, [])
+    said = tight.shortfall(wl)
     assert said == f"ResourceQuota team/gpus: requests.{r.GPU} 4 asked, 2 left of 8", said
     pods = quotas(quota("pods", {"pods": "2", "cpu": "10"}, {"pods": "1"}))
-    assert pods.shortfall(wl, []) == "ResourceQuota team/pods: pods 2 asked, 1 left of 2"
+    assert pods.shortfall(wl) == "ResourceQuota team/pods: pods 2 asked, 1 left of 2"
     memory = quotas(quota("mem", {"requests.memory": "1Gi"}))
-    assert "requests.memory 2048Mi asked, 1024Mi left" in (memory.shortfall(wl, []) or "")
+    assert "requests.memory 2048Mi asked, 1024Mi left" in (memory.shortfall(wl) or "")
 
 
 def test_admitted_workloads_count_before_their_pods_show_in_the_status() -> None:
     q = quotas(quota("gpus", {f"requests.{r.GPU}": "8"}, {f"requests.{r.GPU}": "0"}))
     first = job("a", 1, "1", 6)
-    assert q.shortfall(job("b", 1, "1", 4), [first]) is not None  # 6 admitted + 4 > 8
-    assert q.shortfall(job("b", 1, "1", 2), [first]) is None
+    q.charge(first)
+    assert q.shortfall(job("b", 1, "1", 4)) is not None  # 6 admitted + 4 > 8
+    assert q.shortfall(job("b", 1, "1", 2)) is None
+    q.charge(job("c", 1, "1", 1))  # admitted in the same reconcile, after the sum was made
+    assert q.shortfall(job("b", 1, "1", 2)) is not None  # 7 + 2 > 8
+    q.begin()  # the next reconcile charges afresh
+    assert q.shortfall(job("b", 1, "1", 8)) is None
 
 
 def test_other_namespaces_and_scoped_quotas_are_not_asked() -> None:
     other = quota("gpus", {f"requests.{r.GPU}": "0"})
     other["metadata"]["namespace"] = "elsewhere"
     scoped = quota("best-effort", {"pods": "0"}, scopes=["BestEffort"])
-    assert quotas(other, scoped).shortfall(job("j", 1, "1", 1), []) is None
+    assert quotas(other, scoped).shortfall(job("j", 1, "1", 1)) is None
 
 
 def test_requests_that_cannot_be_read_are_named() -> None:
     wl = job("j", 1, "1", 1)
     wl.pod_sets[0].template["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
-    said = quotas(quota("cpu", {"cpu": "4"})).shortfall(wl, []) or ""
+    said = quotas(quota("cpu", {"cpu": "4"})).shortfall(wl) or ""
     assert "spec.template.spec.containers[0].resources.requests.cpu" in said and "lots" in said
