@@ -7,6 +7,8 @@
 #   KubeRay (github.com/ray-project/kuberay/ray-operator) -> $CACHE/peers/kuberay-<version>/
 #   Kubeflow Trainer (github.com/kubeflow/trainer/v2)      -> $CACHE/peers/trainer-<version>/
 #     (with its shipped training runtimes in runtimes/)
+#   Kubeflow training-operator v1 (github.com/kubeflow/training-operator): PyTorchJob and
+#     MPIJob v1                                            -> $CACHE/peers/training-operator-<version>/
 # each holding crds/*.yaml, webhook/ (a kustomization; KubeRay's default deploy runs without
 # one, so it has none) and manager.
 #
@@ -17,6 +19,7 @@ JOBSET_VERSION="${ALNAIR_JOBSET_VERSION:-v0.10.1}"
 LWS_VERSION="${ALNAIR_LWS_VERSION:-v0.7.0}"
 KUBERAY_VERSION="${ALNAIR_KUBERAY_VERSION:-v1.5.0}"
 TRAINER_VERSION="${ALNAIR_TRAINER_VERSION:-v2.0.0}"
+TRAINING_OPERATOR_VERSION="${ALNAIR_TRAINING_OPERATOR_VERSION:-v1.8.1}"
 CACHE="${ALNAIR_CACHE_DIR:-$HOME/.cache/alnair}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$CACHE/build" "$CACHE/peers"
@@ -68,3 +71,6 @@ build_peer kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION
 build_peer trainer github.com/kubeflow/trainer/v2 "$TRAINER_VERSION" \
   manifests/base/crds manifests/base/webhook \
   github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager manifests/base/runtimes
+build_peer training-operator github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION" \
+  manifests/base/crds manifests/base/webhook \
+  github.com/kubeflow/training-operator/cmd/training-operator.v1

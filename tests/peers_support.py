@@ -1,7 +1,8 @@
 """Other projects' parts, as they ship: the CRDs and controller managers of JobSet,
-LeaderWorkerSet, KubeRay and Kubeflow Trainer, built from `sigs.k8s.io/jobset`,
-`sigs.k8s.io/lws`, `github.com/ray-project/kuberay/ray-operator` and
-`github.com/kubeflow/trainer/v2` by `hack/build-peers.sh` (cached under ~/.cache/alnair/peers,
+LeaderWorkerSet, KubeRay, Kubeflow Trainer and Kubeflow's training-operator, built from
+`sigs.k8s.io/jobset`, `sigs.k8s.io/lws`, `github.com/ray-project/kuberay/ray-operator`,
+`github.com/kubeflow/trainer/v2` and `github.com/kubeflow/training-operator` by
+`hack/build-peers.sh` (cached under ~/.cache/alnair/peers,
 never in the repository), run against the local control plane.
 
 A manager runs as the project's own deployment runs it, with its own defaulting and validating
@@ -12,9 +13,10 @@ has none). The only changes are for what the local control plane lacks:
   module with the real kubectl, are registered by URL. They are limited to the test's
   namespace, and their selectors are kept.
 - There is no cert-manager, so its internal certificate management is off, and it is given a
-  certificate to serve with. Kubeflow Trainer's cannot be turned off: it fills its Secret, the
-  test writes that into the folder the kubelet would mount it at, and its webhooks (validating
-  only) are not registered, since its certificate names only its Service.
+  certificate to serve with. Kubeflow Trainer's and the training-operator's cannot be turned
+  off: each fills its Secret, the test writes that into the folder the kubelet would mount it
+  at, and their webhooks (validating only) are not registered, since the certificate names
+  only their Service.
 - Metrics and leader election are off.
 """
 
@@ -94,6 +96,26 @@ TRAINER = Peer(
     secret_mount=(
         "kubeflow-system",
         "kubeflow-trainer-webhook-cert",
+        "/tmp/k8s-webhook-server/serving-certs",  # fixed in its cert package
+    ),
+    webhooks=False,
+)
+TRAINING_OPERATOR = Peer(
+    "training-operator",
+    os.environ.get("ALNAIR_TRAINING_OPERATOR_VERSION", "v1.8.1"),
+    flags=(
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=127.0.0.1:{health}",
+        "--leader-elect=false",
+        "--webhook-server-port={webhook}",
+        # The two kinds the queue takes; the others' controllers would wait for CRDs that
+        # are not installed.
+        "--enable-scheme=pytorchjob",
+        "--enable-scheme=mpijob",
+    ),
+    secret_mount=(
+        "kubeflow",  # its namespace when MY_POD_NAMESPACE is unset
+        "training-operator-webhook-cert",
         "/tmp/k8s-webhook-server/serving-certs",  # fixed in its cert package
     ),
     webhooks=False,

@@ -75,6 +75,7 @@ HOOKS = {
     "jobsets.hold.alnair.io",
     "ray.hold.alnair.io",
     "trainjobs.hold.alnair.io",
+    "kubeflow.hold.alnair.io",
     "elasticjobs.hold.alnair.io",
     "pods.hold.alnair.io",
     "serving.hold.alnair.io",

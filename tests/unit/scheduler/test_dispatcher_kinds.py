@@ -547,3 +547,86 @@ def test_a_train_job_naming_no_runtime_or_no_gpus_is_told_its_field() -> None:
     with pytest.raises(InvalidValueError) as no_gpus:
         TRAINJOB.parse(found, 60.0)
     assert no_gpus.value.field == "spec.trainer.resourcesPerNode"
+
+
+def kubeflow_job(field: str, roles: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """A Kubeflow v1 job: each role (replicas, GPUs per pod)."""
+    return {
+        "metadata": {"name": "k", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}},
+        "spec": {
+            field: {
+                role: {"replicas": replicas, "restartPolicy": "OnFailure",
+                       "template": ray_template(gpus)}
+                for role, (replicas, gpus) in roles.items()
+            },
+        },
+    }  # fmt: skip
+
+
+def test_pytorch_and_mpi_jobs_count_every_role_and_are_held_by_their_run_policy() -> None:
+    from alnair.scheduler.dispatcher.kinds import MPIJOB, PYTORCHJOB
+
+    pytorch = kubeflow_job("pytorchReplicaSpecs", {"Master": (1, 2), "Worker": (3, 2)})
+    mpi = kubeflow_job("mpiReplicaSpecs", {"Launcher": (1, 0), "Worker": (2, 4)})
+    for kind, obj, asked in ((PYTORCHJOB, pytorch, (8, 4, 2)), (MPIJOB, mpi, (8, 2, 4))):
+        assert kind.queued(obj) and kind.optional and kind.reclaim == "suspend"
+        hold = hold_patch(kind.kind, obj)
+        assert {"op": "add", "path": "/spec/runPolicy", "value": {"suspend": True}} in hold
+        with_policy = {**obj, "spec": {**obj["spec"], "runPolicy": {"cleanPodPolicy": "All"}}}
+        assert {"op": "add", "path": "/spec/runPolicy/suspend", "value": True} in hold_patch(
+            kind.kind, with_policy
+        )
+        held = {**obj, "spec": {**obj["spec"], "runPolicy": {"suspend": True}}}
+        assert hold_patch(kind.kind, held) == []
+        wl = kind.parse(held, 60.0)
+        assert (wl.request.gpus, wl.request.pods, wl.request.gpus_per_pod) == asked
+        assert wl.held and wl.key == f"{kind.kind.lower()}:team-a/k"
+        assert not kind.parse(obj, 60.0).held
+        # Reclaimed through the run policy, not `spec.suspend` (which it does not have).
+        assert kind.suspension == {"runPolicy": {"suspend": True}}
+        owned = {**obj["metadata"], "ownerReferences": [{"kind": "X", "name": "x", "uid": "u",
+                                                         "controller": True}]}  # fmt: skip
+        assert not kind.queued({**obj, "metadata": owned})
+    released = MPIJOB.release(MPIJOB.parse(mpi, 60.0), "A100")
+    # The launcher asks no GPU and may run anywhere; the map merges role by role.
+    assert released == {
+        "runPolicy": {"suspend": False},
+        "mpiReplicaSpecs": {
+            "Worker": {"template": {"spec": {"nodeSelector": {"alnair.io/gpu-model": "A100"}}}}
+        },
+    }
+    assert set(PYTORCHJOB.release(PYTORCHJOB.parse(pytorch, 60.0), "V100")[
+        "pytorchReplicaSpecs"]) == {"Master", "Worker"}  # fmt: skip
+    status = {"conditions": [{"type": "Created", "status": "True"},
+                             {"type": "Running", "status": "True"}]}  # fmt: skip
+    assert PYTORCHJOB.finished({**pytorch, "status": status}) is None
+    assert PYTORCHJOB.ready(PYTORCHJOB.parse({**pytorch, "status": status}, 60.0))
+    assert not PYTORCHJOB.ready(PYTORCHJOB.parse(pytorch, 60.0))
+    done = {"conditions": [{"type": "Running", "status": "False"},
+                           {"type": "Succeeded", "status": "True"}]}  # fmt: skip
+    assert PYTORCHJOB.finished({**pytorch, "status": done}) == "Succeeded"
+    failed = {"conditions": [{"type": "Failed", "status": "True"}]}
+    assert MPIJOB.finished({**mpi, "status": failed}) == "Failed"
+
+
+def test_a_kubeflow_job_without_gpus_or_with_a_bad_replica_spec_is_told_its_field() -> None:
+    from alnair.scheduler.dispatcher.kinds import MPIJOB, PYTORCHJOB
+
+    with pytest.raises(InvalidValueError) as none:
+        PYTORCHJOB.parse(kubeflow_job("pytorchReplicaSpecs", {"Master": (1, 0)}), 60.0)
+    assert none.value.field == "spec.pytorchReplicaSpecs.*.template.spec.containers[].resources"
+    bad = kubeflow_job("mpiReplicaSpecs", {"Launcher": (1, 0), "Worker": (2, 1)})
+    bad["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = -1
+    with pytest.raises(InvalidValueError) as count:
+        MPIJOB.parse(bad, 60.0)
+    assert count.value.field == "spec.mpiReplicaSpecs.Worker.replicas"
+    with pytest.raises(InvalidValueError) as missing:
+        MPIJOB.parse({"metadata": bad["metadata"], "spec": {}}, 60.0)
+    assert missing.value.field == "spec.mpiReplicaSpecs"
+    fraction = kubeflow_job("pytorchReplicaSpecs", {"Worker": (2, 1)})
+    fraction["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+        "resources"] = {"limits": {"alnair.io/gpu-memory": "4096"}}  # fmt: skip
+    with pytest.raises(InvalidValueError) as frac:
+        PYTORCHJOB.parse(fraction, 60.0)
+    assert frac.value.field.startswith("spec.pytorchReplicaSpecs.Worker.template")
+    assert "whole GPUs" in frac.value.reason

@@ -112,6 +112,9 @@ def gpu_node_manifest(
         "cpu": str(cpu),
         "memory": f"{mem_gib}Gi",
         "pods": "256",
+        # Every kubelet reports its node's local storage; pods that ask some (an MPI
+        # launcher's init container does) fit only where it is stated.
+        "ephemeral-storage": "500Gi",
         r.GPU: str(spec.gpus),
         r.GPU_MEMORY_GIB: str(mem_per_gpu // r.GPU_MEMORY_UNIT_MIB[r.GPU_MEMORY_GIB] * spec.gpus),
         r.GPU_MEMORY: str(mem_per_gpu * spec.gpus),

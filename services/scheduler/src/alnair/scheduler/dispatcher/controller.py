@@ -797,7 +797,7 @@ class Dispatcher(ReconcileLoop):
             await self._delete_pods(wl)
             await self._preempted(wl, wl.ref(), "evicted whole", reason, for_job, 0, cause)
             return
-        spec: dict[str, Any] = {"suspend": True}
+        spec: Obj = KINDS[wl.kind].suspension or {"suspend": True}
         patch = {
             "metadata": {
                 "resourceVersion": meta["resourceVersion"],

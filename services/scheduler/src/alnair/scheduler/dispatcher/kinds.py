@@ -32,8 +32,10 @@ from alnair.common.kube import (
     JOBS,
     JOBSETS,
     LEADERWORKERSETS,
+    MPIJOBS,
     PODGROUPS,
     PODS,
+    PYTORCHJOBS,
     RAYCLUSTERS,
     RAYJOBS,
     STATEFULSETS,
@@ -42,6 +44,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
+from alnair.scheduler.dispatcher import kubeflow_v1
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
     LABEL_WORKLOAD,
@@ -126,6 +129,9 @@ class WorkloadKind:
     did, from its pods (`alnair.io/workload`)."""
     optional: bool = False
     """Its API comes from another project (a CRD): queued only where the cluster serves it."""
+    suspension: Obj | None = None
+    """The `spec` of the merge patch that suspends it again when reclaimed (None:
+    `{"suspend": true}`, where most kinds keep it)."""
     writable: bool = True
     """Whether the dispatcher writes the object itself (its admission in annotations). A
     serving workload's admission lives on its pods instead: the dispatcher may not patch
@@ -621,8 +627,36 @@ PODGROUP = WorkloadKind(
 """A PodGroup (`scheduling.x-k8s.io`, Alnair's gang API) of plain pods: admitted whole, as
 a serving workload is, by ungating its pods; reclaimed by deleting them (no controller makes
 plain pods again: whoever created them does, as with Kueue's plain pod groups)."""
+
+
+def _kubeflow_v1(kind: str, resource: Resource, field: str) -> WorkloadKind:
+    """A Kubeflow v1 training job (`kubeflow_v1.py`): held with `spec.runPolicy.suspend`,
+    released with the model in every GPU role's template, reclaimed by suspending it again
+    (the training-operator deletes its pods)."""
+    return WorkloadKind(
+        kind=kind,
+        api_version=kubeflow_v1.API_VERSION,
+        resource=resource,
+        label_selectors=QUEUE_LABELS,
+        queued=_own_queued,
+        key=kubeflow_v1.key(kind),
+        parse=kubeflow_v1.parser(kind, field, resource),
+        finished=kubeflow_v1.finished,
+        writes_conditions=False,  # (its conditions are the training-operator's)
+        hold=kubeflow_v1.hold,
+        release=kubeflow_v1.releaser(field),
+        reclaim="suspend",
+        ready=kubeflow_v1.ready,
+        suspension={"runPolicy": {"suspend": True}},
+        optional=True,
+    )
+
+
+PYTORCHJOB = _kubeflow_v1("PyTorchJob", PYTORCHJOBS, kubeflow_v1.PYTORCH_REPLICAS)
+MPIJOB = _kubeflow_v1("MPIJob", MPIJOBS, kubeflow_v1.MPI_REPLICAS)
 _EVERY = (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, PODGROUP)
-KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (*_EVERY, RAYCLUSTER, RAYJOB, TRAINJOB)}
+_PEERS = (RAYCLUSTER, RAYJOB, TRAINJOB, PYTORCHJOB, MPIJOB)
+KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (*_EVERY, *_PEERS)}
 """Every kind the dispatcher queues, by `kind`."""
 SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")
 """Kinds held by gating their controller's pods, admitted whole."""

@@ -86,7 +86,8 @@ node selector may still be added to, KEP-3838, which is how the chosen GPU model
 GPU = "nvidia.com/gpu"
 
 
-def _int(value: Any, where: str, *, minimum: int = 0) -> int:
+def whole_count(value: Any, where: str, *, minimum: int = 0) -> int:
+    """An integer field as a count (at least `minimum`); InvalidValueError names `where`."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise InvalidValueError(where, value, "must be an integer")
     try:
@@ -128,21 +129,21 @@ def parse_cluster_queue(obj: Obj, cohorts: set[str]) -> ClusterQueueSpec:
                 rw = f"{where}.resources[{r}]"
                 if resource.get("name") != GPU:
                     raise InvalidValueError(f"{rw}.name", resource.get("name"), f"only {GPU}")
-                nominal = _int(resource.get("nominalQuota"), f"{rw}.nominalQuota")
+                nominal = whole_count(resource.get("nominalQuota"), f"{rw}.nominalQuota")
                 borrow = resource.get("borrowingLimit")
                 lend = resource.get("lendingLimit")
                 if cohort is None and (borrow is not None or lend is not None):
                     raise InvalidValueError(
                         f"{rw}.borrowingLimit", borrow, "borrowing and lending need spec.cohort"
                     )
-                lend_n = None if lend is None else _int(lend, f"{rw}.lendingLimit")
+                lend_n = None if lend is None else whole_count(lend, f"{rw}.lendingLimit")
                 if lend_n is not None and lend_n > nominal:
                     raise InvalidValueError(f"{rw}.lendingLimit", lend, "exceeds nominalQuota")
                 quota[model] = FlavorQuota(
                     nominal=nominal,
                     borrowing_limit=None
                     if borrow is None
-                    else _int(borrow, f"{rw}.borrowingLimit"),
+                    else whole_count(borrow, f"{rw}.borrowingLimit"),
                     lending_limit=lend_n,
                 )
     return ClusterQueueSpec(name=name, quota=quota, cohort=cohort, weight=weight)
@@ -183,10 +184,10 @@ def gpus_asked(job: Obj) -> GpuRequest | None:
         amounts = {**(reqs.get("requests") or {}), **(reqs.get("limits") or {})}
         where = f"spec.template.spec.containers[{c}].resources"
         if GPU in amounts:
-            whole += _int(amounts[GPU], f"{where}.{GPU}")
+            whole += whole_count(amounts[GPU], f"{where}.{GPU}")
         # the resource's name is its unit (GiB or MiB)
         units = {
-            name: _int(amounts[name], f"{where}.{name}", minimum=1)
+            name: whole_count(amounts[name], f"{where}.{name}", minimum=1)
             for name in res.GPU_MEMORY_UNIT_MIB
             if name in amounts
         }
@@ -262,10 +263,10 @@ def pod_sets_request(
 
 def job_pods(spec: Obj, where: str) -> int:
     """The pods a Job spec runs at once: `parallelism`, at most `completions`."""
-    pods = _int(spec.get("parallelism", 1), f"{where}.parallelism", minimum=1)
+    pods = whole_count(spec.get("parallelism", 1), f"{where}.parallelism", minimum=1)
     completions = spec.get("completions")
     if completions is not None:
-        pods = min(pods, _int(completions, f"{where}.completions", minimum=1))
+        pods = min(pods, whole_count(completions, f"{where}.completions", minimum=1))
     return pods
 
 
@@ -342,7 +343,7 @@ class Workload:
         return self.annotations.get(ANN_ADMITTED_TYPE)
 
 
-def _restart_cost(meta: Obj, default_s: float) -> float:
+def restart_cost(meta: Obj, default_s: float) -> float:
     """`alnair.io/restart-cost-s`: the work a preemption loses (default: the setting)."""
     raw = (meta.get("annotations") or {}).get(ANN_RESTART_COST)
     if raw is None:
@@ -359,7 +360,7 @@ def _restart_cost(meta: Obj, default_s: float) -> float:
 def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
     meta = job["metadata"]
     features = object_model(job).present()
-    restart = _restart_cost(meta, default_restart_cost_s)
+    restart = restart_cost(meta, default_restart_cost_s)
     return Workload(
         key=f"{meta['namespace']}/{meta['name']}",
         obj=job,
@@ -429,13 +430,13 @@ def parse_pod_group(obj: Obj, default_restart_cost_s: float) -> Workload:
     whole; the per-pod shape the policy places is the GPUs spread evenly, rounded up."""
     meta = obj["metadata"]
     spec = obj.get("spec") or {}
-    members = _int(spec.get("minMember", 1), "spec.minMember", minimum=1)
+    members = whole_count(spec.get("minMember", 1), "spec.minMember", minimum=1)
     amounts = spec.get("minResources") or {}
     if not isinstance(amounts, dict) or GPU not in amounts:
         raise InvalidValueError(
             "spec.minResources", amounts, f"a queued PodGroup must state the {GPU} it needs in all"
         )
-    gpus = _int(amounts[GPU], f"spec.minResources.{GPU}", minimum=1)
+    gpus = whole_count(amounts[GPU], f"spec.minResources.{GPU}", minimum=1)
     annotations = meta.get("annotations") or {}
     return Workload(
         key=f"podgroup:{meta['namespace']}/{meta['name']}",
@@ -444,7 +445,7 @@ def parse_pod_group(obj: Obj, default_restart_cost_s: float) -> Workload:
         request=GpuRequest(gpus=gpus, pods=members, gpus_per_pod=-(-gpus // members)),
         features=object_model(obj).present(),
         gpu_model=annotations.get(res.LABEL_GPU_MODEL) or None,
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=PODGROUPS,
         kind="PodGroup",
         api_version=PODGROUP_API_VERSION,
@@ -487,7 +488,7 @@ def ray_cluster_pod_sets(spec: Obj, where: str) -> list[PodSet]:
         if not isinstance(group, dict) or not isinstance(group.get("template"), dict):
             raise InvalidValueError(f"{at}.template", None, "a worker group needs one")
         replicas = group.get("replicas", group.get("minReplicas", 0))
-        count = _int(replicas, f"{at}.replicas") * _int(
+        count = whole_count(replicas, f"{at}.replicas") * whole_count(
             group.get("numOfHosts", 1), f"{at}.numOfHosts", minimum=1
         )
         if group.get("suspend") is True:
@@ -514,7 +515,7 @@ def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Res
         request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=resource,
         kind=kind,
         api_version=RAY_API_VERSION,
@@ -580,12 +581,12 @@ def train_job_pod_sets(obj: Obj) -> list[PodSet]:
         job_spec = job_template.get("spec") or {}
         template = job_spec.get("template") or {}
         labels = (job_template.get("metadata") or {}).get("labels") or {}
-        pods = _int(rj.get("replicas", 1), f"replicatedJobs[{name}].replicas") * _int(
+        pods = whole_count(rj.get("replicas", 1), f"replicatedJobs[{name}].replicas") * whole_count(
             job_spec.get("parallelism", 1), f"replicatedJobs[{name}].parallelism"
         )
         if labels.get(TRAINER_STEP) == "trainer" or name == "node":
             nodes = trainer.get("numNodes", (rt_spec.get("mlPolicy") or {}).get("numNodes", 1))
-            pods = _int(nodes, "spec.trainer.numNodes", minimum=1)
+            pods = whole_count(nodes, "spec.trainer.numNodes", minimum=1)
             per_node = trainer.get("resourcesPerNode")
             if isinstance(per_node, dict):
                 pod_spec = dict(template.get("spec") or {})
@@ -619,7 +620,7 @@ def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
         request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=TRAINJOBS,
         kind="TrainJob",
         api_version=TRAINER_API_VERSION,
@@ -651,7 +652,7 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     pod_sets = []
     for i, rj in enumerate(sets):
         where = f"spec.replicatedJobs[{i}]"
-        replicas = _int(rj.get("replicas", 1), f"{where}.replicas", minimum=0)
+        replicas = whole_count(rj.get("replicas", 1), f"{where}.replicas", minimum=0)
         job_spec = (rj.get("template") or {}).get("spec") or {}
         pods = job_pods(job_spec, f"{where}.template.spec")
         template = job_spec.get("template") or {}
@@ -668,7 +669,7 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         request=request,
         features=object_model(obj).present(),
         gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=JOBSETS,
         kind="JobSet",
         api_version="jobset.x-k8s.io/v1alpha2",
@@ -690,7 +691,7 @@ def parse_serving_workload(
     are gated); there is nothing to suspend."""
     meta = obj["metadata"]
     spec = obj.get("spec") or {}
-    replicas = _int(spec.get("replicas", 1), "spec.replicas", minimum=0)
+    replicas = whole_count(spec.get("replicas", 1), "spec.replicas", minimum=0)
     job_like = {"metadata": meta, "spec": {"parallelism": max(1, replicas),
                                            "template": spec.get("template") or {}}}  # fmt: skip
     request = gpu_request(job_like)
@@ -704,7 +705,7 @@ def parse_serving_workload(
         request=request,
         features=object_model(obj).present(),
         gpu_model=gpu_model_constraint(job_like),
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=resource,
         kind=kind,
         api_version="apps/v1",
@@ -723,13 +724,13 @@ def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
     is gated, so every pod counts; the per-pod shape the policy places is the largest."""
     meta = obj["metadata"]
     spec = obj.get("spec") or {}
-    replicas = _int(spec.get("replicas", 1), "spec.replicas", minimum=0)
+    replicas = whole_count(spec.get("replicas", 1), "spec.replicas", minimum=0)
     lwt = spec.get("leaderWorkerTemplate")
     if not isinstance(lwt, dict) or not isinstance(lwt.get("workerTemplate"), dict):
         raise InvalidValueError(
             "spec.leaderWorkerTemplate.workerTemplate", None, "a LeaderWorkerSet needs one"
         )
-    size = _int(lwt.get("size", 1), "spec.leaderWorkerTemplate.size", minimum=1)
+    size = whole_count(lwt.get("size", 1), "spec.leaderWorkerTemplate.size", minimum=1)
     worker = lwt["workerTemplate"]
     leader = lwt.get("leaderTemplate") if isinstance(lwt.get("leaderTemplate"), dict) else None
     at = "spec.leaderWorkerTemplate"
@@ -753,7 +754,7 @@ def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
         ),
         features=object_model(obj).present(),
         gpu_model=annotations.get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         resource=LEADERWORKERSETS,
         kind="LeaderWorkerSet",
         api_version=LWS_API_VERSION,
@@ -796,9 +797,11 @@ def parse_elastic_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
     the workers the controller adds above it count as borrowed quota (issue 14, point 4)."""
     meta = obj["metadata"]
     spec = obj.get("spec") or {}
-    low = _int(spec.get("minReplicas", 1), "spec.minReplicas", minimum=1)
-    per_worker = _int(spec.get("gpusPerWorker", 1), "spec.gpusPerWorker", minimum=1)
-    current = _int((obj.get("status") or {}).get("currentReplicas", 0), "status.currentReplicas")
+    low = whole_count(spec.get("minReplicas", 1), "spec.minReplicas", minimum=1)
+    per_worker = whole_count(spec.get("gpusPerWorker", 1), "spec.gpusPerWorker", minimum=1)
+    current = whole_count(
+        (obj.get("status") or {}).get("currentReplicas", 0), "status.currentReplicas"
+    )
     job_like = {"metadata": meta, "spec": {"template": spec.get("template") or {}}}
     return Workload(
         key=elastic_key(meta["namespace"], meta["name"]),

@@ -1,0 +1,208 @@
+"""Kubeflow's v1 PyTorchJob and MPIJob through a queue, with the training-operator's own CRDs
+and controller manager (`github.com/kubeflow/training-operator` v1.8.1, built by
+hack/build-peers.sh).
+
+Each is held at creation (`spec.runPolicy.suspend`), counted as every role's pods at once, and
+admitted with the GPU model in every GPU role's template; the training-operator then makes the
+pods (an MPI launcher, which asks no GPU, without the model), Alnair's scheduler binds them and
+KWOK runs them. A PyTorchJob's completion (its master's) admits the next one; a borrowing job
+is suspended again for the lender through its run policy, and the training-operator deletes
+its pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alnair.common import resources as r
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    JOBS,
+    MPIJOBS,
+    NAMESPACES,
+    PODS,
+    PYTORCHJOBS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    Conflict,
+    KubeClient,
+    Resource,
+)
+from alnair.common.localstack import ControlPlane
+from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
+from dispatcher_support import (
+    POOL,
+    admitted_type,
+    cohort_queues,
+    events,
+    queue_used,
+    scheduler,
+    wait_for,
+    webhooked_dispatcher,
+)
+from dispatcher_support import gpu_job as lender_job
+from kube_builders import shipped_account
+from peers_support import TRAINING_OPERATOR, install_crds, peer_controller
+
+pytestmark = pytest.mark.e2e
+JOB_NAME = "training.kubeflow.org/job-name"
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+
+
+def template(ns: str, gpus: int, seconds: float) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "pytorch", "image": "trainer"}
+    if gpus:
+        container["resources"] = {"limits": {r.GPU: str(gpus)}}
+    return {
+        "metadata": {"annotations": {r.ANN_DURATION: f"{seconds}s"}},
+        "spec": {
+            "schedulerName": r.SCHEDULER_NAME,
+            "nodeSelector": {POOL: ns},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [container],
+        },
+    }
+
+
+def pytorch_job(name: str, ns: str, queue: str, seconds: float) -> dict[str, Any]:
+    """A master and a worker of one GPU each, as a user writes it (no suspend)."""
+    roles = {
+        role: {"replicas": 1, "restartPolicy": "OnFailure", "template": template(ns, 1, seconds)}
+        for role in ("Master", "Worker")
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
+        "spec": {"pytorchReplicaSpecs": roles},
+    }
+
+
+def mpi_job(name: str, ns: str, queue: str) -> dict[str, Any]:
+    """A launcher without GPUs and two one-GPU workers, long-running."""
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
+        "spec": {
+            "slotsPerWorker": 1,
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": template(ns, 0, 600)},
+                "Worker": {"replicas": 2, "template": template(ns, 1, 600)},
+            },
+        },
+    }
+
+
+async def _admitted(kube: KubeClient, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
+    obj = await kube.get(res, name, ns)
+    suspended = (obj["spec"].get("runPolicy") or {}).get("suspend")
+    annotations = obj["metadata"].get("annotations") or {}
+    return obj if not suspended and ANN_ADMITTED_TYPE in annotations else None
+
+
+async def _pods(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    items = (await kube.list(PODS, ns, label_selector=f"{JOB_NAME}={name}"))["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+async def _bound(kube: KubeClient, ns: str, name: str, n: int) -> list[dict[str, Any]]:
+    pods = [p for p in await _pods(kube, ns, name) if p["spec"].get("nodeName")]
+    return pods if len(pods) == n else []
+
+
+async def _succeeded(kube: KubeClient, ns: str, name: str) -> bool:
+    status = (await kube.get(PYTORCHJOBS, name, ns)).get("status") or {}
+    return any(
+        c["type"] == "Succeeded" and c["status"] == "True" for c in status.get("conditions") or []
+    )
+
+
+async def _operator_prerequisites(kube: KubeClient) -> None:
+    """What the training-operator's deploy gives its manager: its namespace, the Secret its
+    certificate rotation fills, and the webhook configuration it injects its CA into (empty
+    here: see `peers_support.Peer.webhooks`)."""
+    for resource, obj, ns in (
+        (NAMESPACES, {"metadata": {"name": "kubeflow"}}, None),
+        (SECRETS, {"metadata": {"name": "training-operator-webhook-cert"}}, "kubeflow"),
+        (
+            VALIDATING_WEBHOOKS,
+            {"metadata": {"name": "validator.training-operator.kubeflow.org"}, "webhooks": []},
+            None,
+        ),
+    ):
+        with contextlib.suppress(Conflict):  # there already (an earlier run on this plane)
+            await kube.create(resource, obj, ns)
+
+
+async def test_pytorch_and_mpi_jobs_queue_admit_complete_and_are_reclaimed(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    cp = control_plane
+    await install_crds(kube, TRAINING_OPERATOR)
+    await _operator_prerequisites(kube)
+    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
+    await cohort_queues(kube, ns, "kf", {"train": (2, 2), "lender": (2, 0)})
+    async with (
+        KubeClient(dispatcher_cfg) as as_dispatcher,
+        scheduler(kube),
+        peer_controller(TRAINING_OPERATOR, cp, kube, tmp_path, ns),
+        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
+    ):
+        try:
+            # Held at creation; admitted within quota; the operator's pods carry the model.
+            made = await kube.create(PYTORCHJOBS, pytorch_job("pt1", ns, "train", 5), ns)
+            assert made["spec"]["runPolicy"]["suspend"] is True
+            await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt1"), 20)
+            pods = await wait_for(lambda: _bound(kube, ns, "pt1", 2), 60)
+            for pod in pods:
+                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
+
+            # An MPIJob borrows the idle lender's quota: its workers get the model, its
+            # launcher (no GPU) does not need it.
+            await kube.create(MPIJOBS, mpi_job("mj1", ns, "train"), ns)
+            mj1 = await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj1"), 20)
+            assert mj1["metadata"]["annotations"][ANN_BORROWING] == "true"
+            mpi_pods = await wait_for(lambda: _bound(kube, ns, "mj1", 3), 60)
+            by_role = {p["metadata"]["labels"][REPLICA_TYPE]: p for p in mpi_pods}
+            assert by_role["worker"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
+            assert r.LABEL_GPU_MODEL not in by_role["launcher"]["spec"]["nodeSelector"]
+
+            # A second PyTorchJob waits for quota until the first completes (its master
+            # succeeds, then the operator says so).
+            await kube.create(PYTORCHJOBS, pytorch_job("pt2", ns, "train", 600), ns)
+            if not await _succeeded(kube, ns, "pt1"):
+                assert await _admitted(kube, PYTORCHJOBS, ns, "pt2") is None
+            await wait_for(lambda: _succeeded(kube, ns, "pt1"), 90, 0.2)
+            await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt2"), 30)
+
+            # The lender needs its quota: a borrower is suspended again through its run
+            # policy, and the operator deletes its pods.
+            await kube.create(JOBS, lender_job("l1", ns, "lender", 2), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+
+            async def one_suspended() -> str | None:
+                held = [
+                    name for res, name in ((MPIJOBS, "mj1"), (PYTORCHJOBS, "pt2"))
+                    if ((await kube.get(res, name, ns))["spec"].get("runPolicy") or {}).get(
+                        "suspend")
+                ]  # fmt: skip
+                return held[0] if len(held) == 1 else None
+
+            victim = await wait_for(one_suspended, 30)
+            await wait_for(lambda: _no_pods(kube, ns, victim), 60)
+            assert await events(kube, ns, victim, "Preempted")
+        finally:
+            for cq in (f"train-{ns}", f"lender-{ns}"):
+                await kube.delete(CLUSTERQUEUES, cq)
+
+
+async def _no_pods(kube: KubeClient, ns: str, name: str) -> bool:
+    return not await _pods(kube, ns, name)
