@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,12 @@ from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.workers import (
+    ANN_BANDWIDTH,
+    ANN_CLUSTER_NAME,
+    ANN_REGION,
+    LABEL_WORKER,
+)
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 from elastic_support import wait_for
@@ -264,3 +272,68 @@ async def events(kube: KubeClient, ns: str, name: str, reason: str) -> list[dict
     """The Events of `reason` about the object `name` in `ns`."""
     items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
     return [e for e in items if e["reason"] == reason]
+
+
+def jobset(name: str, ns: str, queue: str, workers: int, seconds: float) -> dict[str, Any]:
+    """`workers` one-GPU workers and a driver that asks for no GPU, as a user writes it."""
+
+    def replicated(rj: str, replicas: int, gpus: int) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": rj, "image": "example.invalid/train:1"}
+        if gpus:
+            container["resources"] = {"limits": {r.GPU: str(gpus)}}
+        return {
+            "name": rj,
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "backoffLimit": 0,
+                    "template": {
+                        "metadata": {"annotations": {r.ANN_DURATION: f"{seconds}s"}},
+                        "spec": {
+                            "schedulerName": r.SCHEDULER_NAME,
+                            "restartPolicy": "Never",
+                            "nodeSelector": {POOL: ns},
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [container],
+                        },
+                    },
+                }
+            },
+        }
+
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
+        "spec": {"replicatedJobs": [replicated("workers", workers, 1), replicated("driver", 1, 0)]},
+    }
+
+
+def flattened(kubeconfig: Path) -> str:
+    """The kubeconfig as an operator puts it into a worker Secret: self-contained, with the
+    real kubectl (`kubectl config view --flatten --minify`)."""
+    kubectl = Path(sys.executable).parent / "kubectl"
+    return subprocess.run(
+        [str(kubectl), "config", "view", "--flatten", "--minify", f"--kubeconfig={kubeconfig}"],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+
+
+def worker_secret(name: str, ns: str, kubeconfig: str, mbps: float | None) -> dict[str, Any]:
+    """A worker cluster as an operator registers it with the hub: a kubeconfig Secret."""
+    annotations = {ANN_CLUSTER_NAME: name, ANN_REGION: f"region-{name}"}
+    if mbps is not None:
+        annotations[ANN_BANDWIDTH] = str(mbps)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"worker-{name}",
+            "namespace": ns,
+            "labels": {LABEL_WORKER: "true"},
+            "annotations": annotations,
+        },
+        "data": {"kubeconfig": base64.b64encode(kubeconfig.encode()).decode()},
+    }

@@ -27,12 +27,13 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.localstack import ControlPlane
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
+from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING
 from dispatcher_support import (
     POOL,
     admitted_type,
     cohort_queues,
     gpu_job,
+    jobset,
     queue_used,
     scheduler,
     wait_for,
@@ -43,43 +44,6 @@ from peers_support import JOBSET, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-
-
-def jobset(name: str, ns: str, queue: str, workers: int, seconds: float) -> dict[str, Any]:
-    """`workers` one-GPU workers and a driver that asks for no GPU, as a user writes it."""
-
-    def replicated(rj: str, replicas: int, gpus: int) -> dict[str, Any]:
-        container: dict[str, Any] = {"name": rj, "image": "example.invalid/train:1"}
-        if gpus:
-            container["resources"] = {"limits": {r.GPU: str(gpus)}}
-        return {
-            "name": rj,
-            "replicas": replicas,
-            "template": {
-                "spec": {
-                    "parallelism": 1,
-                    "completions": 1,
-                    "backoffLimit": 0,
-                    "template": {
-                        "metadata": {"annotations": {r.ANN_DURATION: f"{seconds}s"}},
-                        "spec": {
-                            "schedulerName": r.SCHEDULER_NAME,
-                            "restartPolicy": "Never",
-                            "nodeSelector": {POOL: ns},
-                            "tolerations": [{"operator": "Exists"}],
-                            "containers": [container],
-                        },
-                    },
-                }
-            },
-        }
-
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
-        "spec": {"replicatedJobs": [replicated("workers", workers, 1), replicated("driver", 1, 0)]},
-    }
 
 
 async def _jobset(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:

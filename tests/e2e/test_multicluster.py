@@ -9,10 +9,7 @@ Secrets. Each worker runs the Alnair binder in this process; KWOK completes pods
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,14 +46,11 @@ from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workers import (
     ANN_BANDWIDTH,
-    ANN_CLUSTER_NAME,
-    ANN_REGION,
     LABEL_ORIGIN,
-    LABEL_WORKER,
     SECRETS,
 )
 from alnair.scheduler.live.binder import Scheduler
-from dispatcher_support import scheduler
+from dispatcher_support import flattened, scheduler, worker_secret
 
 pytestmark = pytest.mark.e2e
 WORKERS = {  # name: (node spec, link Mbit/s)
@@ -98,33 +92,6 @@ def hub_job(
                 },
             },
         },
-    }
-
-
-def flattened(kubeconfig: Path) -> str:
-    """The kubeconfig as an operator puts it into a worker Secret: self-contained, with the
-    real kubectl (`kubectl config view --flatten --minify`)."""
-    kubectl = Path(sys.executable).parent / "kubectl"
-    return subprocess.run(
-        [str(kubectl), "config", "view", "--flatten", "--minify", f"--kubeconfig={kubeconfig}"],
-        check=True, capture_output=True, text=True, timeout=30,
-    ).stdout  # fmt: skip
-
-
-def secret(name: str, ns: str, kubeconfig: str, mbps: float | None) -> dict[str, Any]:
-    annotations = {ANN_CLUSTER_NAME: name, ANN_REGION: f"region-{name}"}
-    if mbps is not None:
-        annotations[ANN_BANDWIDTH] = str(mbps)
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": f"worker-{name}",
-            "namespace": ns,
-            "labels": {LABEL_WORKER: "true"},
-            "annotations": annotations,
-        },
-        "data": {"kubeconfig": base64.b64encode(kubeconfig.encode()).decode()},
     }
 
 
@@ -174,9 +141,9 @@ async def test_one_queue_over_three_clusters(
             await binders[name].__aenter__()
         for name, (_, mbps) in WORKERS.items():
             text = flattened(planes[name].kubeconfig)
-            await kube.create(SECRETS, secret(name, ns, text, mbps), ns)
+            await kube.create(SECRETS, worker_secret(name, ns, text, mbps), ns)
         # Bad input: a Secret without a bandwidth, and a cluster that refuses our credentials.
-        await kube.create(SECRETS, secret("nobw", ns, flattened(planes["east"].kubeconfig),
+        await kube.create(SECRETS, worker_secret("nobw", ns, flattened(planes["east"].kubeconfig),
                                           None), ns)  # fmt: skip
         # ... and one whose kubeconfig would run a command in the dispatcher (refused unrun).
         marker = tmp_path / "exec-ran"
@@ -184,10 +151,10 @@ async def test_one_queue_over_three_clusters(
         hostile["users"][0]["user"] = {"exec": {
             "apiVersion": "client.authentication.k8s.io/v1", "command": "sh",
             "args": ["-c", f"touch {marker}"], "interactiveMode": "Never"}}  # fmt: skip
-        await kube.create(SECRETS, secret("exec", ns, yaml.safe_dump(hostile), 1000.0), ns)
+        await kube.create(SECRETS, worker_secret("exec", ns, yaml.safe_dump(hostile), 1000.0), ns)
         bogus = yaml.safe_load(flattened(control_plane.kubeconfig))
         bogus["users"][0]["user"] = {"token": "not-a-valid-token"}
-        await kube.create(SECRETS, secret("denied", ns, yaml.safe_dump(bogus), 1000.0), ns)
+        await kube.create(SECRETS, worker_secret("denied", ns, yaml.safe_dump(bogus), 1000.0), ns)
         cq = {
             "apiVersion": "alnair.io/v1alpha1",
             "kind": "ClusterQueue",
@@ -341,7 +308,7 @@ async def test_one_queue_over_three_clusters(
         )
         await asyncio.to_thread(plane.start)
         clients["central"] = planes["central"].client()
-        rotated = secret("central", ns, flattened(planes["central"].kubeconfig), 10_000.0)
+        rotated = worker_secret("central", ns, flattened(planes["central"].kubeconfig), 10_000.0)
         rotated["metadata"]["annotations"]["example.com/rotated"] = "1"
         await kube.replace(SECRETS, rotated)
 

@@ -176,3 +176,37 @@ def test_the_mirror_runs_on_the_chosen_model_and_names_its_origin() -> None:
     assert spec["template"]["metadata"]["labels"] == {"app": "x"}
     assert spec["template"]["spec"]["nodeSelector"] == {r.LABEL_GPU_MODEL: "V100M32"}
     assert job["spec"]["managedBy"] == MANAGED_BY  # the hub Job is not changed
+
+
+def test_a_jobset_mirror_runs_every_replicated_job_on_the_chosen_model() -> None:
+    """Any kind the hub places is copied by its adapter: `managedBy` gone, released (not
+    suspended) with the model in every replicated Job's pod template; no queue label."""
+    from alnair.scheduler.dispatcher.hub import delegated
+    from alnair.scheduler.dispatcher.kinds import JOBSET
+
+    def replicated(name: str, gpus: int) -> dict[str, Any]:
+        container: dict[str, Any] = {"name": name, "image": f"repo/{name}:1"}
+        if gpus:
+            container["resources"] = {"limits": {r.GPU: str(gpus)}}
+        return {"name": name, "replicas": 2, "template": {"spec": {"template": {"spec": {
+            "containers": [container], "nodeSelector": {"pool": "a"}}}}}}  # fmt: skip
+
+    js = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "js", "namespace": "ml", "uid": "u-2",
+                     "labels": {LABEL_QUEUE: "q", "kueue.x-k8s.io/queue-name": "q"}},
+        "spec": {"managedBy": MANAGED_BY,
+                 "replicatedJobs": [replicated("workers", 1), replicated("driver", 0)]},
+    }  # fmt: skip
+    assert delegated(js) and not JOBSET.queued(js)  # the hub's, not the local dispatcher's
+    mirror = mirror_of(js, "P100", "hub", JOBSET.parse(js, 60.0))
+    assert (mirror["apiVersion"], mirror["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert mirror["metadata"]["labels"] == {LABEL_ORIGIN: "u-2"}
+    assert "managedBy" not in mirror["spec"] and mirror["spec"]["suspend"] is False
+    for rj in mirror["spec"]["replicatedJobs"]:
+        assert rj["template"]["spec"]["template"]["spec"]["nodeSelector"] == {
+            "pool": "a", r.LABEL_GPU_MODEL: "P100"}  # fmt: skip
+    assert js["spec"]["managedBy"] == MANAGED_BY  # the hub's object is not changed
+    # Images from every replicated Job are what a worker may already hold.
+    assert {a.name for a in job_artifacts(js)} == {"image:repo/workers:1", "image:repo/driver:1"}

@@ -178,3 +178,25 @@ def test_the_hub_waits_for_a_busy_cluster_when_that_is_predicted_to_end_first() 
 
     decisions = HUB_POLICY.decide(hub_snapshot(0.0, pending, [holder(9000.0)], queues, views))
     assert [a.gpu_type for a in decisions.admissions] == ["idle/k80"]
+
+
+@pytest.mark.parametrize("policy", ["alnair", "fifo", "sjf", "drf"])
+def test_a_job_goes_only_to_the_clusters_that_serve_its_kind(policy: str) -> None:
+    """`JobSpec.clusters` (the hub: workers serving a JobSet): the faster cluster that does not
+    serve it is neither scored nor admitted onto; with none left, it says why."""
+    views = [
+        view("fast", 10000.0, {"v100": (8, 8)}),
+        view("slow", 10000.0, {"k80": (8, 8)}),
+    ]
+    queues = {"q": ClusterQueueSpec("q", {"v100": FlavorQuota(8), "k80": FlavorQuota(8)})}
+    jobset = replace(job(2, v100=100.0, k80=1000.0), clusters=frozenset({"slow"}))
+    assert jobset.allowed_types(["fast/v100", "slow/k80", "k80"]) == ["slow/k80", "k80"]
+    assert [o.cluster for o in score(jobset, [], views, 0.0)] == ["slow"]
+    decisions = queue_policy(policy).decide(hub_snapshot(0.0, [(jobset, [])], [], queues, views))
+    assert [a.gpu_type for a in decisions.admissions] == ["slow/k80"]
+    # Unconstrained, it takes the faster one.
+    free = replace(jobset, clusters=None)
+    assert score(free, [], views, 0.0)[0].cluster == "fast"
+    nowhere = replace(jobset, clusters=frozenset())
+    assert score(nowhere, [], views, 0.0) == []
+    assert unplaceable(nowhere, views) == "no worker cluster serves its kind"

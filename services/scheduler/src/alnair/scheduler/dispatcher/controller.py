@@ -19,18 +19,17 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, get_args
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.errors import InvalidValueError
-from alnair.common.events import JobEvent, JobPhase, ScaleEvent, ScalePhase
+from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    COHORTS,
     JOBS,
     LOCALQUEUES,
     NODES,
@@ -41,10 +40,13 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
     Obj,
-    Resource,
+)
+from alnair.scheduler.dispatcher.core import (
+    QueueCore,
+    WorkloadState,
+    resource_version,
 )
 from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind, ungated_spec
-from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -71,14 +73,11 @@ from alnair.scheduler.dispatcher.objects import (
 )
 from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
 from alnair.scheduler.dispatcher.predictions import (
-    JobPrediction,
-    PredictionError,
     PredictorClient,
 )
 from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.queueing import (
-    ClusterQueueSpec,
     Decisions,
     GpuPool,
     JobSpec,
@@ -102,15 +101,6 @@ def build_policy(settings: DispatcherSettings) -> QueuePolicy:
     if settings.policy.lower() == "alnair":
         return queue_policy("alnair", max_wait_s=settings.max_wait_s)
     return queue_policy(settings.policy)
-
-
-def _rv(obj: Obj) -> int:
-    """resourceVersion as a number: etcd's revision, which the API server hands out in order
-    (opaque by contract, so a non-number compares as oldest)."""
-    try:
-        return int(obj["metadata"].get("resourceVersion") or 0)
-    except ValueError:
-        return 0
 
 
 def _camel(kind: str) -> str:
@@ -138,15 +128,9 @@ def _epoch(ts: str | None) -> float:
 
 
 @dataclass(slots=True)
-class JobState:
-    """What the dispatcher knows about one queued Job (dropped when the Job goes)."""
+class JobState(WorkloadState):
+    """What the dispatcher knows about one queued workload, beyond what the core keeps."""
 
-    key: str
-    cluster_queue: str | None = None
-    reason: WaitReason | None = None
-    reason_evented: str | None = None
-    prediction: JobPrediction | None = None
-    prediction_error: str | None = None
     position: int | None = None
     predicted_start_s: float | None = None
     predicted_finish_s: float | None = None
@@ -154,17 +138,12 @@ class JobState:
     invalid: str | None = None
     refused: str | None = None
     """The last refusal said in an Event (said again only when it changes)."""
-    evented: set[str] = field(default_factory=set)
 
 
-@dataclass(slots=True)
-class QueueState:
-    spec: ClusterQueueSpec | None
-    problem: str | None
-
-
-class Dispatcher(ReconcileLoop):
+class Dispatcher(QueueCore):
     """Admits queued Jobs through ClusterQueues with a queueing policy."""
+
+    component = COMPONENT
 
     def __init__(
         self,
@@ -176,34 +155,13 @@ class Dispatcher(ReconcileLoop):
         predictor: PredictorClient | None = None,
         policy: QueuePolicy | None = None,
     ) -> None:
-        super().__init__()
-        self.kube = kube
-        self.settings = settings
-        self.metrics = metrics
-        self.bus = bus
-        self.predictor = predictor
-        self.policy = policy or build_policy(settings)
-        self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
-        self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
-        self.cohorts = Informer(kube, COHORTS, name="cohorts")
+        super().__init__(
+            kube, settings, metrics, KINDS.values(),
+            bus=bus, predictor=predictor, policy=policy or build_policy(settings),
+        )  # fmt: skip
         self.nodes = Informer(kube, NODES, label_selector=settings.node_selector, name="nodes")
         self.trials = Informer(kube, TRIALJOBS, label_selector=LABEL_TRIAL_FOR, name="trialjobs")
-        # Informers per kind of workload it queues (kinds.py): one per queue label it reads.
-        self.workload_watches: dict[str, tuple[Informer, ...]] = {
-            name: tuple(
-                Informer(kube, k.resource, label_selector=sel, name=k.informer(sel))
-                for sel in k.label_selectors
-            )
-            for name, k in KINDS.items()
-        }
-        watching = [i for group in self.workload_watches.values() for i in group]
-        # Objects workloads name and their kinds read (a TrainJob's runtime), one informer each.
-        self.referenced: dict[str, Informer] = {
-            r.plural: Informer(kube, r, name=f"referenced-{r.plural}")
-            for k in KINDS.values()
-            for r in k.references
-        }
-        watching.extend(self.referenced.values())
+        watching = self.workload_informers()
         # The pods of serving workloads (gated until their owner is admitted, kinds.py).
         self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
         watching.append(self.serving_pods)
@@ -215,7 +173,6 @@ class Dispatcher(ReconcileLoop):
         watching.append(self.quotas.informer)
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
-        self.queues: dict[str, QueueState] = {}
         self.last_decisions = Decisions()
         self._deadline: asyncio.TimerHandle | None = None
         self.informers = (
@@ -230,38 +187,6 @@ class Dispatcher(ReconcileLoop):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
-
-    async def start_watching(self) -> None:
-        """Watch every kind the cluster serves. A kind from another project whose API is not
-        served (its CRD not installed) is left out, and the log says so once: installing it
-        later takes a restart of the dispatcher."""
-        for name, kind in list(KINDS.items()):
-            if kind.optional and not await self._served(kind):
-                r = kind.resource
-                log.info(
-                    "a kind is not queued: the cluster does not serve its API",
-                    extra={"kind": kind.kind, "api": f"{r.plural}.{r.group}/{r.version}"},
-                )
-                left_out = list(self.workload_watches.pop(name))
-                left_out += [self.referenced.pop(r.plural) for r in kind.references
-                             if r.plural in self.referenced]  # fmt: skip
-                self.informers = tuple(i for i in self.informers if i not in left_out)
-        await super().start_watching()
-
-    def _lookup(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
-        """An object a workload names, as its informer holds it (None: not there)."""
-        informer = self.referenced.get(resource.plural)
-        if informer is None:
-            return None
-        return informer.get(f"{namespace}/{name}" if namespace else name)
-
-    async def _served(self, kind: WorkloadKind) -> bool:
-        r = kind.resource
-        try:
-            doc = await self.kube.request("GET", f"/apis/{r.group}/{r.version}")
-        except NotFound:
-            return False
-        return any(item.get("name") == r.plural for item in doc.get("resources") or [])
 
     # --- wake-ups -----------------------------------------------------------------------
 
@@ -287,22 +212,6 @@ class Dispatcher(ReconcileLoop):
         self._wake.set()
 
     # --- one reconcile ------------------------------------------------------------------
-
-    def _read_queues(self) -> dict[str, ClusterQueueSpec]:
-        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
-        queues: dict[str, ClusterQueueSpec] = {}
-        seen: dict[str, QueueState] = {}
-        for obj in self.cluster_queues.values():
-            name = obj["metadata"]["name"]
-            try:
-                spec = parse_cluster_queue(obj, cohorts)
-            except InvalidValueError as exc:
-                seen[name] = QueueState(None, str(exc))
-                continue
-            seen[name] = QueueState(spec, None)
-            queues[name] = spec
-        self.queues = seen
-        return queues
 
     def validate_queue(self, obj: Obj) -> str | None:
         """What is wrong with a ClusterQueue that the CRD schema cannot say (the admission
@@ -357,22 +266,6 @@ class Dispatcher(ReconcileLoop):
             for model, total in sorted(totals.items())
         }
 
-    async def _predict(
-        self, wl: Workload, models: list[str], state: JobState
-    ) -> JobPrediction | None:
-        state.prediction_error = None
-        if self.predictor is None or not wl.features.get("model_name"):
-            if self.settings.require_predictions:
-                state.prediction_error = "no model annotations to predict from (model_name)"
-            return None
-        try:
-            state.prediction = await self.predictor.predict(wl.features, wl.request.gpus, models)
-        except PredictionError as exc:
-            self.metrics.prediction_errors.inc()
-            state.prediction_error = str(exc)
-            state.prediction = None
-        return state.prediction
-
     def _job_spec(
         self, wl: Workload, cq: str, state: JobState, arrival_s: float, until_s: float
     ) -> JobSpec:
@@ -400,12 +293,6 @@ class Dispatcher(ReconcileLoop):
             preemptions=_preemption_count(wl),
             waited_s=max(0.0, until_s - arrival_s - _ran_s(wl)),
         )
-
-    def _cluster_queue_of(self, wl: Workload) -> str | None:
-        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
-        if lq is None:
-            return None
-        return str((lq.get("spec") or {}).get("clusterQueue") or "") or None
 
     async def reconcile(self) -> None:
         started = time.perf_counter()
@@ -609,26 +496,6 @@ class Dispatcher(ReconcileLoop):
 
     # --- applying decisions ---------------------------------------------------------------
 
-    def _objects(self, kind: str) -> dict[str, Obj]:
-        """Every object of `kind` its informers hold, by namespace/name; one labelled both
-        ways is held twice, and the newer copy counts."""
-        merged: dict[str, Obj] = {}
-        for informer in self.workload_watches.get(kind, ()):
-            for key, obj in informer.store.items():
-                if key not in merged or _rv(merged[key]) < _rv(obj):
-                    merged[key] = obj
-        return merged
-
-    def _remember(self, wl: Workload, updated: Obj) -> None:
-        """Put an object we just wrote into the stores of the informers that hold it (unless a
-        newer copy is there)."""
-        meta = updated["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        for informer in self.workload_watches[wl.kind]:
-            current = informer.store.get(key)
-            if current is not None and _rv(current) <= _rv(updated):
-                informer.store[key] = updated
-
     async def _shrink(self, wl: Workload, reason: str, for_job: str) -> None:
         """Ask the elastic controller to give back the workers above the minimum."""
         if self.bus is None:
@@ -642,7 +509,7 @@ class Dispatcher(ReconcileLoop):
         )  # fmt: skip
         try:
             await self.bus.publish(
-                event, source=COMPONENT, event_id=f"{wl.uid}:shrink:{_rv(wl.obj)}"
+                event, source=COMPONENT, event_id=f"{wl.uid}:shrink:{resource_version(wl.obj)}"
             )
         except Exception as exc:
             log.warning("scale request not published", extra={"job": wl.key, "error": repr(exc)})
@@ -1060,44 +927,6 @@ class Dispatcher(ReconcileLoop):
             return
         except ApiError as exc:
             log.warning("condition not written", extra={"job": wl.key, "error": str(exc)})
-
-    async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
-        try:
-            await self.kube.event(
-                {
-                    **obj,
-                    "apiVersion": obj.get("apiVersion", "batch/v1"),
-                    "kind": obj.get("kind", "Job"),
-                },
-                reason=reason,
-                message=message,
-                type_="Warning" if warning else "Normal",
-                component=COMPONENT,
-            )
-        except ApiError as exc:
-            log.warning("event not written", extra={"reason": reason, "error": str(exc)})
-
-    async def _publish(
-        self, wl: Workload, phase: JobPhase, detail: dict[str, Any], seq: str = "0"
-    ) -> None:
-        if self.bus is None:
-            return
-        event = JobEvent(
-            phase=phase,
-            cluster=self.settings.cluster,
-            namespace=wl.namespace,
-            kind=wl.kind,
-            name=wl.name,
-            uid=wl.uid,
-            detail=detail,
-        )
-        try:
-            # A deterministic id: a restarted dispatcher republishing a step is deduplicated.
-            await self.bus.publish(
-                event, source=COMPONENT, event_id=f"{wl.uid}:{phase.value}:{seq}"
-            )
-        except Exception as exc:
-            log.warning("job event not published", extra={"phase": phase.value, "error": repr(exc)})
 
     async def _write_queue_status(self, snapshot: QueueSnapshot, decisions: Decisions) -> None:
         admitted_now = {a.job_id: a for a in decisions.admissions}

@@ -1,20 +1,26 @@
-"""The multi-cluster hub: one queue in the hub cluster, jobs run on worker clusters.
+"""The multi-cluster hub: one queue in the hub cluster, workloads run on worker clusters.
 
-Users create a batch/v1 Job in the hub with `spec.managedBy: alnair.io/multicluster` (so the
-hub's own Job controller leaves it alone) and the queue label `alnair.io/queue-name`. The hub:
+The hub is the second backend of the admission core (`core.QueueCore`): the same queues, kind
+adapters, predictions and reporting as the local dispatcher, with placement on a worker instead
+of admission here. Users create a workload of any kind whose adapter can hand it to another
+controller (`kinds.DELEGABLE`: a batch/v1 Job, a JobSet, a RayJob or RayCluster, a Kubeflow
+TrainJob) with `spec.managedBy: alnair.io/multicluster` (so the hub's own controllers leave it
+alone) and a queue label. The hub:
 
 1. watches its queues (ClusterQueue, LocalQueue, Cohort, as the single-cluster dispatcher), its
-   managed Jobs, and the worker Secrets (`workers`); for each worker it watches GPU nodes and the
-   Jobs it mirrored there;
+   managed workloads of each kind it serves, and the worker Secrets (`workers`); for each worker
+   it watches GPU nodes and, per kind, the copies it made there (a worker that does not serve a
+   kind gets none of that kind);
 2. on every change builds one `QueueSnapshot` over every reachable worker's GPUs (capacity keys
    `<cluster>/<type>`, runtimes from the predictor plus the transfer of the job's image, model
    and data over the worker's link, zero for what the worker already holds:
    `multicluster.scoring`) and asks the configured queueing policy, so quotas, fair share,
    order and the choice of cluster are one decision;
-3. places a job by writing the choice on the hub Job (a patch conditioned on its
-   resourceVersion, so a decision is applied once) and creating the mirror Job on the worker
-   through its API (same spec, the GPU model as node selector, label `alnair.io/origin-uid`);
-4. copies the mirror's status (conditions, counts, times) onto the hub Job, and publishes the
+3. places a workload by writing the choice on it (a patch conditioned on its resourceVersion,
+   so a decision is applied once) and creating its mirror on the worker through its API (same
+   spec, released by its kind's adapter onto the GPU model, label `alnair.io/origin-uid`);
+4. copies the mirror's status onto the hub's object (for a Job the counts, times and
+   conditions, keeping the hub's own; for other kinds the whole status), and publishes the
    `completed`/`failed` JobEvent when it ends, so the predictor learns from it;
 5. when a worker stops answering for longer than the grace period: its mirrors that had not
    started go back to the queue (the worker is recorded on the hub Job, and the stale mirror is
@@ -36,6 +42,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -43,13 +50,10 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.common.events import JobEvent, JobPhase
+from alnair.common.events import JobPhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
-    CLUSTERQUEUES,
-    COHORTS,
     JOBS,
-    LOCALQUEUES,
     NAMESPACES,
     ApiError,
     Conflict,
@@ -60,18 +64,18 @@ from alnair.common.kube import (
 )
 from alnair.common.metrics import Metrics
 from alnair.common.tasks import spawn
-from alnair.scheduler.dispatcher.loop import ReconcileLoop
+from alnair.scheduler.dispatcher.core import QueueCore, WorkloadState
+from alnair.scheduler.dispatcher.kinds import DELEGABLE, JOB, KINDS, WorkloadKind
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
-    LABEL_QUEUE,
     MANAGED_BY_HUB,
+    QUEUE_LABELS,
+    GpuRequest,
     Workload,
-    is_finished,
     node_gpus,
-    parse_cluster_queue,
-    parse_workload,
+    queue_label,
 )
-from alnair.scheduler.dispatcher.predictions import JobPrediction, PredictionError, PredictorClient
+from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workers import (
     ANN_ORIGIN,
@@ -93,7 +97,6 @@ from alnair.scheduler.multicluster.scoring import (
     unplaceable,
 )
 from alnair.scheduler.queueing import (
-    ClusterQueueSpec,
     GpuPool,
     JobSpec,
     QueuePolicy,
@@ -119,12 +122,6 @@ CONDITION_ADMITTED = "alnair.io/Admitted"
 CONDITION_LOST = "alnair.io/LostContact"
 _COPIED_STATUS = ("startTime", "active", "ready", "succeeded", "failed")
 _TERMINAL = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
-_TEMPLATE_LABELS = (
-    "controller-uid",
-    "job-name",
-    "batch.kubernetes.io/controller-uid",
-    "batch.kubernetes.io/job-name",
-)
 
 
 def _now_ts() -> str:
@@ -144,17 +141,31 @@ def _size(annotations: dict[str, str], key: str) -> float:
     return value
 
 
-def job_artifacts(job: Obj) -> list[Artifact]:
-    """The image(s), model and dataset a hub Job names, with their sizes (annotations, MB).
+def _images(node: Any) -> Iterator[str]:
+    """Every container image a spec names, wherever its kind keeps pod templates."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "containers" and isinstance(value, list):
+                yield from (
+                    str(c["image"]) for c in value if isinstance(c, dict) and c.get("image")
+                )
+            else:
+                yield from _images(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _images(item)
 
-    An image is its reference (`spec.template.spec.containers[].image`, sized by
+
+def job_artifacts(job: Obj) -> list[Artifact]:
+    """The image(s), model and dataset a hub workload names, with their sizes (annotations, MB).
+
+    An image is its reference (every pod template's `containers[].image`, sized by
     `alnair.io/image-size-mb` in all); the model `alnair.io/model-uri` + `alnair.io/model-size-mb`;
     the dataset `alnair.io/dataset` + `alnair.io/data-size-mb` (a size without a name is a
     dataset only this job uses, so it is never found cached)."""
     meta = job["metadata"]
     annotations = meta.get("annotations") or {}
-    containers = ((job["spec"].get("template") or {}).get("spec") or {}).get("containers") or []
-    images = sorted({str(c.get("image")) for c in containers if c.get("image")})
+    images = sorted(set(_images(job.get("spec"))))
     out: list[Artifact] = []
     image_mb = _size(annotations, ANN_IMAGE_SIZE)
     out.extend(Artifact(f"image:{image}", image_mb / max(1, len(images))) for image in images)
@@ -167,24 +178,55 @@ def job_artifacts(job: Obj) -> list[Artifact]:
     return out
 
 
-def _started(mirror: Obj) -> bool:
-    status = mirror.get("status") or {}
-    return bool(status.get("ready") or status.get("succeeded") or status.get("failed")) or (
-        is_finished(mirror) is not None
+def delegated(obj: Obj) -> bool:
+    """A workload the hub places: it names the hub in `spec.managedBy`, and a queue."""
+    return (obj.get("spec") or {}).get("managedBy") == MANAGED_BY and bool(
+        queue_label(obj.get("metadata") or {})
     )
 
 
-def mirror_of(hub_job: Obj, gpu_type: str, hub_cluster: str) -> Obj:
-    """The Job created on the worker: the hub Job's spec, runnable there, on `gpu_type`."""
+def _as_workload(kind: WorkloadKind, obj: Obj) -> Workload:
+    """A mirror as its kind's `ready` reads it (it asks nothing of the hub's queue)."""
+    return Workload(key=kind.key_of(obj), obj=obj, local_queue="",
+                    request=GpuRequest(gpus=0, pods=1, gpus_per_pod=0), kind=kind.kind)  # fmt: skip
+
+
+def _started(mirror: Obj, kind: WorkloadKind = JOB) -> bool:
+    """Whether a mirror's workload started on its worker: a Job with a pod ready or done; any
+    other kind once its adapter says it is ready; any that finished."""
+    if kind.finished(mirror) is not None:
+        return True
+    if kind.kind == JOB.kind:
+        status = mirror.get("status") or {}
+        return bool(status.get("ready") or status.get("succeeded") or status.get("failed"))
+    return kind.ready(_as_workload(kind, mirror))
+
+
+def _merged(base: Obj, patch: Obj) -> Obj:
+    """`patch` applied to `base` as a JSON merge patch (RFC 7386)."""
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def mirror_of(hub_job: Obj, gpu_type: str, hub_cluster: str, wl: Workload | None = None) -> Obj:
+    """The copy created on the worker: the hub workload's spec (without `managedBy`, and
+    portable for its kind), released by its kind's adapter onto `gpu_type`. `wl` is the
+    workload as parsed (its adapter, and what a kind's release reads); a Job's if None."""
+    kind = KINDS[wl.kind] if wl is not None else JOB
     meta = hub_job["metadata"]
     spec = copy.deepcopy(hub_job["spec"])
-    for key in ("managedBy", "selector", "manualSelector"):
-        spec.pop(key, None)
-    spec["suspend"] = False
-    template = spec.setdefault("template", {})
-    labels = (template.setdefault("metadata", {}).get("labels")) or {}
-    template["metadata"]["labels"] = {k: v for k, v in labels.items() if k not in _TEMPLATE_LABELS}
-    template.setdefault("spec", {}).setdefault("nodeSelector", {})[res.LABEL_GPU_MODEL] = gpu_type
+    spec.pop("managedBy", None)
+    if kind.export is not None:
+        spec = kind.export(spec)
+    parsed = wl if wl is not None else _as_workload(kind, hub_job)
+    spec = _merged(spec, kind.release(parsed, gpu_type))
     annotations = {
         k: v
         for k, v in (meta.get("annotations") or {}).items()
@@ -193,10 +235,10 @@ def mirror_of(hub_job: Obj, gpu_type: str, hub_cluster: str) -> Obj:
     for key in (ANN_PLACED_CLUSTER, ANN_PLACED_TYPE, ANN_PLACED_AT, ANN_ABANDONED):
         annotations.pop(key, None)
     annotations[ANN_ORIGIN] = f"{hub_cluster}/{meta['namespace']}/{meta['name']}"
-    user_labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != LABEL_QUEUE}
+    user_labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in QUEUE_LABELS}
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
         "metadata": {
             "name": meta["name"],
             "namespace": meta["namespace"],
@@ -208,16 +250,12 @@ def mirror_of(hub_job: Obj, gpu_type: str, hub_cluster: str) -> Obj:
 
 
 @dataclass(slots=True)
-class HubJobState:
-    key: str
-    reason: WaitReason | None = None
-    reason_evented: str | None = None
-    prediction: JobPrediction | None = None
-    prediction_error: str | None = None
+class HubJobState(WorkloadState):
+    """What the hub knows about one workload, beyond what the core keeps."""
+
     options: list[ClusterOption] = field(default_factory=list)
     mirrored_rv: str | None = None
     lost_evented: str | None = None
-    evented: set[str] = field(default_factory=set)
 
 
 class HubMetrics:
@@ -247,9 +285,11 @@ class HubMetrics:
         )
 
 
-class Hub(ReconcileLoop):
+class Hub(QueueCore):
+    """Places queued workloads on worker clusters by predicted completion."""
+
     name = "hub"
-    """Dispatches queued hub Jobs to worker clusters by predicted completion."""
+    component = COMPONENT
 
     def __init__(
         self,
@@ -261,13 +301,6 @@ class Hub(ReconcileLoop):
         predictor: PredictorClient | None = None,
         policy: QueuePolicy | None = None,
     ) -> None:
-        super().__init__()
-        self.kube = kube
-        self.settings = settings
-        self.metrics = metrics
-        self.hub_metrics = HubMetrics(metrics)
-        self.bus = bus
-        self.predictor = predictor
         if policy is None:
             # The hub places and never preempts across clusters (a remote restart would pay the
             # transfer again), so `alnair` is asked not to reclaim nor preempt for order: no
@@ -278,28 +311,36 @@ class Hub(ReconcileLoop):
                 else {}
             )
             policy = queue_policy(settings.policy, **options)
-        self.policy = policy
-        ns = settings.hub_namespace
-        self.secrets = Informer(
-            kube, SECRETS, namespace=ns, label_selector=f"{LABEL_WORKER}=true", name="workers"
+        super().__init__(
+            kube, settings, metrics, DELEGABLE, bus=bus, predictor=predictor, policy=policy
         )
-        self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
-        self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
-        self.cohorts = Informer(kube, COHORTS, name="cohorts")
-        self.jobs = Informer(kube, JOBS, label_selector=LABEL_QUEUE, name="hub-jobs")
+        self.hub_metrics = HubMetrics(metrics)
+        self.secrets = Informer(
+            kube,
+            SECRETS,
+            namespace=settings.hub_namespace,
+            label_selector=f"{LABEL_WORKER}=true",
+            name="workers",
+        )
+        watching = self.workload_informers()
         self.informers = (
             self.secrets,
             self.cluster_queues,
             self.local_queues,
             self.cohorts,
-            self.jobs,
+            *watching,
         )
         self.workers: dict[str, Worker] = {}
         self.invalid_workers: dict[str, str] = {}
         self.states: dict[str, HubJobState] = {}
-        for informer in (self.cluster_queues, self.local_queues, self.cohorts, self.jobs):
+        for informer in (self.cluster_queues, self.local_queues, self.cohorts, *watching):
             informer.add_handler(self._poke)
         self.secrets.add_handler(self._on_secret)
+
+    @property
+    def jobs(self) -> Informer:
+        """The hub's queued Jobs (the informer by Alnair's queue label)."""
+        return self.workload_watches[JOB.kind][0]
 
     # --- wake-ups and workers -----------------------------------------------------------
 
@@ -330,6 +371,7 @@ class Hub(ReconcileLoop):
                     self.wake,
                     grace_s=self.settings.worker_grace_s,
                     retry_max_s=min(5.0, max(0.5, self.settings.worker_grace_s)),
+                    kinds=[self.kinds[k] for k in self.workload_watches],
                 )
             except (InvalidValueError, ConfigError, OSError, ValueError) as exc:
                 # A CA file that does not exist, a certificate that does not parse: reported,
@@ -351,21 +393,6 @@ class Hub(ReconcileLoop):
 
     # --- one reconcile ------------------------------------------------------------------
 
-    def _queues(self) -> dict[str, ClusterQueueSpec]:
-        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
-        queues: dict[str, ClusterQueueSpec] = {}
-        for obj in self.cluster_queues.values():
-            with contextlib.suppress(InvalidValueError):
-                spec = parse_cluster_queue(obj, cohorts)
-                queues[spec.name] = spec
-        return queues
-
-    def _cluster_queue_of(self, wl: Workload) -> str | None:
-        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
-        if lq is None:
-            return None
-        return str((lq.get("spec") or {}).get("clusterQueue") or "") or None
-
     def views(self, placed: dict[str, tuple[str, int]]) -> list[WorkerView]:
         """Each worker now: GPUs by model from its nodes, less the GPUs of the hub's jobs placed
         there (`placed`: hub key -> (pool key, GPUs)); artifacts of the mirrors that started."""
@@ -386,8 +413,8 @@ class Hub(ReconcileLoop):
                     memory.get(found.model, known or math.inf), known or math.inf
                 )
             artifacts: set[str] = set()
-            for mirror in worker.jobs.values():
-                if _started(mirror):
+            for kind, mirror in worker.mirrored():
+                if _started(mirror, KINDS[kind]):
                     with contextlib.suppress(InvalidValueError):  # edited there by hand
                         artifacts.update(a.name for a in job_artifacts(mirror))
             out.append(
@@ -409,20 +436,10 @@ class Hub(ReconcileLoop):
             )
         return out
 
-    async def _predict(self, wl: Workload, models: list[str], state: HubJobState) -> None:
-        state.prediction_error = None
-        if self.predictor is None or not wl.features.get("model_name"):
-            state.prediction = None
-            if self.settings.require_predictions:
-                state.prediction_error = "no model annotations to predict from (model_name)"
-            return
-        try:
-            state.prediction = await self.predictor.predict(wl.features, wl.request.gpus, models)
-        except PredictionError as exc:
-            self.metrics.prediction_errors.inc()
-            state.prediction, state.prediction_error = None, str(exc)
-
-    def _spec(self, wl: Workload, queue: str, state: HubJobState) -> JobSpec:
+    def _spec(
+        self, wl: Workload, queue: str, state: HubJobState, serving: frozenset[str] | None
+    ) -> JobSpec:
+        """The workload as the policy sees it; `serving`: the workers that serve its kind."""
         prediction = state.prediction
         created = wl.obj["metadata"].get("creationTimestamp")
         arrival = (
@@ -440,44 +457,60 @@ class Hub(ReconcileLoop):
             gpu_model=wl.gpu_model,
             peak_memory_mib=prediction.peak_memory_mib if prediction else None,
             restart_cost_s=wl.restart_cost_s,
+            clusters=serving,
         )
+
+    def _serving(self, kind: WorkloadKind) -> frozenset[str] | None:
+        """The workers a workload of `kind` may go to (None: any, as every one serves Jobs)."""
+        if kind.kind == JOB.kind:
+            return None
+        return frozenset(name for name, w in self.workers.items() if w.serves(kind.kind))
+
+    def _hub_workloads(self) -> Iterator[tuple[Obj, WorkloadKind]]:
+        """Every workload of the kinds the hub takes that names it."""
+        for name in self.workload_watches:
+            kind = self.kinds[name]
+            for obj in self._objects(name).values():
+                if delegated(obj):
+                    yield obj, kind
 
     async def reconcile(self) -> None:
         started = time.perf_counter()
         self.reconciles += 1
-        queues = self._queues()
+        queues = self._read_queues()
         now = time.time()
         placed: dict[str, tuple[str, int]] = {}
         running: list[tuple[Workload, str, str, float]] = []
-        """Placed jobs: (workload, queue, pool key, placed at)."""
+        """Placed workloads: (workload, queue, pool key, placed at)."""
         pending: list[tuple[Workload, str]] = []
         live: set[str] = set()
         lost_running = 0
         abandoned: dict[str, set[str]] = {}
-        for obj in self.jobs.values():
-            if (obj.get("spec") or {}).get("managedBy") != MANAGED_BY:
-                continue
+        for obj, kind in self._hub_workloads():
             meta = obj["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
+            key = kind.key_of(obj)
             live.add(key)
             state = self.states.setdefault(key, HubJobState(key))
             annotations = meta.get("annotations") or {}
             for cluster in filter(None, (annotations.get(ANN_ABANDONED) or "").split(",")):
                 abandoned.setdefault(cluster, set()).add(meta["uid"])
             try:
-                wl = parse_workload(obj, self.settings.default_restart_cost_s)
+                seen = kind.resolve(obj, self._lookup) if kind.resolve is not None else obj
+                wl = kind.parse(seen, self.settings.default_restart_cost_s)
                 job_artifacts(obj)
             except InvalidValueError as exc:
                 if "invalid" not in state.evented:
                     state.evented.add("invalid")
-                    await self._event(obj, "InvalidRequest", f"not queued: {exc}", warning=True)
+                    await self._event(
+                        kind.ref(obj), "InvalidRequest", f"not queued: {exc}", warning=True
+                    )
                 continue
             cluster = annotations.get(ANN_PLACED_CLUSTER)
             if cluster:
-                if is_finished(obj) is not None:
+                if kind.finished(obj) is not None:
                     continue  # its last status and its completion event are written
                 gpu_type = annotations.get(ANN_PLACED_TYPE, "")
-                outcome = await self._follow(wl, cluster, state)
+                outcome = await self._follow(wl, kind, cluster, state)
                 if outcome == "redispatched":
                     continue
                 lost_running += outcome == "lost"
@@ -486,7 +519,7 @@ class Hub(ReconcileLoop):
                 start = float(annotations.get(ANN_PLACED_AT) or now)
                 running.append((wl, self._cluster_queue_of(wl) or "", key_on, start))
                 continue
-            if is_finished(obj) is not None:
+            if kind.finished(obj) is not None:
                 continue
             cq = self._cluster_queue_of(wl)
             if cq is None or cq not in queues:
@@ -512,7 +545,7 @@ class Hub(ReconcileLoop):
         # the key it holds; the transfer is behind it or counted in the start).
         holding = []
         for wl, queue, key_on, start in running:
-            spec = self._spec(wl, queue, self.states[wl.key])
+            spec = self._spec(wl, queue, self.states[wl.key], None)
             _, gpu_type = split_key(key_on)
             estimate = spec.runtime.get(gpu_type)
             spec = replace(spec, runtime={key_on: estimate} if estimate else {})
@@ -525,7 +558,7 @@ class Hub(ReconcileLoop):
                 state.reason = WaitReason("prediction", state.prediction_error)
                 await self._wait_event(wl, state)
                 continue
-            spec = self._spec(wl, cq, state)
+            spec = self._spec(wl, cq, state, self._serving(KINDS[wl.kind]))
             artifacts = job_artifacts(wl.obj)
             state.options = score(spec, artifacts, views, now)
             too_large = unplaceable(spec, views)
@@ -533,7 +566,7 @@ class Hub(ReconcileLoop):
                 state.reason = WaitReason("capacity", f"no worker cluster can hold it: {too_large}")
                 if "too-large" not in state.evented:
                     state.evented.add("too-large")
-                    await self._event(wl.obj, "TooLarge", state.reason.message, warning=True)
+                    await self._event(wl.ref(), "TooLarge", state.reason.message, warning=True)
                 continue
             candidates.append((spec, artifacts))
             by_id[wl.key] = wl
@@ -567,12 +600,12 @@ class Hub(ReconcileLoop):
             "spec": {"suspend": False},
         }
         try:
-            updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except (Conflict, NotFound):
             self.metrics.write_conflicts.inc()
             self._wake.set()
             return
-        self.jobs.store[f"{wl.namespace}/{wl.name}"] = updated
+        self._remember(wl, updated)
         state = self.states[wl.key]
         state.reason = None
         state.reason_evented = None
@@ -588,10 +621,8 @@ class Hub(ReconcileLoop):
         message = f"placed on cluster {cluster}, {wl.request.gpus} x {gpu_type}{detail}"
         self.hub_metrics.placements.labels(cluster).inc()
         self.metrics.decisions.labels(self.policy.name, "admitted").inc()
-        await self._event(updated, "Placed", message)
-        await self._status(
-            wl.name, wl.namespace, {}, [self._cond(CONDITION_ADMITTED, "True", "Placed", message)]
-        )
+        await self._event(KINDS[wl.kind].ref(updated), "Placed", message)
+        await self._status(wl, {}, [self._cond(CONDITION_ADMITTED, "True", "Placed", message)])
         await self._publish(
             wl,
             JobPhase.ADMITTED,
@@ -600,49 +631,57 @@ class Hub(ReconcileLoop):
         )
         worker = self.workers.get(cluster)
         if worker is not None and worker.reachable:
-            await self._ensure_mirror(worker, updated, gpu_type)
+            await self._ensure_mirror(worker, updated, wl, gpu_type)
 
-    async def _ensure_mirror(self, worker: Worker, hub_job: Obj, gpu_type: str) -> None:
-        mirror = mirror_of(hub_job, gpu_type, self.settings.cluster)
+    async def _ensure_mirror(
+        self, worker: Worker, hub_obj: Obj, wl: Workload, gpu_type: str
+    ) -> None:
+        kind = KINDS[wl.kind]
+        mirror = mirror_of(hub_obj, gpu_type, self.settings.cluster, wl)
         ns = mirror["metadata"]["namespace"]
         with contextlib.suppress(Conflict):
             await worker.kube.create(
                 NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             )
         try:
-            created = await worker.kube.create(JOBS, mirror, ns)
-            worker.jobs.store[f"{ns}/{mirror['metadata']['name']}"] = created
+            created = await worker.kube.create(kind.resource, mirror, ns)
+            worker.mirrors[kind.kind].store[f"{ns}/{mirror['metadata']['name']}"] = created
         except Conflict:
             pass  # already there: created by an earlier attempt
         except (ApiError, Unavailable) as exc:
-            await self._event(hub_job, "MirrorFailed", f"on {worker.name}: {exc}", warning=True)
+            await self._event(
+                kind.ref(hub_obj), "MirrorFailed", f"on {worker.name}: {exc}", warning=True
+            )
 
-    async def _follow(self, wl: Workload, cluster: str, state: HubJobState) -> str:
-        """Keep a placed job's mirror: create it, copy its status, react to a lost worker.
-        Returns "ok", "lost" (running, no contact) or "redispatched"."""
+    async def _follow(
+        self, wl: Workload, kind: WorkloadKind, cluster: str, state: HubJobState
+    ) -> str:
+        """Keep a placed workload's mirror: create it, copy its status, react to a lost
+        worker. Returns "ok", "lost" (running, no contact) or "redispatched"."""
         worker = self.workers.get(cluster)
-        mirror = worker.jobs.get(wl.key) if worker is not None else None
+        mirrors = worker.mirrors.get(kind.kind) if worker is not None else None
+        mirror = mirrors.get(f"{wl.namespace}/{wl.name}") if mirrors is not None else None
         if (
             mirror is not None
             and (mirror["metadata"].get("labels") or {}).get(LABEL_ORIGIN) != wl.uid
         ):
-            mirror = None  # a mirror of an older Job of the same name
+            mirror = None  # a mirror of an older workload of the same name
         if worker is not None and worker.reachable:
             if mirror is None:
-                if is_finished(wl.obj) is None:
+                if kind.finished(wl.obj) is None:
                     gpu_type = wl.annotations.get(ANN_PLACED_TYPE, "")
-                    await self._ensure_mirror(worker, wl.obj, gpu_type)
+                    await self._ensure_mirror(worker, wl.obj, wl, gpu_type)
                 return "ok"
             if state.lost_evented is not None:
                 state.lost_evented = None
-                await self._event(wl.obj, "ContactRestored", f"cluster {cluster} answers again")
+                await self._event(wl.ref(), "ContactRestored", f"cluster {cluster} answers again")
                 state.mirrored_rv = None
-            await self._mirror_status(wl, mirror, cluster, state)
+            await self._mirror_status(wl, kind, mirror, cluster, state)
             return "ok"
         if worker is not None and not worker.lost:
             return "ok"  # within the grace period: wait
         why = worker.problem if worker is not None else "its Secret is gone"
-        if mirror is None or not _started(mirror):
+        if mirror is None or not _started(mirror, kind):
             abandoned = {c for c in (wl.annotations.get(ANN_ABANDONED) or "").split(",") if c}
             patch = {
                 "metadata": {
@@ -656,19 +695,16 @@ class Hub(ReconcileLoop):
                 }
             }
             try:
-                updated = await self.kube.patch(JOBS, wl.name, patch, wl.namespace)
+                updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
             except (Conflict, NotFound):
                 self._wake.set()
                 return "ok"
-            self.jobs.store[wl.key] = updated
+            self._remember(wl, updated)
             self.hub_metrics.redispatched.labels(cluster).inc()
             message = f"cluster {cluster} does not answer ({why}); the job had not started there"
-            await self._event(updated, "Redispatched", message, warning=True)
+            await self._event(kind.ref(updated), "Redispatched", message, warning=True)
             await self._status(
-                wl.name,
-                wl.namespace,
-                {},
-                [self._cond(CONDITION_ADMITTED, "False", "Redispatched", message)],
+                wl, {}, [self._cond(CONDITION_ADMITTED, "False", "Redispatched", message)]
             )
             self._wake.set()
             return "redispatched"
@@ -678,52 +714,31 @@ class Hub(ReconcileLoop):
                 f"cluster {cluster} does not answer ({why}); the job was running there "
                 "and is not started anywhere else"
             )
-            await self._event(wl.obj, "LostContact", message, warning=True)
+            await self._event(wl.ref(), "LostContact", message, warning=True)
             await self._status(
-                wl.name,
-                wl.namespace,
-                {},
-                [self._cond(CONDITION_LOST, "True", "ClusterUnreachable", message)],
+                wl, {}, [self._cond(CONDITION_LOST, "True", "ClusterUnreachable", message)]
             )
         return "lost"
 
     async def _mirror_status(
-        self, wl: Workload, mirror: Obj, cluster: str, state: HubJobState
+        self, wl: Workload, kind: WorkloadKind, mirror: Obj, cluster: str, state: HubJobState
     ) -> None:
         rv = str(mirror["metadata"].get("resourceVersion"))
         if state.mirrored_rv == rv:
             return
         status = mirror.get("status") or {}
-        finished = is_finished(mirror)
-        terminal = any(
-            c.get("type") in _TERMINAL and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        if terminal and finished is None:
-            return  # the worker's Job controller is finishing it: its final status follows
-        # The counts and times users read; not the worker controller's own bookkeeping
-        # (uncounted pods), which the API server refuses on a finished Job.
-        copied = {k: status[k] for k in _COPIED_STATUS if k in status}
-        if (wl.obj.get("status") or {}).get("startTime"):
-            # Immutable once set: a job taken back from a lost cluster keeps its first start.
-            copied.pop("startTime", None)
-        if finished is not None:
-            copied.update(active=0, ready=0)
-            if finished == "Complete" and status.get("completionTime"):
-                copied["completionTime"] = status["completionTime"]
-        ours = [
-            c
-            for c in ((wl.obj.get("status") or {}).get("conditions") or [])
-            if str(c.get("type", "")).startswith("alnair.io/") and c.get("type") != CONDITION_LOST
-        ]
-        conditions = [
-            *(status.get("conditions") or []),
-            *ours,
-            self._cond(CONDITION_LOST, "False", "Reachable", f"cluster {cluster} answers"),
-        ]
-        copied["conditions"] = conditions
+        finished = kind.finished(mirror)
+        if kind.kind == JOB.kind:
+            copied = self._job_status(wl, status, finished, cluster)
+            if copied is None:
+                return  # the worker's Job controller is finishing it: its final status follows
+        else:
+            # Another kind's status is its controller's, whole (what users and tools read).
+            copied = status
         try:
-            await self.kube.patch(JOBS, wl.name, {"status": copied}, wl.namespace, sub="status")
+            await self.kube.patch(
+                wl.resource, wl.name, {"status": copied}, wl.namespace, sub="status"
+            )
         except (Conflict, NotFound):
             self._wake.set()
             return
@@ -739,7 +754,7 @@ class Hub(ReconcileLoop):
                     datetime.fromisoformat(end.replace("Z", "+00:00"))
                     - datetime.fromisoformat(start.replace("Z", "+00:00"))
                 ).total_seconds()
-            phase = JobPhase.COMPLETED if finished == "Complete" else JobPhase.FAILED
+            phase = JobPhase.FAILED if finished == "Failed" else JobPhase.COMPLETED
             await self._publish(
                 wl,
                 phase,
@@ -754,21 +769,55 @@ class Hub(ReconcileLoop):
                 cluster=cluster,
             )
 
+    def _job_status(
+        self, wl: Workload, status: Obj, finished: str | None, cluster: str
+    ) -> Obj | None:
+        """What a mirrored Job's status puts on the hub Job: the counts and times users read,
+        not the worker controller's own bookkeeping (uncounted pods), which the API server
+        refuses on a finished Job; its conditions beside the hub's own. None while the worker
+        is finishing it."""
+        terminal = any(
+            c.get("type") in _TERMINAL and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if terminal and finished is None:
+            return None
+        copied = {k: status[k] for k in _COPIED_STATUS if k in status}
+        if (wl.obj.get("status") or {}).get("startTime"):
+            # Immutable once set: a job taken back from a lost cluster keeps its first start.
+            copied.pop("startTime", None)
+        if finished is not None:
+            copied.update(active=0, ready=0)
+            if finished == "Complete" and status.get("completionTime"):
+                copied["completionTime"] = status["completionTime"]
+        ours = [
+            c
+            for c in ((wl.obj.get("status") or {}).get("conditions") or [])
+            if str(c.get("type", "")).startswith("alnair.io/") and c.get("type") != CONDITION_LOST
+        ]
+        copied["conditions"] = [
+            *(status.get("conditions") or []),
+            *ours,
+            self._cond(CONDITION_LOST, "False", "Reachable", f"cluster {cluster} answers"),
+        ]
+        return copied
+
     async def _collect(self, abandoned: dict[str, set[str]], live: set[str]) -> None:
-        """Delete mirrors the hub took back (their cluster answers again) or whose hub Job is
-        gone: nothing the hub no longer tracks keeps running, nothing runs twice."""
+        """Delete mirrors the hub took back (their cluster answers again) or whose hub
+        workload is gone: nothing the hub no longer tracks keeps running, nothing runs twice."""
         live_uids = {
             (
                 o["metadata"].get("uid"),
                 (o["metadata"].get("annotations") or {}).get(ANN_PLACED_CLUSTER),
             )
-            for o in self.jobs.values()
+            for kind in self.workload_watches
+            for o in self._objects(kind).values()
         }
         uids = {u for u, _ in live_uids}
         for name, worker in self.workers.items():
             if not worker.reachable:
                 continue
-            for mirror in worker.jobs.values():
+            for kind, mirror in worker.mirrored():
                 origin = (mirror["metadata"].get("annotations") or {}).get(ANN_ORIGIN, "")
                 if not origin.startswith(f"{self.settings.cluster}/"):
                     continue  # another hub's mirror on a shared worker
@@ -777,7 +826,7 @@ class Hub(ReconcileLoop):
                 if stale or uid not in uids:
                     with contextlib.suppress(NotFound, Conflict, Unavailable):
                         await worker.kube.delete(
-                            JOBS,
+                            KINDS[kind].resource,
                             mirror["metadata"]["name"],
                             mirror["metadata"]["namespace"],
                             propagation="Background",
@@ -797,9 +846,13 @@ class Hub(ReconcileLoop):
         }
 
     async def _status(
-        self, name: str, ns: str, fields: dict[str, Any], conditions: list[dict[str, str]]
+        self, wl: Workload, fields: dict[str, Any], conditions: list[dict[str, str]]
     ) -> None:
-        current = self.jobs.get(f"{ns}/{name}") or {}
+        """The hub's conditions on a Job's status (`kubectl describe job`); another kind's
+        status is its own controller's, copied from its mirror: Events say it there."""
+        if not KINDS[wl.kind].writes_conditions:
+            return
+        current = self.jobs.get(f"{wl.namespace}/{wl.name}") or {}
         kept = [
             c
             for c in ((current.get("status") or {}).get("conditions") or [])
@@ -808,9 +861,9 @@ class Hub(ReconcileLoop):
         body = {"status": {**fields, "conditions": [*kept, *conditions]}}
         with contextlib.suppress(NotFound, Conflict):
             try:
-                await self.kube.patch(JOBS, name, body, ns, sub="status")
+                await self.kube.patch(JOBS, wl.name, body, wl.namespace, sub="status")
             except ApiError as exc:
-                log.warning("hub condition not written", extra={"job": name, "error": str(exc)})
+                log.warning("hub condition not written", extra={"job": wl.key, "error": str(exc)})
 
     async def _wait_event(self, wl: Workload, state: HubJobState) -> None:
         if state.reason is None or state.reason_evented == state.reason.kind:
@@ -818,49 +871,11 @@ class Hub(ReconcileLoop):
         state.reason_evented = state.reason.kind
         text = f"{state.reason.kind}: {state.reason.message}"
         await self._event(
-            wl.obj,
+            wl.ref(),
             "Waiting",
             f"waiting ({text})",
             warning=state.reason.kind in ("queue", "prediction"),
         )
-
-    async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
-        try:
-            await self.kube.event(
-                {**obj, "apiVersion": "batch/v1", "kind": "Job"},
-                reason=reason,
-                message=message,
-                type_="Warning" if warning else "Normal",
-                component=COMPONENT,
-            )
-        except ApiError as exc:
-            log.warning("event not written", extra={"reason": reason, "error": str(exc)})
-
-    async def _publish(
-        self,
-        wl: Workload,
-        phase: JobPhase,
-        detail: dict[str, Any],
-        seq: str = "0",
-        cluster: str | None = None,
-    ) -> None:
-        if self.bus is None:
-            return
-        event = JobEvent(
-            phase=phase,
-            cluster=cluster or self.settings.cluster,
-            namespace=wl.namespace,
-            kind="Job",
-            name=wl.name,
-            uid=wl.uid,
-            detail=detail,
-        )
-        try:
-            await self.bus.publish(
-                event, source=COMPONENT, event_id=f"{wl.uid}:{phase.value}:{seq}"
-            )
-        except Exception as exc:
-            log.warning("job event not published", extra={"phase": phase.value, "error": repr(exc)})
 
     def _report(self, views: list[WorkerView], lost_running: int) -> None:
         m = self.hub_metrics
@@ -875,11 +890,9 @@ class Hub(ReconcileLoop):
             if view is not None:
                 m.worker_gpus.labels(name, "total").set(sum(p.total for p in view.pools.values()))
                 m.worker_gpus.labels(name, "free").set(sum(p.free for p in view.pools.values()))
-            mirrors = worker.jobs.values()
-            m.worker_jobs.labels(name, "queued").set(sum(1 for j in mirrors if not _started(j)))
-            m.worker_jobs.labels(name, "running").set(
-                sum(1 for j in mirrors if _started(j) and is_finished(j) is None)
-            )
+            counts = _mirror_counts(worker)
+            m.worker_jobs.labels(name, "queued").set(counts["queued"])
+            m.worker_jobs.labels(name, "running").set(counts["running"])
         for kind in ("invalid", "unreachable", "unauthorized"):
             m.worker_problems.labels(kind).set(problems[kind])
         m.lost_contact.set(lost_running)
@@ -890,7 +903,6 @@ class Hub(ReconcileLoop):
         out: list[dict[str, Any]] = []
         for name, worker in sorted(self.workers.items()):
             view = views.get(name)
-            mirrors = worker.jobs.values()
             out.append(
                 {
                     "name": name,
@@ -904,30 +916,32 @@ class Hub(ReconcileLoop):
                     "failing_for_s": round(worker.failing_for_s(), 1),
                     "gpus": {m: p.total for m, p in view.pools.items()} if view else {},
                     "artifacts": sorted(view.artifacts) if view else [],
-                    "jobs": {
-                        "queued": sum(1 for j in mirrors if not _started(j)),
-                        "running": sum(1 for j in mirrors if _started(j) and not is_finished(j)),
-                        "finished": sum(1 for j in mirrors if is_finished(j)),
-                    },
+                    "jobs": _mirror_counts(worker),
+                    "kinds": sorted(k for k in worker.mirrors if worker.serves(k)),
                 }
             )
         invalid = [{"secret": s, "problem": p} for s, p in sorted(self.invalid_workers.items())]
         return {"policy": self.policy.name, "clusters": out, "invalid": invalid}
 
-    def explain(self, namespace: str, name: str) -> dict[str, Any]:
-        key = f"{namespace}/{name}"
-        obj = self.jobs.get(key)
-        if obj is None or (obj.get("spec") or {}).get("managedBy") != MANAGED_BY:
-            raise NotFound(404, "NotFound", f"no hub Job {key} (managedBy {MANAGED_BY})", key)
+    def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
+        adapter = KINDS[kind]
+        key = adapter.key(namespace, name)
+        held = self._objects(kind) if kind in self.workload_watches else {}
+        obj = held.get(f"{namespace}/{name}")
+        if obj is None or not delegated(obj):
+            raise NotFound(
+                404, "NotFound", f"no hub {kind} {namespace}/{name} (managedBy {MANAGED_BY})", key
+            )
         state = self.states.get(key) or HubJobState(key)
         annotations = obj["metadata"].get("annotations") or {}
-        finished = is_finished(obj)
+        finished = adapter.finished(obj)
         cluster = annotations.get(ANN_PLACED_CLUSTER)
         status = finished.lower() if finished else ("placed" if cluster else "waiting")
         if cluster and state.lost_evented:
             status = "lost-contact"
         return {
-            "job": key,
+            "job": f"{namespace}/{name}",
+            "kind": kind,
             "status": status,
             "cluster": cluster,
             "gpu_model": annotations.get(ANN_PLACED_TYPE),
@@ -949,6 +963,20 @@ class Hub(ReconcileLoop):
             ],
             "prediction_error": state.prediction_error,
         }
+
+
+def _mirror_counts(worker: Worker) -> dict[str, int]:
+    """A worker's mirrors (every kind) by state: queued, running, finished."""
+    counts = {"queued": 0, "running": 0, "finished": 0}
+    for kind_name, mirror in worker.mirrored():
+        kind = KINDS[kind_name]
+        if kind.finished(mirror) is not None:
+            counts["finished"] += 1
+        elif _started(mirror, kind):
+            counts["running"] += 1
+        else:
+            counts["queued"] += 1
+    return counts
 
 
 def _finite(value: float) -> float | None:

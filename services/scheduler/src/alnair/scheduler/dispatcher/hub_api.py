@@ -1,8 +1,10 @@
 """HTTP API of the hub: where is my job and why, which worker clusters answer, metrics, health.
 
-- `GET /v1/jobs/{namespace}/{name}`: status (waiting, placed, lost-contact, complete, failed),
-  the cluster and GPU model, clusters it was taken back from, why it waits, and every
-  (cluster, GPU model) it could use with predicted wait, transfer, runtime and completion.
+- `GET /v1/{plural}/{namespace}/{name}` (`jobs`, `jobsets`, `rayjobs`, `rayclusters`,
+  `trainjobs`: the kinds the hub places): status (waiting, placed, lost-contact, finished as
+  its kind says), the cluster and GPU model, clusters it was taken back from, why it waits,
+  and every (cluster, GPU model) it could use with predicted wait, transfer, runtime and
+  completion.
 - `GET /v1/clusters`: every worker cluster (reachable or lost, and why: unreachable or
   unauthorized), its GPUs, what it holds, its mirrored jobs; worker Secrets refused and why.
 - `GET /metrics`, `/healthz`, `/readyz` (ready once the hub's own informers synced; a worker
@@ -21,6 +23,7 @@ from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.dispatcher.hub import Hub
+from alnair.scheduler.dispatcher.kinds import DELEGABLE
 
 
 def build_hub_api(hub: Hub) -> FastAPI:
@@ -31,11 +34,17 @@ def build_hub_api(hub: Hub) -> FastAPI:
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not Found", exc.api_message)
 
-    @app.get("/v1/jobs/{namespace}/{name}", response_model=None)
-    async def job(namespace: str, name: str) -> dict[str, Any] | JSONResponse:
+    by_plural = {k.resource.plural: k.kind for k in DELEGABLE}
+
+    @app.get("/v1/{plural}/{namespace}/{name}", response_model=None)
+    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any] | JSONResponse:
+        kind = by_plural.get(plural)
+        if kind is None:
+            known = ", ".join(sorted(by_plural))
+            raise NotFound(404, "NotFound", f"the hub places no kind {plural!r} ({known})", plural)
         if (why := hub.follower_problem()) is not None:
             return problem(503, "Not Leading", why)
-        return hub.explain(namespace, name)
+        return hub.explain(namespace, name, kind=kind)
 
     @app.get("/v1/clusters")
     async def clusters() -> dict[str, Any]:

@@ -132,6 +132,13 @@ class WorkloadKind:
     suspension: Obj | None = None
     """The `spec` of the merge patch that suspends it again when reclaimed (None:
     `{"suspend": true}`, where most kinds keep it)."""
+    delegable: bool = False
+    """Whether its objects can name another controller in `spec.managedBy`, so the
+    multi-cluster hub can take the ones naming it and run a copy on a worker cluster while
+    this cluster's controller leaves them alone."""
+    export: Callable[[Obj], Obj] | None = None
+    """The `spec` of such a copy, from the original's (what this cluster's API server
+    defaulted and another's must not get: a Job's selector and controller labels)."""
     writable: bool = True
     """Whether the dispatcher writes the object itself (its admission in annotations). A
     serving workload's admission lives on its pods instead: the dispatcher may not patch
@@ -215,6 +222,26 @@ def _gate(obj: Obj) -> Patch:
         value = workload_label("PodGroup", group)
         patch.append({"op": "add", "path": f"/metadata/labels/{label}", "value": value})
     return patch
+
+
+_JOB_TEMPLATE_LABELS = (
+    "controller-uid",
+    "job-name",
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+)
+
+
+def _portable_job_spec(spec: Obj) -> Obj:
+    """A Job spec without what its API server set for its own Job controller (the selector,
+    and the controller's labels on the template), which another cluster's would refuse."""
+    spec = {k: v for k, v in spec.items() if k not in ("selector", "manualSelector")}
+    template = dict(spec.get("template") or {})
+    meta = dict(template.get("metadata") or {})
+    labels = meta.get("labels") or {}
+    meta["labels"] = {k: v for k, v in labels.items() if k not in _JOB_TEMPLATE_LABELS}
+    spec["template"] = {**template, "metadata": meta}
+    return spec
 
 
 def _unsuspend(_wl: Workload, gpu_type: str) -> Obj:
@@ -403,6 +430,8 @@ JOB = WorkloadKind(
     release=_unsuspend,
     reclaim="suspend",
     ready=_job_ready,
+    delegable=True,
+    export=_portable_job_spec,
 )
 ELASTIC = WorkloadKind(
     kind="ElasticJob",
@@ -449,6 +478,7 @@ JOBSET = WorkloadKind(
     reclaim="suspend",
     ready=_jobset_ready,
     optional=True,
+    delegable=True,
 )
 
 
@@ -529,6 +559,7 @@ RAYCLUSTER = WorkloadKind(
     reclaim="suspend",  # KubeRay deletes its pods
     ready=_ray_cluster_ready,
     optional=True,
+    delegable=True,
 )
 RAYJOB = WorkloadKind(
     kind="RayJob",
@@ -546,6 +577,7 @@ RAYJOB = WorkloadKind(
     ready=_ray_job_ready,
     refuse=_ray_job_refused,
     optional=True,
+    delegable=True,
 )
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
 """`spec.managedBy` of a TrainJob that Kubeflow Trainer runs (the default)."""
@@ -605,6 +637,7 @@ TRAINJOB = WorkloadKind(
     references=(CLUSTERTRAININGRUNTIMES, TRAININGRUNTIMES),
     resolve=_train_job_runtime,
     optional=True,
+    delegable=True,
 )
 PODGROUP = WorkloadKind(
     kind="PodGroup",
@@ -658,5 +691,7 @@ _EVERY = (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, P
 _PEERS = (RAYCLUSTER, RAYJOB, TRAINJOB, PYTORCHJOB, MPIJOB)
 KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (*_EVERY, *_PEERS)}
 """Every kind the dispatcher queues, by `kind`."""
+DELEGABLE: tuple[WorkloadKind, ...] = tuple(k for k in KINDS.values() if k.delegable)
+"""Kinds the multi-cluster hub places on worker clusters (`spec.managedBy`)."""
 SERVING = frozenset(k.kind for k in KINDS.values() if k.reclaim == "regate")
 """Kinds held by gating their controller's pods, admitted whole."""

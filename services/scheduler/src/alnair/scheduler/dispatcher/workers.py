@@ -9,9 +9,12 @@ be self-contained: a server, inline certificates, a token (`kubectl config view 
 --minify` writes one). Commands, files of the dispatcher's, skipped TLS verification and
 proxies are refused.
 
-For each worker the hub runs two informers against its API server: GPU nodes, and the Jobs it
-mirrored there (label `alnair.io/origin-uid`). They are its live view (GPU models, free GPUs,
-backlog, which images and datasets it already holds) and nothing polls. A worker whose list or
+For each worker the hub runs informers against its API server: GPU nodes, and per kind it
+places (`kinds.DELEGABLE`) the copies it made there (label `alnair.io/origin-uid`). They are
+its live view (GPU models, free GPUs, backlog, which images and datasets it already holds)
+and nothing polls. A kind from another project that the worker does not serve (its list
+answers 404) is not placed there; installing it there later takes updating the worker's
+Secret (or a restart of the hub). A worker whose list or
 watch keeps failing (unreachable, 401/403) for longer than the grace period is *lost*: the
 informers' own retries (exponential back-off, at most `retry_max_s`) are the events that tell
 the hub, so a loss is seen within one back-off of the grace period ending.
@@ -21,11 +24,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,12 @@ import yaml
 
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import JOBS, NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
+from alnair.common.kube import NODES, ApiError, KubeClient, KubeConfig, NotFound, Obj, Resource
 from alnair.common.tasks import spawn
+from alnair.scheduler.dispatcher.kinds import JOB, WorkloadKind
 from alnair.scheduler.dispatcher.objects import node_gpus
+
+log = logging.getLogger(__name__)
 
 SECRETS = Resource("", "v1", "secrets")
 LABEL_WORKER = "alnair.io/worker-cluster"
@@ -45,9 +52,9 @@ ANN_REGION = "alnair.io/region"
 ANN_BANDWIDTH = "alnair.io/link-bandwidth-mbps"
 SECRET_KEY = "kubeconfig"  # noqa: S105 (a data key, not a secret)
 LABEL_ORIGIN = "alnair.io/origin-uid"
-"""On a mirrored Job: the uid of the hub Job it mirrors."""
+"""On a copy (a mirror): the uid of the hub's workload it mirrors."""
 ANN_ORIGIN = "alnair.io/origin"
-"""On a mirrored Job: `<hub cluster>/<namespace>/<name>` of the hub Job."""
+"""On a mirror: `<hub cluster>/<namespace>/<name>` of the hub's workload."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,16 +165,32 @@ def client_for(config: WorkerConfig, timeout_s: float) -> KubeClient:
     return KubeClient(loaded, timeout_s=timeout_s)
 
 
-class _WorkerInformer(Informer):
-    """An informer that tells its worker when its watch fails or recovers."""
+class _Unserved(Exception):
+    """The worker's API server does not serve a kind (its list answered 404)."""
 
-    def __init__(self, *args: Any, on_health: Callable[[], None], **kw: Any) -> None:
+
+class _WorkerInformer(Informer):
+    """An informer that tells its worker when its watch fails or recovers. One for a kind
+    from another project (`optional`) ends at a 404 on its first list: the worker does not
+    serve the kind (`unserved`), which is no failure of the worker."""
+
+    def __init__(
+        self, *args: Any, on_health: Callable[[], None], optional: bool = False, **kw: Any
+    ) -> None:
         super().__init__(*args, **kw)
         self.on_health = on_health
+        self.optional = optional
+        self.unserved = False
+        self._announced = False
         self.last_exception: Exception | None = None
         self.failing_since: float | None = None
 
     def _failed(self, exc: Exception, backoff_s: float) -> None:
+        if self.optional and isinstance(exc, NotFound) and not self.synced.is_set():
+            self.unserved = True
+            self.synced.set()
+            self.on_health()
+            raise _Unserved(self.name) from exc
         super()._failed(exc, backoff_s)
         self.last_exception = exc
         if self.failing_since is None:
@@ -175,11 +198,21 @@ class _WorkerInformer(Informer):
         self.on_health()
 
     def _recovered(self) -> None:
-        was_failing = self.failing_since is not None
+        # Also called once its first list is in: the worker may have become reachable (every
+        # informer synced), which no object event says when the list is empty.
+        changed = self.failing_since is not None or not self._announced
+        self._announced = True
         super()._recovered()
         self.failing_since = None
-        if was_failing:
+        if changed:
             self.on_health()
+
+    async def run_until_unserved(self) -> None:
+        try:
+            await self.run()
+        except _Unserved:
+            log.info("a worker does not serve a kind: none is placed there",
+                     extra={"informer": self.name})  # fmt: skip
 
 
 class Worker:
@@ -193,6 +226,7 @@ class Worker:
         grace_s: float,
         retry_max_s: float,
         timeout_s: float = 10.0,
+        kinds: Iterable[WorkloadKind] = (),
     ) -> None:
         self.config = config
         self.grace_s = grace_s
@@ -205,18 +239,23 @@ class Worker:
             max_backoff_s=retry_max_s,
             stale_after_s=grace_s,
         )
-        self.jobs = _WorkerInformer(
-            self.kube,
-            JOBS,
-            label_selector=LABEL_ORIGIN,
-            name=f"{config.name}.jobs",
-            on_health=on_change,
-            max_backoff_s=retry_max_s,
-            stale_after_s=grace_s,
-        )
+        self.mirrors: dict[str, _WorkerInformer] = {
+            kind.kind: _WorkerInformer(
+                self.kube,
+                kind.resource,
+                label_selector=LABEL_ORIGIN,
+                name=f"{config.name}.{kind.resource.plural}",
+                on_health=on_change,
+                optional=kind.optional,
+                max_backoff_s=retry_max_s,
+                stale_after_s=grace_s,
+            )
+            for kind in (JOB, *kinds)
+        }
         self.created = time.monotonic()
         self._tasks: list[Any] = []
-        self.jobs.add_handler(lambda *_: on_change())
+        for informer in self.mirrors.values():
+            informer.add_handler(lambda *_: on_change())
 
         def on_node(event: WatchEvent, obj: Obj, old: Obj | None) -> None:
             # Heartbeats and unrelated changes leave the GPU pool as it was: no reconcile.
@@ -229,9 +268,30 @@ class Worker:
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def jobs(self) -> _WorkerInformer:
+        """The Jobs mirrored here."""
+        return self.mirrors[JOB.kind]
+
+    def _informers(self) -> tuple[_WorkerInformer, ...]:
+        return (self.nodes, *self.mirrors.values())
+
+    def serves(self, kind: str) -> bool:
+        """Whether the worker serves `kind` (known once its watch listed it)."""
+        informer = self.mirrors.get(kind)
+        return informer is not None and informer.synced.is_set() and not informer.unserved
+
+    def mirrored(self) -> Iterator[tuple[str, Obj]]:
+        """Every mirror here, with its kind."""
+        for kind, informer in self.mirrors.items():
+            for obj in informer.values():
+                yield kind, obj
+
     def start(self) -> None:
-        for informer in (self.nodes, self.jobs):
-            self._tasks.append(spawn(informer.run(), name=f"hub.worker.{informer.name}"))
+        for informer in self._informers():
+            self._tasks.append(
+                spawn(informer.run_until_unserved(), name=f"hub.worker.{informer.name}")
+            )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -243,12 +303,12 @@ class Worker:
 
     @property
     def synced(self) -> bool:
-        return self.nodes.synced.is_set() and self.jobs.synced.is_set()
+        return all(i.synced.is_set() for i in self._informers())
 
     def failing_for_s(self, now: float | None = None) -> float:
         """How long the worker has not answered (0 when both watches work)."""
         now = time.monotonic() if now is None else now
-        starts = [i.failing_since for i in (self.nodes, self.jobs) if i.failing_since is not None]
+        starts = [i.failing_since for i in self._informers() if i.failing_since is not None]
         if not starts:
             return 0.0
         return now - min(starts)
@@ -266,7 +326,7 @@ class Worker:
     @property
     def problem(self) -> str | None:
         """`unauthorized: ...` or `unreachable: ...` while failing; None otherwise."""
-        for informer in (self.nodes, self.jobs):
+        for informer in self._informers():
             exc = informer.last_exception
             if informer.failing_since is None or exc is None:
                 continue

@@ -165,7 +165,7 @@ def score(
     first (ties: less to transfer, then cluster name). `job.runtime` is keyed by GPU type."""
     options: list[ClusterOption] = []
     for view in views:
-        if not view.reachable:
+        if not view.reachable or not _may_use(job, view):
             continue
         cost = transfer(artifacts, view)
         for gpu_type in job.allowed_types(list(view.pools)):
@@ -188,10 +188,15 @@ def score(
     return options
 
 
+def _may_use(job: JobSpec, view: WorkerView) -> bool:
+    """Whether the job may run on the view's cluster (`JobSpec.clusters`)."""
+    return job.clusters is None or view.name in job.clusters
+
+
 def unplaceable(job: JobSpec, views: Iterable[WorkerView]) -> str | None:
     """Why no cluster, reachable or not, could ever hold `job` (None when one could): too many
     GPUs of one type, or a predicted peak above every GPU type's memory."""
-    views = list(views)
+    views = [v for v in views if _may_use(job, v)]
     largest: dict[str, int] = {}
     for view in views:
         for gpu_type in job.allowed_types(list(view.pools)):
@@ -200,6 +205,8 @@ def unplaceable(job: JobSpec, views: Iterable[WorkerView]) -> str | None:
                 return None
             largest[f"{view.name}/{gpu_type}"] = pool.total
     if not views:
+        if job.clusters is not None:
+            return "no worker cluster serves its kind"
         return "no worker cluster is registered"
     if not largest:
         wanted = job.gpu_model or "any"

@@ -90,6 +90,9 @@ class JobSpec:
     waited_s: float = 0.0
     """Seconds spent waiting (not running) since arrival: up to the snapshot for a pending job,
     up to the start of its current run for a running one. Policies age jobs by it."""
+    clusters: frozenset[str] | None = None
+    """Constraint: only capacity keys of these clusters (`<cluster>/<type>`), or None for any
+    (the multi-cluster hub: the workers that serve the job's kind)."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -105,7 +108,12 @@ class JobSpec:
 
     def allowed_types(self, types: Sequence[str]) -> list[str]:
         """The GPU types (of `types`, in that order) this job may run on."""
-        return [t for t in types if self.gpu_model is None or gpu_type_of(t) == self.gpu_model]
+        return [
+            t
+            for t in types
+            if (self.gpu_model is None or gpu_type_of(t) == self.gpu_model)
+            and (self.clusters is None or "/" not in t or t.partition("/")[0] in self.clusters)
+        ]
 
 
 @dataclass(frozen=True, slots=True)

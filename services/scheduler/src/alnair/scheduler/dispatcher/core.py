@@ -1,0 +1,269 @@
+"""The admission core both backends stand on: the local dispatcher (`controller.Dispatcher`),
+which admits workloads onto this cluster's GPUs, and the multi-cluster hub (`hub.Hub`), which
+places them on worker clusters.
+
+What is the same for both lives here, once:
+- the queues (ClusterQueues, LocalQueues, Cohorts), read into the policy's specs, with why a
+  queue admits nothing;
+- the workloads, read through the kind adapters (`kinds.py`): one informer per kind and queue
+  label, kinds from other projects watched only where the cluster serves their API, and the
+  objects a kind's workloads name (a TrainJob's runtime);
+- predictions, Events and the job events on the bus.
+
+A backend says what it does with the policy's decisions: admit here, or place elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from alnair.common.bus import Bus
+from alnair.common.errors import InvalidValueError
+from alnair.common.events import JobEvent, JobPhase
+from alnair.common.informer import Informer
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    COHORTS,
+    LOCALQUEUES,
+    ApiError,
+    KubeClient,
+    NotFound,
+    Obj,
+    Resource,
+)
+from alnair.scheduler.dispatcher.kinds import WorkloadKind
+from alnair.scheduler.dispatcher.loop import ReconcileLoop
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.objects import Workload, parse_cluster_queue
+from alnair.scheduler.dispatcher.predictions import JobPrediction, PredictionError, PredictorClient
+from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.queueing import ClusterQueueSpec, QueuePolicy, WaitReason
+
+log = logging.getLogger(__name__)
+
+
+def resource_version(obj: Obj) -> int:
+    """resourceVersion as a number: etcd's revision, which the API server hands out in order
+    (opaque by contract, so a non-number compares as oldest)."""
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+@dataclass(slots=True)
+class WorkloadState:
+    """What a backend knows about one queued workload (dropped when the workload goes)."""
+
+    key: str
+    cluster_queue: str | None = None
+    reason: WaitReason | None = None
+    reason_evented: str | None = None
+    prediction: JobPrediction | None = None
+    prediction_error: str | None = None
+    evented: set[str] = field(default_factory=set)
+    """One-time notices already given (submitted, invalid, too large)."""
+
+
+@dataclass(slots=True)
+class QueueState:
+    spec: ClusterQueueSpec | None
+    problem: str | None
+
+
+class QueueCore(ReconcileLoop):
+    """Queues, workloads of every kind a backend takes, predictions and reporting."""
+
+    component: ClassVar[str] = "alnair-dispatcher"
+    """Who Events and bus events come from."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: DispatcherSettings,
+        metrics: DispatcherMetrics,
+        kinds: Iterable[WorkloadKind],
+        *,
+        bus: Bus | None,
+        predictor: PredictorClient | None,
+        policy: QueuePolicy,
+    ) -> None:
+        super().__init__()
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.bus = bus
+        self.predictor = predictor
+        self.policy = policy
+        self.kinds: dict[str, WorkloadKind] = {k.kind: k for k in kinds}
+        self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
+        self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
+        self.cohorts = Informer(kube, COHORTS, name="cohorts")
+        # Informers per kind of workload (kinds.py): one per queue label it reads.
+        self.workload_watches: dict[str, tuple[Informer, ...]] = {
+            name: tuple(
+                Informer(kube, k.resource, label_selector=sel, name=k.informer(sel))
+                for sel in k.label_selectors
+            )
+            for name, k in self.kinds.items()
+        }
+        # Objects workloads name and their kinds read (a TrainJob's runtime), one informer each.
+        self.referenced: dict[str, Informer] = {
+            r.plural: Informer(kube, r, name=f"referenced-{r.plural}")
+            for k in self.kinds.values()
+            for r in k.references
+        }
+        self.queues: dict[str, QueueState] = {}
+
+    def workload_informers(self) -> list[Informer]:
+        return [
+            *(i for group in self.workload_watches.values() for i in group),
+            *self.referenced.values(),
+        ]
+
+    async def start_watching(self) -> None:
+        """Watch every kind the cluster serves. A kind from another project whose API is not
+        served (its CRD not installed) is left out, and the log says so once: installing it
+        later takes a restart."""
+        for name, kind in list(self.kinds.items()):
+            if kind.optional and not await self._served(kind):
+                r = kind.resource
+                log.info(
+                    "a kind is not queued: the cluster does not serve its API",
+                    extra={"kind": kind.kind, "api": f"{r.plural}.{r.group}/{r.version}"},
+                )
+                left_out = list(self.workload_watches.pop(name))
+                left_out += [self.referenced.pop(r.plural) for r in kind.references
+                             if r.plural in self.referenced]  # fmt: skip
+                self.informers = tuple(i for i in self.informers if i not in left_out)
+        await super().start_watching()
+
+    async def _served(self, kind: WorkloadKind) -> bool:
+        r = kind.resource
+        try:
+            doc = await self.kube.request("GET", f"/apis/{r.group}/{r.version}")
+        except NotFound:
+            return False
+        return any(item.get("name") == r.plural for item in doc.get("resources") or [])
+
+    def _lookup(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
+        """An object a workload names, as its informer holds it (None: not there)."""
+        informer = self.referenced.get(resource.plural)
+        if informer is None:
+            return None
+        return informer.get(f"{namespace}/{name}" if namespace else name)
+
+    def _objects(self, kind: str) -> dict[str, Obj]:
+        """Every object of `kind` its informers hold, by namespace/name; one labelled both
+        ways is held twice, and the newer copy counts."""
+        merged: dict[str, Obj] = {}
+        for informer in self.workload_watches.get(kind, ()):
+            for key, obj in informer.store.items():
+                if key not in merged or resource_version(merged[key]) < resource_version(obj):
+                    merged[key] = obj
+        return merged
+
+    def _remember(self, wl: Workload, updated: Obj) -> None:
+        """Put an object we just wrote into the stores of the informers that hold it (unless a
+        newer copy is there): the next reconcile must not decide on an older copy while the
+        watch event is still on its way."""
+        meta = updated["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        for informer in self.workload_watches.get(wl.kind, ()):
+            current = informer.store.get(key)
+            if current is not None and resource_version(current) <= resource_version(updated):
+                informer.store[key] = updated
+
+    # --- queues -------------------------------------------------------------------------
+
+    def _read_queues(self) -> dict[str, ClusterQueueSpec]:
+        """The active ClusterQueues' specs; `self.queues` keeps why the others admit nothing."""
+        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
+        queues: dict[str, ClusterQueueSpec] = {}
+        seen: dict[str, QueueState] = {}
+        for obj in self.cluster_queues.values():
+            name = obj["metadata"]["name"]
+            try:
+                spec = parse_cluster_queue(obj, cohorts)
+            except InvalidValueError as exc:
+                seen[name] = QueueState(None, str(exc))
+                continue
+            seen[name] = QueueState(spec, None)
+            queues[name] = spec
+        self.queues = seen
+        return queues
+
+    def _cluster_queue_of(self, wl: Workload) -> str | None:
+        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
+        if lq is None:
+            return None
+        return str((lq.get("spec") or {}).get("clusterQueue") or "") or None
+
+    # --- predictions and reporting ------------------------------------------------------
+
+    async def _predict(
+        self, wl: Workload, models: list[str], state: WorkloadState
+    ) -> JobPrediction | None:
+        """The predictor's runtimes and peak memory for the workload on `models`, kept on its
+        state (None, and why in `prediction_error` where one is required, when there is none)."""
+        state.prediction_error = None
+        state.prediction = None
+        if self.predictor is None or not wl.features.get("model_name"):
+            if self.settings.require_predictions:
+                state.prediction_error = "no model annotations to predict from (model_name)"
+            return None
+        try:
+            state.prediction = await self.predictor.predict(wl.features, wl.request.gpus, models)
+        except PredictionError as exc:
+            self.metrics.prediction_errors.inc()
+            state.prediction_error = str(exc)
+        return state.prediction
+
+    async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
+        """A Kubernetes Event about `obj` (which carries its apiVersion and kind), best effort:
+        one the API server refuses is logged, never a reason to stop the queue."""
+        try:
+            await self.kube.event(
+                {
+                    **obj,
+                    "apiVersion": obj.get("apiVersion", "batch/v1"),
+                    "kind": obj.get("kind", "Job"),
+                },
+                reason=reason,
+                message=message,
+                type_="Warning" if warning else "Normal",
+                component=self.component,
+            )
+        except ApiError as exc:
+            log.warning("event not written", extra={"reason": reason, "error": str(exc)})
+
+    async def _publish(
+        self,
+        wl: Workload,
+        phase: JobPhase,
+        detail: dict[str, Any],
+        seq: str = "0",
+        cluster: str | None = None,
+    ) -> None:
+        """The workload's `JobEvent` on the bus (the predictor learns from completions)."""
+        if self.bus is None:
+            return
+        event = JobEvent(
+            phase=phase,
+            cluster=cluster or self.settings.cluster,
+            namespace=wl.namespace,
+            kind=wl.kind,
+            name=wl.name,
+            uid=wl.uid,
+            detail=detail,
+        )
+        try:
+            # A deterministic id: a restarted backend republishing a step is deduplicated.
+            await self.bus.publish(
+                event, source=self.component, event_id=f"{wl.uid}:{phase.value}:{seq}"
+            )
+        except Exception as exc:
+            log.warning("job event not published", extra={"phase": phase.value, "error": repr(exc)})
