@@ -5,9 +5,10 @@ hack/build-peers.sh).
 Each is held at creation (`spec.runPolicy.suspend`), counted as every role's pods at once, and
 admitted with the GPU model in every GPU role's template; the training-operator then makes the
 pods (an MPI launcher, which asks no GPU, without the model), Alnair's scheduler binds them and
-KWOK runs them. A PyTorchJob's completion (its master's) admits the next one; a borrowing job
-is suspended again for the lender through its run policy, and the training-operator deletes
-its pods.
+KWOK runs them. Each kind completes (a PyTorchJob when its master succeeds, an MPIJob when its
+launcher does), and its completion admits the next ones; borrowing jobs of both kinds are
+suspended again for the lender through their run policy, and the training-operator deletes
+their pods.
 """
 
 from __future__ import annotations
@@ -82,16 +83,19 @@ def pytorch_job(name: str, ns: str, queue: str, seconds: float) -> dict[str, Any
     }
 
 
-def mpi_job(name: str, ns: str, queue: str) -> dict[str, Any]:
-    """A launcher without GPUs and two one-GPU workers, long-running."""
+def mpi_job(name: str, ns: str, queue: str, seconds: float) -> dict[str, Any]:
+    """A launcher without GPUs running `seconds` (the job ends when it does) and two one-GPU
+    workers, whose pods the operator deletes then (`cleanPodPolicy: Running`, as MPI users
+    set it: workers are daemons that never end on their own)."""
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "MPIJob",
         "metadata": {"name": name, "namespace": ns, "labels": {LABEL_QUEUE: queue}},
         "spec": {
             "slotsPerWorker": 1,
+            "runPolicy": {"cleanPodPolicy": "Running"},
             "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template(ns, 0, 600)},
+                "Launcher": {"replicas": 1, "template": template(ns, 0, seconds)},
                 "Worker": {"replicas": 2, "template": template(ns, 1, 600)},
             },
         },
@@ -115,8 +119,8 @@ async def _bound(kube: KubeClient, ns: str, name: str, n: int) -> list[dict[str,
     return pods if len(pods) == n else []
 
 
-async def _succeeded(kube: KubeClient, ns: str, name: str) -> bool:
-    status = (await kube.get(PYTORCHJOBS, name, ns)).get("status") or {}
+async def _succeeded(kube: KubeClient, res: Resource, ns: str, name: str) -> bool:
+    status = (await kube.get(res, name, ns)).get("status") or {}
     return any(
         c["type"] == "Succeeded" and c["status"] == "True" for c in status.get("conditions") or []
     )
@@ -148,7 +152,9 @@ async def test_pytorch_and_mpi_jobs_queue_admit_complete_and_are_reclaimed(
     await _operator_prerequisites(kube)
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "kf", {"train": (2, 2), "lender": (2, 0)})
+    # `train` lends nothing and borrows all it runs, from `lender`: every admission of ours
+    # borrows, and the lender's Job takes all of it back.
+    await cohort_queues(kube, ns, "kf", {"train": (0, 4), "lender": (4, 0)})
     async with (
         KubeClient(dispatcher_cfg) as as_dispatcher,
         scheduler(kube),
@@ -156,49 +162,46 @@ async def test_pytorch_and_mpi_jobs_queue_admit_complete_and_are_reclaimed(
         webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
     ):
         try:
-            # Held at creation; admitted within quota; the operator's pods carry the model.
+            # Held at creation; admitted; the operator's pods carry the model.
             made = await kube.create(PYTORCHJOBS, pytorch_job("pt1", ns, "train", 5), ns)
             assert made["spec"]["runPolicy"]["suspend"] is True
             await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt1"), 20)
             pods = await wait_for(lambda: _bound(kube, ns, "pt1", 2), 60)
             for pod in pods:
                 assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
-
-            # An MPIJob borrows the idle lender's quota: its workers get the model, its
-            # launcher (no GPU) does not need it.
-            await kube.create(MPIJOBS, mpi_job("mj1", ns, "train"), ns)
+            # An MPIJob: its workers get the model, its launcher (no GPU) does not need it.
+            made = await kube.create(MPIJOBS, mpi_job("mj1", ns, "train", 5), ns)
+            assert made["spec"]["runPolicy"]["suspend"] is True
             mj1 = await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj1"), 20)
             assert mj1["metadata"]["annotations"][ANN_BORROWING] == "true"
             mpi_pods = await wait_for(lambda: _bound(kube, ns, "mj1", 3), 60)
             by_role = {p["metadata"]["labels"][REPLICA_TYPE]: p for p in mpi_pods}
             assert by_role["worker"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
             assert r.LABEL_GPU_MODEL not in by_role["launcher"]["spec"]["nodeSelector"]
+            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 4
 
-            # A second PyTorchJob waits for quota until the first completes (its master
-            # succeeds, then the operator says so).
+            # One of each kind more waits for quota until the first two complete.
             await kube.create(PYTORCHJOBS, pytorch_job("pt2", ns, "train", 600), ns)
-            if not await _succeeded(kube, ns, "pt1"):
+            await kube.create(MPIJOBS, mpi_job("mj2", ns, "train", 600), ns)
+            done = [await _succeeded(kube, PYTORCHJOBS, ns, "pt1"),
+                    await _succeeded(kube, MPIJOBS, ns, "mj1")]  # fmt: skip
+            if not any(done):
                 assert await _admitted(kube, PYTORCHJOBS, ns, "pt2") is None
-            await wait_for(lambda: _succeeded(kube, ns, "pt1"), 90, 0.2)
+                assert await _admitted(kube, MPIJOBS, ns, "mj2") is None
+            await wait_for(lambda: _succeeded(kube, PYTORCHJOBS, ns, "pt1"), 90, 0.2)
+            await wait_for(lambda: _succeeded(kube, MPIJOBS, ns, "mj1"), 90, 0.2)
             await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt2"), 30)
+            await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj2"), 30)
 
-            # The lender needs its quota: a borrower is suspended again through its run
-            # policy, and the operator deletes its pods.
-            await kube.create(JOBS, lender_job("l1", ns, "lender", 2), ns)
+            # The lender needs its quota: both are suspended again through their run policy,
+            # and the operator deletes their pods.
+            await kube.create(JOBS, lender_job("l1", ns, "lender", 4), ns)
             assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
-
-            async def one_suspended() -> str | None:
-                held = [
-                    name for res, name in ((MPIJOBS, "mj1"), (PYTORCHJOBS, "pt2"))
-                    if ((await kube.get(res, name, ns))["spec"].get("runPolicy") or {}).get(
-                        "suspend")
-                ]  # fmt: skip
-                return held[0] if len(held) == 1 else None
-
-            victim = await wait_for(one_suspended, 30)
-            await wait_for(lambda: _no_pods(kube, ns, victim), 60)
-            assert await events(kube, ns, victim, "Preempted")
+            for res, name in ((PYTORCHJOBS, "pt2"), (MPIJOBS, "mj2")):
+                job = await kube.get(res, name, ns)
+                assert job["spec"]["runPolicy"]["suspend"] is True, name
+                await wait_for(lambda name=name: _no_pods(kube, ns, name), 60)
+                assert await events(kube, ns, name, "Preempted"), name
         finally:
             for cq in (f"train-{ns}", f"lender-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)

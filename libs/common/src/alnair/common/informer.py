@@ -230,3 +230,37 @@ class Informer:
 
     def values(self) -> list[Any]:
         return list(self.store.values())
+
+
+class LabelIndex:
+    """An informer's objects by (namespace, value of one label): the ones carrying a value are
+    found in O(their number), not by scanning the store. It keeps keys, and reads each object
+    from the store, so a copy written into the store directly (a controller's own write) is
+    the one returned."""
+
+    def __init__(self, informer: Informer, label: str) -> None:
+        self.informer = informer
+        self.label = label
+        self._keys: dict[tuple[str, str], set[str]] = {}
+        informer.add_handler(self._on_event)
+
+    def _entry(self, obj: Obj) -> tuple[str, str] | None:
+        meta = obj.get("metadata") or {}
+        value = (meta.get("labels") or {}).get(self.label)
+        return (str(meta.get("namespace") or ""), str(value)) if value else None
+
+    def _on_event(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        key = key_of(obj)
+        if old is not None and (gone := self._entry(old)) is not None:
+            keys = self._keys.get(gone)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._keys[gone]
+        if event is not WatchEvent.DELETED and (entry := self._entry(obj)) is not None:
+            self._keys.setdefault(entry, set()).add(key)
+
+    def get(self, namespace: str, value: str) -> list[Obj]:
+        """The objects in `namespace` whose label is `value`, as the store holds them."""
+        store = self.informer.store
+        return [store[k] for k in sorted(self._keys.get((namespace, value), ())) if k in store]

@@ -27,7 +27,7 @@ from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
-from alnair.common.informer import Informer, WatchEvent
+from alnair.common.informer import Informer, LabelIndex, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
     JOBS,
@@ -164,6 +164,7 @@ class Dispatcher(QueueCore):
         watching = self.workload_informers()
         # The pods of serving workloads (gated until their owner is admitted, kinds.py).
         self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
+        self.members = LabelIndex(self.serving_pods, LABEL_WORKLOAD)
         watching.append(self.serving_pods)
         # Every bound pod holding GPUs, to take those no admitted workload owns off the pool.
         self.outside = OutsidePods(kube, self._wake.set)
@@ -703,13 +704,7 @@ class Dispatcher(QueueCore):
 
     def _pods_of(self, kind: str, namespace: str, name: str) -> list[Obj]:
         """Every pod the serving workload's controller made (gated or not, leaving or not)."""
-        value = workload_label(kind, name)
-        return [
-            pod
-            for pod in self.serving_pods.values()
-            if pod["metadata"].get("namespace") == namespace
-            and (pod["metadata"].get("labels") or {}).get(LABEL_WORKLOAD) == value
-        ]
+        return self.members.get(namespace, workload_label(kind, name))
 
     def _serving_pods_of(self, wl: Workload) -> list[Obj]:
         """The pods of a serving workload its controller made (gated or not), not leaving."""
