@@ -158,6 +158,15 @@ def dispatcher_settings(cp: ControlPlane, ns: str, **kw: Any) -> DispatcherSetti
     return DispatcherSettings(**base)
 
 
+def hub_settings(cp: ControlPlane, ns: str, nats_url: str) -> DispatcherSettings:
+    """A hub on `cp` over the worker Secrets in `ns` (a short grace period: tests lose
+    workers on purpose)."""
+    return DispatcherSettings(
+        kubeconfig=str(cp.kubeconfig), http_port=0, http_host="127.0.0.1", nats_url=nats_url,
+        mode="hub", hub_namespace=ns, worker_grace_s=2.0, cluster="hub", leader_elect=False,
+    )  # fmt: skip
+
+
 async def explain(
     running: RunningDispatcher, ns: str, name: str, ok: Any, *, kind: str = "jobs"
 ) -> Any:

@@ -43,14 +43,13 @@ from alnair.scheduler.dispatcher.hub import (
     MANAGED_BY,
 )
 from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
-from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workers import (
     ANN_BANDWIDTH,
     LABEL_ORIGIN,
     SECRETS,
 )
 from alnair.scheduler.live.binder import Scheduler
-from dispatcher_support import flattened, scheduler, worker_secret
+from dispatcher_support import flattened, hub_settings, scheduler, worker_secret
 
 pytestmark = pytest.mark.e2e
 WORKERS = {  # name: (node spec, link Mbit/s)
@@ -167,13 +166,7 @@ async def test_one_queue_over_three_clusters(
         lq = {"apiVersion": "alnair.io/v1alpha1", "kind": "LocalQueue",
               "metadata": {"name": "ml", "namespace": ns}, "spec": {"clusterQueue": f"mc-{ns}"}}  # fmt: skip
         await kube.create(LOCALQUEUES, lq, ns)
-        hub = await start_dispatcher(
-            DispatcherSettings(
-                kubeconfig=str(control_plane.kubeconfig), http_port=0, http_host="127.0.0.1",
-                nats_url=nats_url, mode="hub", hub_namespace=ns, worker_grace_s=2.0,
-                cluster="hub", leader_elect=False,
-            )
-        )  # fmt: skip
+        hub = await start_dispatcher(hub_settings(control_plane, ns, nats_url))
         api = httpx.AsyncClient(base_url=hub.url)
 
         async def clusters() -> dict[str, Any]:

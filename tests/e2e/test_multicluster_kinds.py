@@ -32,9 +32,16 @@ from alnair.common.kube import (
 from alnair.common.localstack import ControlPlane
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import ANN_PLACED_CLUSTER, ANN_PLACED_TYPE, MANAGED_BY
-from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workers import LABEL_ORIGIN, SECRETS
-from dispatcher_support import POOL, flattened, jobset, scheduler, wait_for, worker_secret
+from dispatcher_support import (
+    POOL,
+    flattened,
+    hub_settings,
+    jobset,
+    scheduler,
+    wait_for,
+    worker_secret,
+)
 from peers_support import JOBSET, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e
@@ -81,13 +88,7 @@ async def test_a_jobset_goes_only_to_a_worker_that_serves_jobsets_and_completes_
             )
             text = flattened(planes["plain"].kubeconfig)
             await kube.create(SECRETS, worker_secret("plain", ns, text, 10_000.0), ns)
-            hub = await start_dispatcher(
-                DispatcherSettings(
-                    kubeconfig=str(control_plane.kubeconfig), http_port=0, http_host="127.0.0.1",
-                    nats_url=nats_url, mode="hub", hub_namespace=ns, worker_grace_s=2.0,
-                    cluster="hub", leader_elect=False,
-                )
-            )  # fmt: skip
+            hub = await start_dispatcher(hub_settings(control_plane, ns, nats_url))
             api = await stack.enter_async_context(httpx.AsyncClient(base_url=hub.url))
 
             async def cluster(name: str) -> dict[str, Any] | None:

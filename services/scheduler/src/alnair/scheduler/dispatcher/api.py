@@ -13,6 +13,7 @@ Errors are RFC 7807 problem responses.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,7 +24,27 @@ from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.dispatcher.controller import Dispatcher
-from alnair.scheduler.dispatcher.kinds import KINDS
+from alnair.scheduler.dispatcher.hub import Hub
+from alnair.scheduler.dispatcher.kinds import KINDS, WorkloadKind
+
+
+def add_workload_route(
+    app: FastAPI, backend: Dispatcher | Hub, kinds: Iterable[WorkloadKind], unknown: str
+) -> None:
+    """`GET /v1/{plural}/{namespace}/{name}` for every kind of `kinds`: the backend's
+    explanation of one workload (404 naming the known plurals for another kind; 503 on a
+    follower, which decides nothing). `unknown` begins the 404's message."""
+    by_plural = {k.resource.plural: k.kind for k in kinds}
+
+    @app.get("/v1/{plural}/{namespace}/{name}", response_model=None)
+    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any] | JSONResponse:
+        kind = by_plural.get(plural)
+        if kind is None:
+            known = ", ".join(sorted(by_plural))
+            raise NotFound(404, "NotFound", f"{unknown} {plural!r} (known: {known})", plural)
+        if (why := backend.follower_problem()) is not None:
+            return problem(503, "Not Leading", why)
+        return backend.explain(namespace, name, kind=kind)
 
 
 def build_api(dispatcher: Dispatcher) -> FastAPI:
@@ -34,17 +55,7 @@ def build_api(dispatcher: Dispatcher) -> FastAPI:
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not Found", exc.api_message)
 
-    by_plural = {k.resource.plural: k.kind for k in KINDS.values()}
-
-    @app.get("/v1/{plural}/{namespace}/{name}", response_model=None)
-    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any] | JSONResponse:
-        kind = by_plural.get(plural)
-        if kind is None:
-            known = ", ".join(sorted(by_plural))
-            raise NotFound(404, "NotFound", f"no queued kind {plural!r} (known: {known})", plural)
-        if (why := dispatcher.follower_problem()) is not None:
-            return problem(503, "Not Leading", why)
-        return dispatcher.explain(namespace, name, kind=kind)
+    add_workload_route(app, dispatcher, KINDS.values(), "no queued kind")
 
     @app.get("/v1/queues", response_model=None)
     async def queues() -> dict[str, Any] | JSONResponse:

@@ -432,13 +432,14 @@ class Hub(QueueCore):
             holding.append(RunningJob(spec, key_on, start))
         candidates: list[tuple[JobSpec, list[Artifact]]] = []
         by_id: dict[str, Workload] = {}
+        serving = {name: self._serving(self.kinds[name]) for name in self.workload_watches}
         for wl, cq in pending:
             state = self.states[wl.key]
             if state.prediction_error is not None:
                 state.reason = WaitReason("prediction", state.prediction_error)
                 await self._wait_event(wl, state)
                 continue
-            spec = self._spec(wl, cq, state, self._serving(KINDS[wl.kind]))
+            spec = self._spec(wl, cq, state, serving[wl.kind])
             artifacts = job_artifacts(wl.obj)
             state.options = score(spec, artifacts, views, now)
             too_large = unplaceable(spec, views)

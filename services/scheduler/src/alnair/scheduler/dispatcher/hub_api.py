@@ -22,6 +22,7 @@ from alnair.common.bus import not_ready
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
+from alnair.scheduler.dispatcher.api import add_workload_route
 from alnair.scheduler.dispatcher.hub import Hub
 from alnair.scheduler.dispatcher.kinds import DELEGABLE
 
@@ -34,17 +35,7 @@ def build_hub_api(hub: Hub) -> FastAPI:
     async def not_found(_req: Request, exc: NotFound) -> JSONResponse:
         return problem(404, "Not Found", exc.api_message)
 
-    by_plural = {k.resource.plural: k.kind for k in DELEGABLE}
-
-    @app.get("/v1/{plural}/{namespace}/{name}", response_model=None)
-    async def workload(plural: str, namespace: str, name: str) -> dict[str, Any] | JSONResponse:
-        kind = by_plural.get(plural)
-        if kind is None:
-            known = ", ".join(sorted(by_plural))
-            raise NotFound(404, "NotFound", f"the hub places no kind {plural!r} ({known})", plural)
-        if (why := hub.follower_problem()) is not None:
-            return problem(503, "Not Leading", why)
-        return hub.explain(namespace, name, kind=kind)
+    add_workload_route(app, hub, DELEGABLE, "the hub places no kind")
 
     @app.get("/v1/clusters")
     async def clusters() -> dict[str, Any]:

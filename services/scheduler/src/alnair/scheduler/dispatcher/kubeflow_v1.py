@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from alnair.common import resources as res
-from alnair.common.annotations import object_model
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj, Resource
 from alnair.scheduler.dispatcher.objects import (
@@ -22,9 +21,7 @@ from alnair.scheduler.dispatcher.objects import (
     PodSet,
     Workload,
     gpus_asked,
-    pod_sets_request,
-    queue_label,
-    restart_cost,
+    pod_sets_workload,
     whole_count,
 )
 
@@ -58,26 +55,14 @@ def parser(kind: str, field: str, resource: Resource) -> Callable[[Obj, float], 
 
     def parse(obj: Obj, default_restart_cost_s: float) -> Workload:
         meta = obj["metadata"]
-        pod_sets = replica_pod_sets(obj, field)
-        request, model = pod_sets_request(
-            meta, pod_sets, kind,
+        return pod_sets_workload(
+            obj, replica_pod_sets(obj, field),
+            key=key(kind)(meta["namespace"], meta["name"]), kind=kind,
+            api_version=API_VERSION, resource=resource, held=suspended(obj),
+            default_restart_cost_s=default_restart_cost_s,
             none_field=f"spec.{field}.*.template.spec.containers[].resources",
             none_reason=f"a queued {kind} must ask for {GPU} in at least one replica spec",
         )  # fmt: skip
-        return Workload(
-            key=key(kind)(meta["namespace"], meta["name"]),
-            obj=obj,
-            local_queue=queue_label(meta),
-            request=request,
-            features=object_model(obj).present(),
-            gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-            restart_cost_s=restart_cost(meta, default_restart_cost_s),
-            resource=resource,
-            kind=kind,
-            api_version=API_VERSION,
-            held=suspended(obj),
-            pod_sets=tuple(pod_sets),
-        )
 
     return parse
 

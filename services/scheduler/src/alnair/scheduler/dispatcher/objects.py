@@ -261,6 +261,43 @@ def pod_sets_request(
     return GpuRequest(gpus=gpus, pods=pods, gpus_per_pod=per_pod), model
 
 
+def pod_sets_workload(
+    obj: Obj,
+    pod_sets: list[PodSet],
+    *,
+    key: str,
+    kind: str,
+    api_version: str,
+    resource: Resource,
+    held: bool,
+    default_restart_cost_s: float,
+    none_field: str,
+    none_reason: str,
+    field_of: Callable[[PodSet, str], str] = _inside_template,
+) -> Workload:
+    """A workload of several pod sets all running at once, as the queue tracks it: what its
+    sets ask (`pod_sets_request`, naming the field of a bad one), the GPU model its annotation
+    or templates insist on, its restart cost, and what the predictor reads."""
+    meta = obj["metadata"]
+    request, model = pod_sets_request(
+        meta, pod_sets, kind, none_field=none_field, none_reason=none_reason, field_of=field_of
+    )
+    return Workload(
+        key=key,
+        obj=obj,
+        local_queue=queue_label(meta),
+        request=request,
+        features=object_model(obj).present(),
+        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
+        resource=resource,
+        kind=kind,
+        api_version=api_version,
+        held=held,
+        pod_sets=tuple(pod_sets),
+    )
+
+
 def job_pods(spec: Obj, where: str) -> int:
     """The pods a Job spec runs at once: `parallelism`, at most `completions`."""
     pods = whole_count(spec.get("parallelism", 1), f"{where}.parallelism", minimum=1)
@@ -343,7 +380,7 @@ class Workload:
         return self.annotations.get(ANN_ADMITTED_TYPE)
 
 
-def restart_cost(meta: Obj, default_s: float) -> float:
+def _restart_cost(meta: Obj, default_s: float) -> float:
     """`alnair.io/restart-cost-s`: the work a preemption loses (default: the setting)."""
     raw = (meta.get("annotations") or {}).get(ANN_RESTART_COST)
     if raw is None:
@@ -360,7 +397,7 @@ def restart_cost(meta: Obj, default_s: float) -> float:
 def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
     meta = job["metadata"]
     features = object_model(job).present()
-    restart = restart_cost(meta, default_restart_cost_s)
+    restart = _restart_cost(meta, default_restart_cost_s)
     return Workload(
         key=f"{meta['namespace']}/{meta['name']}",
         obj=job,
@@ -445,7 +482,7 @@ def parse_pod_group(obj: Obj, default_restart_cost_s: float) -> Workload:
         request=GpuRequest(gpus=gpus, pods=members, gpus_per_pod=-(-gpus // members)),
         features=object_model(obj).present(),
         gpu_model=annotations.get(res.LABEL_GPU_MODEL) or None,
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
         resource=PODGROUPS,
         kind="PodGroup",
         api_version=PODGROUP_API_VERSION,
@@ -502,26 +539,15 @@ def _parse_ray(obj: Obj, cluster_spec: Obj, where: str, kind: str, resource: Res
     """A RayCluster (or a RayJob's) as one queued workload: every pod set at once; a head that
     asks no GPU counts for nothing; the per-pod shape placed is the largest; whole GPUs only."""
     meta = obj["metadata"]
-    pod_sets = ray_cluster_pod_sets(cluster_spec, where)
-    request, model = pod_sets_request(
-        meta, pod_sets, kind,
+    return pod_sets_workload(
+        obj, ray_cluster_pod_sets(cluster_spec, where),
+        key=f"{kind.lower()}:{meta['namespace']}/{meta['name']}", kind=kind,
+        api_version=RAY_API_VERSION, resource=resource,
+        held=bool((obj.get("spec") or {}).get("suspend")),
+        default_restart_cost_s=default_restart_cost_s,
         none_field=f"{where}.workerGroupSpecs[].template.spec.containers[].resources",
         none_reason=f"a queued {kind} must ask for {GPU} in its head or a worker group",
     )  # fmt: skip
-    return Workload(
-        key=f"{kind.lower()}:{meta['namespace']}/{meta['name']}",
-        obj=obj,
-        local_queue=queue_label(meta),
-        request=request,
-        features=object_model(obj).present(),
-        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
-        resource=resource,
-        kind=kind,
-        api_version=RAY_API_VERSION,
-        held=bool((obj.get("spec") or {}).get("suspend")),
-        pod_sets=tuple(pod_sets),
-    )
 
 
 def parse_ray_cluster(obj: Obj, default_restart_cost_s: float) -> Workload:
@@ -607,26 +633,15 @@ def parse_train_job(obj: Obj, default_restart_cost_s: float) -> Workload:
         where = "spec.trainer.resourcesPerNode" if "resources" in field else field
         return f"{where} ({pod_set.where})"
 
-    pod_sets = train_job_pod_sets(obj)
-    request, model = pod_sets_request(
-        meta, pod_sets, "TrainJob", field_of=field_of,
+    return pod_sets_workload(
+        obj, train_job_pod_sets(obj),
+        key=f"trainjob:{meta['namespace']}/{meta['name']}", kind="TrainJob",
+        api_version=TRAINER_API_VERSION, resource=TRAINJOBS,
+        held=bool((obj.get("spec") or {}).get("suspend")),
+        default_restart_cost_s=default_restart_cost_s, field_of=field_of,
         none_field="spec.trainer.resourcesPerNode",
         none_reason=f"a queued TrainJob must ask for {GPU} (here or in its runtime's trainer Job)",
     )  # fmt: skip
-    return Workload(
-        key=f"trainjob:{meta['namespace']}/{meta['name']}",
-        obj=obj,
-        local_queue=queue_label(meta),
-        request=request,
-        features=object_model(obj).present(),
-        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
-        resource=TRAINJOBS,
-        kind="TrainJob",
-        api_version=TRAINER_API_VERSION,
-        held=bool((obj.get("spec") or {}).get("suspend")),
-        pod_sets=tuple(pod_sets),
-    )
 
 
 def train_job_finished(obj: Obj) -> str | None:
@@ -657,25 +672,14 @@ def parse_jobset_workload(obj: Obj, default_restart_cost_s: float) -> Workload:
         pods = job_pods(job_spec, f"{where}.template.spec")
         template = job_spec.get("template") or {}
         pod_sets.append(PodSet(f"{where}.template.spec.template", template, replicas * pods))
-    request, model = pod_sets_request(
-        meta, pod_sets, "JobSet",
+    return pod_sets_workload(
+        obj, pod_sets,
+        key=jobset_key(meta["namespace"], meta["name"]), kind="JobSet",
+        api_version="jobset.x-k8s.io/v1alpha2", resource=JOBSETS, held=bool(spec.get("suspend")),
+        default_restart_cost_s=default_restart_cost_s,
         none_field="spec.replicatedJobs[].template.spec.template.spec.containers[].resources",
         none_reason=f"a queued JobSet must ask for {GPU} in at least one replicated Job",
     )  # fmt: skip
-    return Workload(
-        key=jobset_key(meta["namespace"], meta["name"]),
-        obj=obj,
-        local_queue=queue_label(meta),
-        request=request,
-        features=object_model(obj).present(),
-        gpu_model=(meta.get("annotations") or {}).get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
-        resource=JOBSETS,
-        kind="JobSet",
-        api_version="jobset.x-k8s.io/v1alpha2",
-        held=bool(spec.get("suspend")),
-        pod_sets=tuple(pod_sets),
-    )
 
 
 def workload_label(kind: str, name: str) -> str:
@@ -705,7 +709,7 @@ def parse_serving_workload(
         request=request,
         features=object_model(obj).present(),
         gpu_model=gpu_model_constraint(job_like),
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
         resource=resource,
         kind=kind,
         api_version="apps/v1",
@@ -754,7 +758,7 @@ def parse_leaderworkerset(obj: Obj, default_restart_cost_s: float) -> Workload:
         ),
         features=object_model(obj).present(),
         gpu_model=annotations.get(res.LABEL_GPU_MODEL) or model,
-        restart_cost_s=restart_cost(meta, default_restart_cost_s),
+        restart_cost_s=_restart_cost(meta, default_restart_cost_s),
         resource=LEADERWORKERSETS,
         kind="LeaderWorkerSet",
         api_version=LWS_API_VERSION,
