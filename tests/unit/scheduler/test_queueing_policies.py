@@ -508,3 +508,24 @@ def test_no_policy_overcommits_exceeds_quota_or_admits_an_oom(
     assert ledger.over_quota() == []
     assert set(decisions.waiting) | {a.job_id for a in decisions.admissions} == set(jobs)
     assert not set(decisions.waiting) & {a.job_id for a in decisions.admissions}
+
+
+@pytest.mark.parametrize(("total", "free"), [(4, 2), (2, 0)])
+def test_an_owner_reclaims_lent_quota_whether_or_not_gpus_are_free(total: int, free: int) -> None:
+    """A borrower holds all the cohort can lend; the lender's job needs its nominal back. The
+    borrower is preempted whether the node has free GPUs or not: the lender is short of
+    quota, which free GPUs do not give it (found with a StatefulSet on a 4-GPU node)."""
+    queues = {
+        "serve": ClusterQueueSpec("serve", {"V": FlavorQuota(0, 2)}, cohort="c"),
+        "lender": ClusterQueueSpec("lender", {"V": FlavorQuota(2, 0)}, cohort="c"),
+    }
+    borrower = RunningJob(
+        JobSpec("ns/db", "serve", 2, 0.0, waited_s=1.0), "V", 10.0, borrowing=True
+    )
+    snapshot = QueueSnapshot(
+        now_s=100.0, pending=[JobSpec("ns/l1", "lender", 2, 99.0)], running=[borrower],
+        queues=queues, capacity={"V": GpuPool(total, free, 32768.0)},
+    )  # fmt: skip
+    decisions = queue_policy("alnair").decide(snapshot)
+    assert [p.job_id for p in decisions.preemptions] == ["ns/db"]
+    assert decisions.waiting["ns/l1"].kind == "capacity"

@@ -57,6 +57,7 @@ from alnair.scheduler.queueing.model import (
     Reservation,
     RunningJob,
     WaitReason,
+    gpu_type_of,
 )
 from alnair.scheduler.queueing.plan import Plan, fits_memory
 from alnair.scheduler.queueing.quota import QuotaCheck, QuotaLedger
@@ -435,6 +436,15 @@ class Alnair:
             out = [i for i in victims if i.job.id not in plan.chosen]
             if out and first:
                 natural = plan.start_s(gpu_type, sum(i.job.gpus for i in first))
+                short = [
+                    i for i in first
+                    if not real.ledger.check(i.job.queue, gpu_type, i.job.gpus).ok
+                ]  # fmt: skip
+                if short:
+                    # Short of quota (an owner reclaiming what it lent), not only of GPUs:
+                    # free GPUs do not let them start; quota frees no sooner than a run of
+                    # their cohort ends.
+                    natural = max(natural, self._quota_frees_s(snapshot, short, gpu_type))
                 if natural - now <= max(i.job.restart_cost_s for i in out):
                     out = []  # the GPUs free by themselves sooner than a restart costs
             else:
@@ -479,6 +489,24 @@ class Alnair:
             preemptions=tuple(preemptions),
             reservations=tuple(plan.reservations),
             waiting=waiting,
+        )
+
+    @staticmethod
+    def _quota_frees_s(snapshot: QueueSnapshot, takers: list[_Item], gpu_type: str) -> float:
+        """The earliest predicted end of a run of `gpu_type` in the takers' queues or their
+        cohorts: before it, the quota they lack cannot free by itself."""
+        queues = snapshot.queues
+        cohorts = {queues[i.job.queue].cohort for i in takers if i.job.queue in queues}
+        names = {i.job.queue for i in takers}
+        return min(
+            (
+                run.expected_end_s(snapshot.now_s)
+                for run in snapshot.running
+                if gpu_type_of(run.gpu_type) == gpu_type_of(gpu_type)
+                and run.job.queue in queues
+                and (run.job.queue in names or queues[run.job.queue].cohort in cohorts - {None})
+            ),
+            default=INF,
         )
 
     def _reason(self, plan: _Replan, real: Plan, item: _Item) -> WaitReason:
