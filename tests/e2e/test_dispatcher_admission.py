@@ -448,7 +448,7 @@ async def test_serving_deployments_are_admitted_whole_and_evicted_whole(
             # The lender needs its quota: a borrowing Deployment is evicted whole.
             await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
             assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
-            evicted = await wait_for(lambda: _evicted_one(kube, ns), 20)
+            evicted = await wait_for(lambda: _evicted_one(kube, ns, "api", "more"), 20)
             reasons = await _events(kube, ns, evicted, "Preempted")
             assert "evicted whole" in reasons[0]["message"]
         finally:
@@ -470,8 +470,9 @@ async def test_a_serving_statefulset_is_admitted_pod_by_pod(
 ) -> None:
     """A StatefulSet labelled for a queue: its controller makes one pod at a time and the next
     only once the last is ready, so the admission reaches each as it comes (the model in its
-    node selector) up to its replicas, and all of it counts, on borrowed quota here.
-    (Its reclaim by a lender is not shown: see docs/notes/issue-23.md, Limits.)"""
+    node selector) up to its replicas, and all of it counts, on borrowed quota here. The
+    lender then wants its quota back while GPUs are still free: the StatefulSet is evicted
+    whole for it and its pods come back gated."""
     ns = namespace
     cp = control_plane
     dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
@@ -487,14 +488,21 @@ async def test_a_serving_statefulset_is_admitted_pod_by_pod(
             for pod in pods:
                 assert pod["metadata"]["annotations"][ANN_BORROWING] == "true"
             assert await wait_for(lambda: queue_used(kube, f"serve-{ns}"), 10) == 2
+
+            # Two of the node's four GPUs are free, but the quota is the lender's.
+            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+            assert await wait_for(lambda: _evicted_one(kube, ns, "db"), 30) == "db"
+            reasons = await _events(kube, ns, "db", "Preempted")
+            assert "evicted whole" in reasons[0]["message"]
+            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 30) == "V100M32"
         finally:
             for cq in (f"serve-{ns}", f"lender-{ns}"):
                 await kube.delete(CLUSTERQUEUES, cq)
 
 
-async def _evicted_one(kube: KubeClient, ns: str) -> str | None:
-    """The serving Deployment that was evicted: its pods are back, gated."""
-    for app in ("api", "more"):
+async def _evicted_one(kube: KubeClient, ns: str, *apps: str) -> str | None:
+    """The serving workload among `apps` that was evicted: its pods are back, gated."""
+    for app in apps:
         pods = await _serving(kube, ns, app)
         regated = pods and all(p["spec"].get("schedulingGates") for p in pods)
         if regated and await _events(kube, ns, app, "Preempted"):
