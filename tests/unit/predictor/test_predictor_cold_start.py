@@ -18,6 +18,7 @@ import pytest
 from alnair.predictor.datasets import JobKey, Observation, TrainingData, load_gavel
 from alnair.predictor.evaluation import error_split, evaluate_throughput
 from alnair.predictor.gpus import lookup_gpu
+from alnair.predictor.learned import BaselineThroughput
 from alnair.predictor.predictor import (
     ModelBundle,
     predict,
@@ -28,9 +29,8 @@ from alnair.predictor.predictor import (
 from alnair.predictor.ratio import ON_TYPE_MEMBERS, RatioThroughput, on_type_members
 from alnair.predictor.schemas import JobSpec, PredictRequest
 from alnair.predictor.throughput import (
-    BaselineThroughput,
+    ObservationTable,
     ThroughputQuery,
-    _Table,
     linear_scaling_residuals,
     on_type_folds,
 )
@@ -105,7 +105,9 @@ def test_on_type_members_follow_the_trial_level() -> None:
     query = ThroughputQuery(held[0], lookup_gpu("V100"), 4)
     answers = []
     for factor in (0.5, 1.0, 2.0):
-        table = _Table([*base, Observation(trial.job, "V100", 1, trial.throughput * factor)])
+        table = ObservationTable(
+            [*base, Observation(trial.job, "V100", 1, trial.throughput * factor)]
+        )
         members = on_type_members(table, query, (0.0, 0.0, 0.3, 0.0, 0.5, 0.2))
         assert members is not None
         answers.append(members)
@@ -117,7 +119,7 @@ def test_on_type_members_follow_the_trial_level() -> None:
     cross = ON_TYPE_MEMBERS.index("cross")
     assert answers[0][cross] == pytest.approx(answers[2][cross], abs=1e-12)
     # Without a measurement on V100 at another count there is no on-type answer.
-    assert on_type_members(_Table(base), query, (1.0, 0, 0, 0, 0, 0)) is None
+    assert on_type_members(ObservationTable(base), query, (1.0, 0, 0, 0, 0, 0)) is None
 
 
 def test_baseline_scales_the_trial_linearly_with_the_gpu_count() -> None:

@@ -19,9 +19,8 @@ from alnair.predictor.colocation import (
 from alnair.predictor.datasets import JobKey, TrainingData, load_gavel
 from alnair.predictor.evaluation import figures, pair_holdout_folds
 from alnair.predictor.gpus import GPU_SPECS, lookup_gpu
+from alnair.predictor.learned import BaselineThroughput, LearnedThroughput
 from alnair.predictor.throughput import (
-    BaselineThroughput,
-    LearnedThroughput,
     ThroughputQuery,
     conformal_halfwidth,
 )

@@ -19,6 +19,7 @@ from alnair.predictor.evaluation import (
     single_pair_folds,
 )
 from alnair.predictor.gpus import lookup_gpu
+from alnair.predictor.models import make_model
 from alnair.predictor.ratio import (
     MEMBERS,
     RatioThroughput,
@@ -28,7 +29,7 @@ from alnair.predictor.ratio import (
     member_predictions,
     stack_weights,
 )
-from alnair.predictor.throughput import ThroughputQuery, _Table, make_model
+from alnair.predictor.throughput import ObservationTable, ThroughputQuery
 
 GPUS = ("K80", "P100", "V100")
 COUNTS = (1, 2, 4, 8)
@@ -98,7 +99,7 @@ def test_interpolated_sibling_ratio_is_exact_inside_the_batch_range() -> None:
     held = (JobKey("transformer", 32), "V100")
     train = [o for o in observations if (o.job, o.gpu_type) != held]
     test = [o for o in observations if (o.job, o.gpu_type) == held]
-    table = _Table(train)
+    table = ObservationTable(train)
     for obs in test:
         members = member_predictions(table, _query(obs))
         assert members is not None
@@ -127,7 +128,7 @@ def test_direct_interpolation_is_exact_between_siblings_and_silent_at_the_edges(
     observations = _linear_in_batch()
     for batch, defined in ((32, True), (64, True), (16, False), (128, False)):
         held = (JobKey("transformer", batch), "V100")
-        table = _Table([o for o in observations if (o.job, o.gpu_type) != held])
+        table = ObservationTable([o for o in observations if (o.job, o.gpu_type) != held])
         for obs in (o for o in observations if (o.job, o.gpu_type) == held):
             value = direct_interpolation(table, _query(obs))
             if defined:
@@ -151,7 +152,7 @@ def test_any_count_median_is_exact_on_ratio_structure_and_ignores_one_odd_anchor
         for o in observations
         if (o.job, o.gpu_type) != held
     ]
-    table = _Table(train)
+    table = ObservationTable(train)
     for obs in (o for o in observations if (o.job, o.gpu_type) == held):
         value = any_count_median(table, _query(obs))
         assert value == pytest.approx(math.log(obs.throughput), abs=1e-9)

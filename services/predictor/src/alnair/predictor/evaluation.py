@@ -49,7 +49,8 @@ from alnair.predictor.colocation import (
 )
 from alnair.predictor.datasets import Observation, TrainingData
 from alnair.predictor.gpus import lookup_gpu
-from alnair.predictor.throughput import ModelKind, ThroughputQuery, make_model, on_type_folds
+from alnair.predictor.models import make_model
+from alnair.predictor.throughput import ModelKind, ThroughputQuery, on_type_folds
 
 MODEL_KINDS: tuple[ModelKind, ...] = ("baseline", "rf", "gb", "ratio")
 # Models that predict only throughput, and the co-location model their bundles use instead.

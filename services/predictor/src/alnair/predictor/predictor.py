@@ -29,6 +29,7 @@ from alnair.predictor.colocation import ColocationModel, ColocQuery, make_coloca
 from alnair.predictor.datasets import JobKey, Observation, TrainingData
 from alnair.predictor.gpus import GPU_SPECS, lookup_gpu
 from alnair.predictor.memory import MemoryModel
+from alnair.predictor.models import make_model
 from alnair.predictor.schemas import (
     DEFAULT_GPU_COUNTS,
     HIGH_CONFIDENCE_BASES,
@@ -46,7 +47,6 @@ from alnair.predictor.throughput import (
     ThroughputEstimate,
     ThroughputModel,
     ThroughputQuery,
-    make_model,
 )
 
 

@@ -47,25 +47,23 @@ import copy
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from alnair.predictor.datasets import Observation
 from alnair.predictor.gpus import GpuSpec, lookup_gpu
+from alnair.predictor.learned import LearnedThroughput
 from alnair.predictor.throughput import (
     DEFAULT_HALFWIDTH,
     Basis,
     ModelKind,
+    ObservationTable,
     ThroughputEstimate,
     ThroughputQuery,
-    _estimates,
-    _Table,
     conformal_halfwidth,
+    estimates_from_logs,
 )
-
-if TYPE_CHECKING:
-    from alnair.predictor.throughput import LearnedThroughput
 
 MEMBERS: tuple[str, ...] = ("nearest", "all", "similar2", "similar5", "direct", "anycount")
 ON_TYPE_MEMBERS: tuple[str, ...] = ("prior", "similar2", "similar5", "cross", "cross_shift")
@@ -75,7 +73,9 @@ _OTHER_MODEL_PENALTY = 1.0
 _BATCH_PENALTY = 0.3
 
 
-def ratio_prior(table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int) -> float:
+def ratio_prior(
+    table: ObservationTable, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int
+) -> float:
     """Log ratio query/anchor: siblings' (interpolated), else family, else median job, else spec."""
     target = (query.gpu.name, query.gpu_count)
     anchor = (anchor_gpu.name, count)
@@ -92,7 +92,7 @@ def ratio_prior(table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, coun
 
 
 def similar_scores(
-    table: _Table, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int
+    table: ObservationTable, query: ThroughputQuery, anchor_gpu: GpuSpec, count: int
 ) -> list[tuple[float, float]]:
     """(distance, log ratio query/anchor) of every other job measured on both, nearest first."""
     job = query.job
@@ -139,7 +139,7 @@ def weighted_neighbours(
 
 
 def similar_ratio(
-    table: _Table,
+    table: ObservationTable,
     query: ThroughputQuery,
     anchor_gpu: GpuSpec,
     count: int,
@@ -154,7 +154,7 @@ def similar_ratio(
     return weighted_neighbours(scored, neighbours, temperature)
 
 
-def direct_interpolation(table: _Table, query: ThroughputQuery) -> float | None:
+def direct_interpolation(table: ObservationTable, query: ThroughputQuery) -> float | None:
     """Log throughput of the same model's batch-size neighbours on the target column itself.
 
     Interpolated in log batch size between the nearest smaller and larger sibling measured on
@@ -175,7 +175,7 @@ def direct_interpolation(table: _Table, query: ThroughputQuery) -> float | None:
     return below[1] * (1.0 - weight) + above[1] * weight
 
 
-def any_count_median(table: _Table, query: ThroughputQuery) -> float | None:
+def any_count_median(table: ObservationTable, query: ThroughputQuery) -> float | None:
     """Median over every measurement of the job on another GPU type, at any count, times the
     siblings' (interpolated) ratio from that (GPU, count) to the target; None without one."""
     target = (query.gpu.name, query.gpu_count)
@@ -189,7 +189,7 @@ def any_count_median(table: _Table, query: ThroughputQuery) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | None:
+def member_predictions(table: ObservationTable, query: ThroughputQuery) -> list[float] | None:
     """Log throughput of the query by each member (order of MEMBERS); None if unanchored."""
     every = table.anchors(query, nearest_only=False, other_types_only=True)
     if not every:
@@ -217,7 +217,7 @@ def member_predictions(table: _Table, query: ThroughputQuery) -> list[float] | N
 
 
 def on_type_local(
-    table: _Table, query: ThroughputQuery, count: int, value: float
+    table: ObservationTable, query: ThroughputQuery, count: int, value: float
 ) -> tuple[float, float, float]:
     """`prior`, `similar2`, `similar5` from the job's log throughput `value` on the query's GPU
     type at `count`: the move from `count` to the asked count on that type, added to it."""
@@ -251,7 +251,7 @@ def on_type_row(
 
 
 def on_type_members(
-    table: _Table, query: ThroughputQuery, cross_weights: Sequence[float]
+    table: ObservationTable, query: ThroughputQuery, cross_weights: Sequence[float]
 ) -> list[float] | None:
     """Log throughput of the query by each on-type member, averaged over the job's
     measurements on the query's GPU type at other counts; None without one."""
@@ -307,13 +307,13 @@ class RatioThroughput:
         self.halfwidth: dict[Basis, float] = dict(DEFAULT_HALFWIDTH)
         self.training_size = 0
         self._observations: Sequence[Observation] = ()
-        self._table = _Table([])
+        self._table = ObservationTable([])
         self._cold: LearnedThroughput | None = None
 
     def fit(self, observations: Sequence[Observation]) -> None:
         if self.calibration_folds > 1:
             self._calibrate(observations)
-        self._table = _Table(observations)
+        self._table = ObservationTable(observations)
         self._observations = observations
         self.training_size = len(observations)
         self._cold = None
@@ -321,8 +321,6 @@ class RatioThroughput:
             self._fit_cold()
 
     def _fit_cold(self) -> None:
-        from alnair.predictor.throughput import LearnedThroughput
-
         self._cold = LearnedThroughput("rf", self.level, 0, features_model=True)
         self._cold.fit(self._observations)
 
@@ -347,7 +345,7 @@ class RatioThroughput:
             train = [o for i, o in enumerate(observations) if i not in held_set]
             if not train:
                 continue
-            table = _Table(train)
+            table = ObservationTable(train)
             cross: dict[int, list[float] | None] = {}
             for index in held:
                 obs = observations[index]
@@ -419,13 +417,13 @@ class RatioThroughput:
         return [o for o in out if o is not None]
 
     def predict(self, queries: Sequence[ThroughputQuery]) -> list[ThroughputEstimate]:
-        return _estimates(self.predict_log(queries), self.halfwidth)
+        return estimates_from_logs(self.predict_log(queries), self.halfwidth)
 
     def with_observations(self, observations: Sequence[Observation]) -> RatioThroughput:
         """Nothing is fitted on the table, so new measurements serve at once as anchors (the
         stacking weights and half-widths stay until the next fit)."""
         out = copy.copy(self)
         out._observations = (*self._observations, *observations)
-        out._table = _Table(out._observations)
+        out._table = ObservationTable(out._observations)
         out.training_size = len(out._observations)
         return out
