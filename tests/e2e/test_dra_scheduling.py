@@ -34,10 +34,10 @@ from alnair.common.localstack.controlplane import (
     gpu_node_manifest,
     wait_nodes_ready,
 )
+from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dra.live import unavailable
 from alnair.scheduler.framework.status import SKIP, Status, error
 from alnair.scheduler.live.binder import Scheduler
-from alnair.scheduler.snapshot import Placement, PodRequest
 from dra_support import (
     GPUS,
     KUSTOMIZE,

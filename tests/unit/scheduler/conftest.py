@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from alnair.scheduler.snapshot import NodeSpec, PodRequest
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
 
 
 @dataclass

@@ -19,6 +19,9 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.informer import WatchEvent
 from alnair.common.resources import parse_quantity
+from alnair.scheduler.cluster.pods import parse_pod
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.dra.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     ClaimCache,
@@ -30,9 +33,7 @@ from alnair.scheduler.dra.claims import (
 from alnair.scheduler.dra.live import explain_claims
 from alnair.scheduler.dra.plugin import DynamicResources, with_dra
 from alnair.scheduler.framework import Code, Framework
-from alnair.scheduler.live.pods import parse_pod
 from alnair.scheduler.plugins.registry import policy
-from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
 from dra_support import GPUS, TAINTED_GPU, node_slice
 from dra_support import claim_pod as pod_manifest
 from kube_builders import make_pod

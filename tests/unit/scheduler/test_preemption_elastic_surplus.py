@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from alnair.common import resources as r
+from alnair.scheduler.cluster.pods import LivePod
+from alnair.scheduler.cluster.requests import Placement
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.plugins.preemption import select_victims, surplus_ordinal
-from alnair.scheduler.snapshot import Placement
 
 GANG = "ns/elastic"
 

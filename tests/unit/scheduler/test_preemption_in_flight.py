@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 from alnair.common import resources as r
+from alnair.scheduler.cluster.pods import LivePod
+from alnair.scheduler.cluster.requests import Placement
 from alnair.scheduler.framework import Framework, ScheduleResult
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.plugins.preemption import PROMISED
 from alnair.scheduler.plugins.registry import build_profile
-from alnair.scheduler.snapshot import Placement
 
 
 def node(name: str, gpus: int) -> dict[str, Any]:

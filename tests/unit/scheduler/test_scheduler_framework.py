@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from alnair.common.errors import InvalidValueError
+from alnair.scheduler.cluster.requests import Placement
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework import Code, CycleState, Framework, Profile, WeightedScore
 from alnair.scheduler.placement import BestFitGpu, RandomGpu, WorstFitGpu
 from alnair.scheduler.plugins.best_fit import BestFitScore
 from alnair.scheduler.plugins.fit import DEFAULT_FILTERS
 from alnair.scheduler.plugins.registry import framework, policy
-from alnair.scheduler.snapshot import ClusterSnapshot, Placement
 
 PodF = Callable[..., Any]
 NodeF = Callable[[str], Any]
@@ -164,7 +165,7 @@ def test_assume_refuses_overcommit(
     ],
 )
 def test_bad_pod_requests_name_the_field(kwargs: dict[str, int], field: str) -> None:
-    from alnair.scheduler.snapshot import PodRequest
+    from alnair.scheduler.cluster.requests import PodRequest
 
     base = {"name": "p", "cpu_milli": 1, "memory_mib": 1}
     with pytest.raises(InvalidValueError) as caught:

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from alnair.common.errors import InvalidValueError
+from alnair.scheduler.cluster.books import GangBook, GangSpec
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.status import Code
-from alnair.scheduler.plugins.coscheduling import GangBook, GangSpec
 from alnair.scheduler.plugins.registry import framework
 from alnair.scheduler.simulator import cli
 from alnair.scheduler.simulator.gangs import GangReplayConfig, replay_gangs
-from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
 
 
 def gpu_pod(name: str, *, gang: str | None = None, priority: int = 0) -> PodRequest:

@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 
 from alnair.common import resources as r
 from alnair.common.events import GpuLink
-from alnair.scheduler.budgets import DisruptionBudgets
+from alnair.scheduler.cluster.books import Holder, Reservations
+from alnair.scheduler.cluster.budgets import DisruptionBudgets
+from alnair.scheduler.cluster.pods import InvalidPodError, LivePod, parse_pod
+from alnair.scheduler.cluster.requests import Placement
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.framework.runtime import Framework
 from alnair.scheduler.live.cache import SchedulerCache
-from alnair.scheduler.live.pods import InvalidPodError, LivePod, parse_pod
 from alnair.scheduler.live.queue import SchedulingQueue
 from alnair.scheduler.placement import BestFitGpu
 from alnair.scheduler.plugins.constraints import (
@@ -35,13 +37,7 @@ from alnair.scheduler.plugins.node_state import (
 )
 from alnair.scheduler.plugins.preemption import select_victims
 from alnair.scheduler.plugins.registry import build_profile
-from alnair.scheduler.plugins.reservation import (
-    Holder,
-    NodeReservation,
-    Reservations,
-    closest_node,
-)
-from alnair.scheduler.snapshot import Placement
+from alnair.scheduler.plugins.reservation import NodeReservation, closest_node
 from kube_builders import make_pod
 
 

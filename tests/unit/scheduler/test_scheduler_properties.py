@@ -8,11 +8,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework import CycleState
 from alnair.scheduler.plugins.fit import DEFAULT_FILTERS
 from alnair.scheduler.plugins.fragmentation import FragmentationModel, TypicalPods, candidates
 from alnair.scheduler.plugins.registry import POLICIES, framework
-from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
 
 MODELS = ("T4", "V100M32", "G2")
 

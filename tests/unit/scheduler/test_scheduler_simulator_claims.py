@@ -15,7 +15,8 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.data import data_file
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.live.pods import parse_pod
+from alnair.scheduler.cluster.pods import parse_pod
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.simulator import cli
 from alnair.scheduler.simulator.claims import (
     claim_object,
@@ -26,7 +27,6 @@ from alnair.scheduler.simulator.claims import (
 )
 from alnair.scheduler.simulator.engine import simulate
 from alnair.scheduler.simulator.trace import NODE_FILE, TRACE_DIR, load_pods
-from alnair.scheduler.snapshot import PodRequest
 
 TABLE = {"T4": 15360, "V100M32": 32510}
 

@@ -12,10 +12,10 @@ import pytest
 
 from alnair.common.data import DATA_ENV
 from alnair.common.errors import InvalidValueError
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.simulator import cli, variants
 from alnair.scheduler.simulator.trace import load_pods, pods_file
 from alnair.scheduler.simulator.variants import Recipe, SpecTable, build, parse_recipe
-from alnair.scheduler.snapshot import PodRequest
 
 
 def pod(i: int, cpu: int, gpus: int = 0, milli: int = 0, models: str = "") -> PodRequest:

@@ -20,8 +20,9 @@ from typing import ClassVar
 import numpy as np
 
 from alnair.common.resources import MILLI_PER_GPU
+from alnair.scheduler.cluster.requests import IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import CycleState
-from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, PodRequest
 
 
 def fitting_gpus(pod: PodRequest, snapshot: ClusterSnapshot, node: int) -> IntArray:

@@ -46,8 +46,8 @@ from alnair.common.kube import (
     Resource,
     Unavailable,
 )
+from alnair.scheduler.cluster.pods import parse_bound_pod
 from alnair.scheduler.dispatcher.objects import LABEL_WORKLOAD, controller_ref
-from alnair.scheduler.live.pods import parse_bound_pod
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import WatchEvent
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.allocator import (
     Device,
     Request,
@@ -46,7 +47,6 @@ from alnair.scheduler.dra.allocator import (
     node_devices,
     parse_requests,
 )
-from alnair.scheduler.snapshot import PodRequest
 
 Obj = dict[str, Any]
 R = TypeVar("R", bound=PodRequest)

@@ -27,12 +27,12 @@ from alnair.common import dra
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer
 from alnair.common.kube import ApiError, KubeClient, NotFound, Obj
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.allocator import claim_results, parse_requests
 from alnair.scheduler.dra.claims import ClaimCache, MalformedClaim, claim_pod
 from alnair.scheduler.dra.plugin import DynamicResources, dra_options, with_dra
 from alnair.scheduler.framework.runtime import Profile
 from alnair.scheduler.plugins.registry import ProfileOptions
-from alnair.scheduler.snapshot import PodRequest
 
 R = TypeVar("R", bound=PodRequest)
 

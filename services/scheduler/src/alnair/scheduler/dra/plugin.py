@@ -44,6 +44,8 @@ import numpy as np
 from alnair.common import dra
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import ApiError, Conflict, KubeClient, NotFound
+from alnair.scheduler.cluster.requests import IntArray, Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.dra.allocator import (
     Device,
     Request,
@@ -66,7 +68,6 @@ from alnair.scheduler.framework.status import (
     unschedulable,
 )
 from alnair.scheduler.plugins.registry import ProfileOptions
-from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, Placement, PodRequest
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,10 @@ from alnair.scheduler.framework.interface import (
     PreFilterPlugin,
     PreScorePlugin,
     ReservePlugin,
+    ScheduleResult,
     ScorePlugin,
 )
-from alnair.scheduler.framework.runtime import Framework, Profile, ScheduleResult, WeightedScore
+from alnair.scheduler.framework.runtime import Framework, Profile, WeightedScore
 from alnair.scheduler.framework.status import Code, Status
 
 __all__ = [

@@ -21,22 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from alnair.scheduler.framework.status import Status
-from alnair.scheduler.snapshot import (
-    BoolArray,
-    ClusterSnapshot,
-    FloatArray,
-    IntArray,
-    Placement,
-    PodRequest,
-)
-
-if TYPE_CHECKING:
-    from alnair.scheduler.framework.runtime import ScheduleResult
+from alnair.scheduler.cluster.requests import BoolArray, FloatArray, IntArray, Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
+from alnair.scheduler.framework.status import Code, Status
 
 MAX_NODE_SCORE = 100.0
 MIN_NODE_SCORE = 0.0
@@ -255,3 +246,45 @@ class BindPlugin(Plugin, Protocol):
     async def bind(self, pod: PodRequest, state: CycleState, placement: Placement) -> Status:
         """Make the placement real (the live binder's Kubernetes Binding); SKIP to pass on."""
         ...
+
+
+@dataclass
+class ScheduleResult:
+    """What happened to one pod, with enough detail to explain it."""
+
+    status: Status
+    placement: Placement | None = None
+    nodes_total: int = 0
+    feasible: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Snapshot indices of the nodes that passed Filter."""
+    scores: FloatArray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    """Weighted total score of each feasible node (aligned with `feasible`)."""
+    plugin_scores: dict[str, FloatArray] = field(default_factory=dict)
+    """Normalized score per Score plugin (aligned with `feasible`)."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """How many nodes each Filter reason rejected."""
+    node_reasons: dict[int, str] = field(default_factory=dict)
+    """Filter reason per rejected node index (only with `explain=True`)."""
+    nomination: Nomination | None = None
+    """What a PostFilter plugin proposed (victims to evict, a node held for the pod)."""
+    state: CycleState | None = None
+    """The cycle's state, which the binding cycle (PreBind, Bind, Unreserve) continues."""
+    pre_filtered: bool = False
+    """A PreFilter rejected the pod as a whole (its reason is the message)."""
+
+    def message(self) -> str:
+        """The sentence users read on the pod, in the upstream shape."""
+        if self.pre_filtered and self.status.reason:
+            return self.status.reason
+        if self.placement is not None:
+            gpus = self.placement.annotation_indices()
+            where = self.placement.node_name + (f" (GPUs {gpus})" if gpus else "")
+            return f"placed on {where}"
+        parts = ", ".join(
+            f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        text = f"0/{self.nodes_total} nodes are available"
+        text += f": {parts}." if parts else "."
+        if self.status.reason and self.status.code is not Code.UNSCHEDULABLE:
+            text += f" {self.status}"
+        return text

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from alnair.common.errors import InvalidValueError
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import (
     BindPlugin,
     CycleState,
@@ -42,10 +44,10 @@ from alnair.scheduler.framework.interface import (
     PreFilterPlugin,
     PreScorePlugin,
     ReservePlugin,
+    ScheduleResult,
     ScorePlugin,
 )
 from alnair.scheduler.framework.status import SKIP, Code, Status, error, unschedulable
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, Placement, PodRequest
 
 TIE_BREAKS = ("random", "first")
 """How equal best scores are resolved: uniformly at random (upstream `selectHost`), or the
@@ -73,48 +75,6 @@ class Profile:
     permit: Sequence[PermitPlugin] = ()
     pre_bind: Sequence[PreBindPlugin] = ()
     bind: Sequence[BindPlugin] = ()
-
-
-@dataclass
-class ScheduleResult:
-    """What happened to one pod, with enough detail to explain it."""
-
-    status: Status
-    placement: Placement | None = None
-    nodes_total: int = 0
-    feasible: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    """Snapshot indices of the nodes that passed Filter."""
-    scores: FloatArray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
-    """Weighted total score of each feasible node (aligned with `feasible`)."""
-    plugin_scores: dict[str, FloatArray] = field(default_factory=dict)
-    """Normalized score per Score plugin (aligned with `feasible`)."""
-    reasons: dict[str, int] = field(default_factory=dict)
-    """How many nodes each Filter reason rejected."""
-    node_reasons: dict[int, str] = field(default_factory=dict)
-    """Filter reason per rejected node index (only with `explain=True`)."""
-    nomination: Nomination | None = None
-    """What a PostFilter plugin proposed (victims to evict, a node held for the pod)."""
-    state: CycleState | None = None
-    """The cycle's state, which the binding cycle (PreBind, Bind, Unreserve) continues."""
-    pre_filtered: bool = False
-    """A PreFilter rejected the pod as a whole (its reason is the message)."""
-
-    def message(self) -> str:
-        """The sentence users read on the pod, in the upstream shape."""
-        if self.pre_filtered and self.status.reason:
-            return self.status.reason
-        if self.placement is not None:
-            gpus = self.placement.annotation_indices()
-            where = self.placement.node_name + (f" (GPUs {gpus})" if gpus else "")
-            return f"placed on {where}"
-        parts = ", ".join(
-            f"{n} {r}" for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-        )
-        text = f"0/{self.nodes_total} nodes are available"
-        text += f": {parts}." if parts else "."
-        if self.status.reason and self.status.code is not Code.UNSCHEDULABLE:
-            text += f" {self.status}"
-        return text
 
 
 class Framework:

@@ -51,6 +51,14 @@ from alnair.common.kube import (
 )
 from alnair.common.tasks import spawn
 from alnair.common.topology import Topology
+from alnair.scheduler.cluster.pods import (
+    InvalidPodError,
+    LivePod,
+    is_terminal,
+    parse_pod,
+    wants_us,
+)
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.claims import MalformedClaim
 from alnair.scheduler.dra.live import DraSupport, unavailable
 from alnair.scheduler.framework import Framework, Nomination, ScheduleResult
@@ -59,18 +67,10 @@ from alnair.scheduler.live.binding import KubeBinder
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.explain import explain_pod
 from alnair.scheduler.live.gang import GangManager
-from alnair.scheduler.live.pods import (
-    InvalidPodError,
-    LivePod,
-    is_terminal,
-    parse_pod,
-    wants_us,
-)
 from alnair.scheduler.live.queue import QueuedPod, SchedulingQueue
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 from alnair.scheduler.settings import SchedulerSettings
-from alnair.scheduler.snapshot import PodRequest
 
 log = logging.getLogger(__name__)
 EventType = Literal["Normal", "Warning"]
@@ -252,7 +252,7 @@ class Scheduler:
         self.gangs.upsert_group(pg)
         ts = pg["metadata"].get("creationTimestamp")
         if ts:
-            from alnair.scheduler.live.pods import _ts
+            from alnair.scheduler.cluster.pods import _ts
 
             self.queue.gang_ts[key] = _ts(ts)
         if old is None:

@@ -17,9 +17,9 @@ from typing import ClassVar
 from alnair.common import resources as r
 from alnair.common.kube import KubeClient
 from alnair.common.leader import NotLeading
+from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.framework.status import SUCCESS, Status
-from alnair.scheduler.snapshot import Placement, PodRequest
 
 
 class KubeBinder:

@@ -30,24 +30,22 @@ from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.common.topology import Topology
-from alnair.scheduler.budgets import DisruptionBudgets
-from alnair.scheduler.live.pods import (
+from alnair.scheduler.cluster.books import GangBook, Nominations, Reservations
+from alnair.scheduler.cluster.budgets import DisruptionBudgets
+from alnair.scheduler.cluster.pods import (
     MODELLED_RESOURCES,
     LivePod,
     parse_bound_pod,
     placement_annotations,
 )
-from alnair.scheduler.plugins.coscheduling import GangBook
-from alnair.scheduler.plugins.preemption import Nominations
-from alnair.scheduler.plugins.reservation import Reservations
-from alnair.scheduler.snapshot import (
+from alnair.scheduler.cluster.requests import (
     MAX_GPUS_PER_NODE,
     UNLIMITED,
-    ClusterSnapshot,
     NodeSpec,
     Placement,
     PodRequest,
 )
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 

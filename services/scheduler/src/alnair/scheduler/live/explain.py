@@ -6,20 +6,34 @@ reaches `message`/`filtered` through DynamicResources."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from alnair.common import resources as r
+from alnair.common.informer import Informer
 from alnair.common.kube import NotFound
+from alnair.scheduler.cluster.pods import InvalidPodError, parse_pod
 from alnair.scheduler.dra.claims import MalformedClaim
-from alnair.scheduler.live.pods import InvalidPodError, parse_pod
+from alnair.scheduler.dra.live import DraSupport
+from alnair.scheduler.framework import Framework
+from alnair.scheduler.live.cache import SchedulerCache
+from alnair.scheduler.live.queue import SchedulingQueue
 
-if TYPE_CHECKING:
-    from alnair.scheduler.live.binder import Scheduler
+
+class Explained(Protocol):
+    """What an explanation reads of the live scheduler: its pods, cache, queue and claims, and
+    a framework to run a what-if cycle with."""
+
+    pods: Informer
+    cache: SchedulerCache
+    queue: SchedulingQueue
+    dra: DraSupport | None
+
+    def framework(self) -> Framework: ...
 
 
-def explain_pod(scheduler: Scheduler, namespace: str, name: str) -> dict[str, Any]:
+def explain_pod(scheduler: Explained, namespace: str, name: str) -> dict[str, Any]:
     """What the scheduler knows and would do about one pod (the `/explain` endpoint)."""
     pod = scheduler.pods.get(f"{namespace}/{name}")
     if pod is None:

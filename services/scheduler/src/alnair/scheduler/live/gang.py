@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from alnair.common.kube import Obj
+from alnair.scheduler.cluster.books import DEFAULT_TIMEOUT_S, GangBook, GangSpec
+from alnair.scheduler.cluster.pods import LivePod
 from alnair.scheduler.framework import ScheduleResult
-from alnair.scheduler.live.pods import LivePod
 from alnair.scheduler.live.queue import QueuedPod
-from alnair.scheduler.plugins.coscheduling import DEFAULT_TIMEOUT_S, GangBook, GangSpec
 
 Waiting = tuple[QueuedPod, LivePod, ScheduleResult]
 

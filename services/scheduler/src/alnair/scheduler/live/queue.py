@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alnair.common.kube import Obj
-from alnair.scheduler.live.pods import LivePod
+from alnair.scheduler.cluster.pods import LivePod
 
 
 @dataclass

@@ -11,8 +11,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
 def allocated_share(pod: PodRequest, snapshot: ClusterSnapshot, nodes: IntArray) -> FloatArray:

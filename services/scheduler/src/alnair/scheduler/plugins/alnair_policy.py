@@ -35,10 +35,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
 from alnair.scheduler.plugins.fgd import FGDScore, sigmoid
 from alnair.scheduler.plugins.fragmentation import TypicalPods, candidates
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 _BEST_GPU = "Alnair/best-gpu"
 

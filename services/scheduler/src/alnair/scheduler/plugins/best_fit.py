@@ -11,10 +11,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
 from alnair.scheduler.plugins.dot_product import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI
 from alnair.scheduler.plugins.fragmentation import effective_cpu
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
 def min_max_normalize(scores: FloatArray) -> FloatArray:

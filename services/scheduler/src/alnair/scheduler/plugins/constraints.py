@@ -35,16 +35,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
-from alnair.scheduler.framework.status import SKIP, SUCCESS, Status
-from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
-from alnair.scheduler.terms import (
+from alnair.scheduler.cluster.requests import BoolArray, FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
+from alnair.scheduler.cluster.terms import (
     PodAffinityTerm,
     SpreadConstraint,
     node_affinity_matches,
     node_selector_matches,
     untolerated,
 )
+from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState, NodeVerdicts
+from alnair.scheduler.framework.status import SKIP, SUCCESS, Status
 
 
 class TaintToleration:

@@ -19,38 +19,14 @@ and it travels on the snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar
 
+from alnair.scheduler.cluster.requests import Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.framework.status import SKIP, SUCCESS, Code, Status, unschedulable
-from alnair.scheduler.snapshot import ClusterSnapshot, Placement, PodRequest
 
-DEFAULT_TIMEOUT_S = 60.0
 NAME = "Coscheduling"
-
-
-@dataclass(frozen=True, slots=True)
-class GangSpec:
-    min_member: int
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-
-def _none_pending(_gang: str) -> list[PodRequest]:
-    return []
-
-
-class GangBook:
-    """Gang -> its spec, and a view of its members not yet placed."""
-
-    def __init__(self, pending: Callable[[str], list[PodRequest]] = _none_pending) -> None:
-        self.specs: dict[str, GangSpec] = {}
-        self.pending = pending
-        """Members of a gang that wait to be scheduled (not placed), in queue order."""
-
-    def min_members(self) -> dict[str, int]:
-        return {gang: spec.min_member for gang, spec in self.specs.items()}
 
 
 def clone_member(pod: PodRequest, i: int) -> PodRequest:

@@ -12,9 +12,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
 from alnair.scheduler.plugins.fragmentation import effective_cpu
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 MAX_SPEC_CPU_MILLI = 128_000
 MAX_SPEC_GPU_MILLI = 8_000

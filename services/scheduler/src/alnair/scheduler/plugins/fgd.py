@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
 from alnair.scheduler.placement import exclusive_gpus
 from alnair.scheduler.plugins.fragmentation import (
@@ -21,7 +23,6 @@ from alnair.scheduler.plugins.fragmentation import (
     TypicalPods,
     candidates,
 )
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 _BEST_GPU = "FGD/best-gpu"
 

@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import TOO_MANY_PODS, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import CycleState, NodeVerdicts
-from alnair.scheduler.snapshot import TOO_MANY_PODS, ClusterSnapshot, IntArray, PodRequest
 
 
 class NodeResourcesFit:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alnair.common.resources import MILLI_PER_GPU
-from alnair.scheduler.snapshot import BoolArray, ClusterSnapshot, FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.requests import BoolArray, FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 
 DEFAULT_COVERAGE = 0.95
 """Share of pods the typical shapes must cover (the paper's setting)."""

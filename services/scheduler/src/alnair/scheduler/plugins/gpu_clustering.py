@@ -12,9 +12,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.plugins.dot_product import MAX_SPEC_GPU_MILLI
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
 class GpuClusteringScore:

@@ -12,8 +12,9 @@ from typing import ClassVar
 import numpy as np
 
 from alnair.common.resources import MILLI_PER_GPU
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import CycleState
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 
 class GpuPackingScore:

@@ -23,17 +23,17 @@ import numpy as np
 
 from alnair.common.resources import MILLI_PER_GPU
 from alnair.common.topology import best_connected
-from alnair.scheduler.framework.interface import CycleState, GpuSelector, NodeVerdicts
-from alnair.scheduler.framework.status import SKIP, SUCCESS, Status
-from alnair.scheduler.snapshot import (
+from alnair.scheduler.cluster.requests import (
     TOO_MANY_PODS,
     UNLIMITED,
     BoolArray,
-    ClusterSnapshot,
     FloatArray,
     IntArray,
     PodRequest,
 )
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
+from alnair.scheduler.framework.interface import CycleState, GpuSelector, NodeVerdicts
+from alnair.scheduler.framework.status import SKIP, SUCCESS, Status
 
 
 class NodeResourcesExtra:

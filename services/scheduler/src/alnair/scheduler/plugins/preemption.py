@@ -44,14 +44,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from alnair.common.resources import POD_INDEX_LABEL
-from alnair.scheduler.budgets import DisruptionBudgets
+from alnair.scheduler.cluster.books import Nominations
+from alnair.scheduler.cluster.budgets import DisruptionBudgets
+from alnair.scheduler.cluster.requests import IntArray, Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import (
     CycleState,
     Filtered,
@@ -64,85 +66,9 @@ from alnair.scheduler.plugins.coscheduling import clone_member
 from alnair.scheduler.plugins.fit import for_lack_of_room
 from alnair.scheduler.plugins.reservation import REASON as RESERVED
 from alnair.scheduler.plugins.reservation import hold
-from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, Placement, PodRequest
 
 PROMISED = "Insufficient room: promised to nominated pods"
 """NominatedPods' Filter reason (an "Insufficient" one: preemption may still help)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Nominated:
-    """A preemptor waiting on its nominated node for its victims to go."""
-
-    pod: PodRequest
-    node: str
-    victims: frozenset[str]
-
-
-class Nominations:
-    """Nominated preemptors and the victims being deleted (the live cache's; see the module
-    docstring). Every entry has a removal path: a preemptor's when it is placed, gone, nominated
-    elsewhere or cleared after a failed delete; a victim's when its deletion is seen."""
-
-    def __init__(self) -> None:
-        self.by_pod: dict[str, Nominated] = {}
-        self._by_node: dict[str, dict[str, Nominated]] = {}
-        self.leaving: dict[str, str] = {}
-        """Victim uid -> the preemptor (pod key, or gang) it is deleted for."""
-
-    def __len__(self) -> int:
-        return len(self.by_pod)
-
-    def nominate(self, pod: PodRequest, node: str, victims: Iterable[str] = ()) -> None:
-        """`pod` waits on `node`; `victims` are deleted for it (added to those in flight)."""
-        going = frozenset(victims)
-        previous = self.clear(pod.key)
-        if previous is not None and previous.node == node:
-            going |= previous.victims
-        entry = Nominated(pod, node, going)
-        self.by_pod[pod.key] = entry
-        self._by_node.setdefault(node, {})[pod.key] = entry
-        self.evicting(going, pod.key)
-
-    def evicting(self, victims: Iterable[str], by: str) -> None:
-        """`victims` are being deleted (for a gang: no node is nominated)."""
-        for uid in victims:
-            self.leaving[uid] = by
-
-    def clear(self, key: str) -> Nominated | None:
-        """End `key`'s nomination (its victims still leave: their deletes were sent)."""
-        entry = self.by_pod.pop(key, None)
-        if entry is not None:
-            on_node = self._by_node.get(entry.node)
-            if on_node is not None:
-                on_node.pop(key, None)
-                if not on_node:
-                    del self._by_node[entry.node]
-        return entry
-
-    def stays(self, uid: str) -> None:
-        """`uid`'s delete failed: it is not leaving after all."""
-        self.leaving.pop(uid, None)
-
-    def gone(self, uid: str) -> None:
-        """A pod was deleted or finished: as a victim, as a preemptor."""
-        self.leaving.pop(uid, None)
-        self.clear(uid)
-
-    def on_node(self, node: str) -> Iterable[Nominated]:
-        return self._by_node.get(node, {}).values()
-
-    def nodes(self) -> Iterable[str]:
-        return self._by_node.keys()
-
-    def promised(self, pod: PodRequest, node: str) -> list[PodRequest]:
-        """What is promised on `node` to pods `pod` must leave room for: nominated pods of
-        higher or equal priority (upstream's rule), other than `pod` itself."""
-        return [
-            x.pod
-            for x in self._by_node.get(node, {}).values()
-            if x.pod.key != pod.key and x.pod.priority >= pod.priority
-        ]
 
 
 def _priority(req: PodRequest) -> int:

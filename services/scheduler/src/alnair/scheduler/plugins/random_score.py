@@ -10,9 +10,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray, IntArray, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import MAX_NODE_SCORE, CycleState
 from alnair.scheduler.framework.status import SUCCESS, Status
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray, IntArray, PodRequest
 
 _CHOSEN = "RandomScore/node"
 

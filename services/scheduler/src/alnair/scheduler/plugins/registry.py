@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from alnair.common.errors import InvalidValueError
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.framework.interface import (
     BindPlugin,
     FilterPlugin,
@@ -66,7 +67,6 @@ from alnair.scheduler.plugins.node_state import (
 from alnair.scheduler.plugins.preemption import DefaultPreemption, NominatedPods
 from alnair.scheduler.plugins.random_score import RandomScore
 from alnair.scheduler.plugins.reservation import NodeReservation
-from alnair.scheduler.snapshot import PodRequest
 
 
 @dataclass(frozen=True)

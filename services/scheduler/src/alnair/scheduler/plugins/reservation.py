@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from alnair.common import resources as r
+from alnair.scheduler.cluster.books import Holder, Reservations
+from alnair.scheduler.cluster.requests import IntArray, Placement, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.interface import (
     CycleState,
     Filtered,
@@ -40,96 +42,10 @@ from alnair.scheduler.framework.interface import (
 )
 from alnair.scheduler.framework.status import SKIP, SUCCESS, Status, unschedulable
 from alnair.scheduler.plugins.fit import for_lack_of_room
-from alnair.scheduler.snapshot import ClusterSnapshot, IntArray, Placement, PodRequest
 
 log = logging.getLogger(__name__)
 
 REASON = "reserved for a starving pod"
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """The pod a node is reserved for."""
-
-    uid: str
-    key: str
-    """`<namespace>/<name>`, for messages."""
-    priority: int
-    created: float
-    gang: str | None = None
-    since: float = 0.0
-    """When the reservation was made (epoch seconds)."""
-
-    def outranks(self, other: Holder) -> bool:
-        """Higher priority, or the same priority and created earlier."""
-        if self.priority != other.priority:
-            return self.priority > other.priority
-        return self.created < other.created
-
-    def admits(self, pod: PodRequest) -> bool:
-        """May `pod` use the node despite this reservation?"""
-        if pod.key == self.uid:
-            return True
-        if self.gang is not None and pod.gang == self.gang:
-            return True
-        if pod.priority != self.priority:
-            return pod.priority > self.priority
-        return bool(pod.created) and pod.created <= self.created
-
-
-class Reservations:
-    """Node name -> holder; shared (by reference) with every live snapshot."""
-
-    def __init__(self, on_change: Callable[[bool], None] | None = None) -> None:
-        self.by_node: dict[str, Holder] = {}
-        self._node_of: dict[str, str] = {}
-        self.on_change = on_change
-        """Told of every change, with True when a node was given up (waiting pods may fit)."""
-
-    def _changed(self, released: bool) -> None:
-        if self.on_change is not None:
-            self.on_change(released)
-
-    def __len__(self) -> int:
-        return len(self.by_node)
-
-    def node_of(self, uid: str) -> str | None:
-        return self._node_of.get(uid)
-
-    def reserve(self, node: str, holder: Holder) -> Holder | bool:
-        """Reserve `node` for `holder`. True when the node was free; the previous holder when
-        `holder` outranks it and takes the node over (so a reservation always ends with the
-        most senior starving pod); False when `holder` already holds a node or the node is
-        held by a pod at least as senior."""
-        if holder.uid in self._node_of:
-            return False
-        previous = self.by_node.get(node)
-        if previous is not None:
-            if not holder.outranks(previous):
-                return False
-            self._node_of.pop(previous.uid, None)
-        self.by_node[node] = holder
-        self._node_of[holder.uid] = node
-        self._changed(False)
-        return previous if previous is not None else True
-
-    def release(self, uid: str) -> str | None:
-        """End `uid`'s reservation; the node it held, if any."""
-        node = self._node_of.pop(uid, None)
-        if node is not None:
-            self.by_node.pop(node, None)
-            self._changed(True)
-        return node
-
-    def drop_node(self, node: str) -> Holder | None:
-        holder = self.by_node.pop(node, None)
-        if holder is not None:
-            self._node_of.pop(holder.uid, None)
-            self._changed(False)
-        return holder
-
-    def describe(self) -> dict[str, str]:
-        return {node: h.key for node, h in sorted(self.by_node.items())}
 
 
 def closest_node(pod: PodRequest, snapshot: ClusterSnapshot, candidates: list[int]) -> int | None:

@@ -26,9 +26,9 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
+from alnair.scheduler.cluster.pods import parse_pod
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.claims import request_from_claims
-from alnair.scheduler.live.pods import parse_pod
-from alnair.scheduler.snapshot import PodRequest
 
 FORMS: Final = ("trace", "resources", "claims")
 """How a replayed pod's GPU request is written: the trace's milli-GPU as is, or one of the two

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from alnair.scheduler.cluster.requests import FloatArray
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.plugins.registry import framework
 from alnair.scheduler.simulator.claims import written_as
 from alnair.scheduler.simulator.trace import DEFAULT_TUNE, load_nodes, load_pods, tune_and_shuffle
-from alnair.scheduler.snapshot import ClusterSnapshot, FloatArray
 
 Progress = Callable[[int, int], None]
 

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.framework.runtime import ScheduleResult
+from alnair.scheduler.cluster.books import GangBook, GangSpec, Reservations
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot
+from alnair.scheduler.framework.interface import ScheduleResult
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.jobsim.workload import Cluster, SimJob, load_jobs
-from alnair.scheduler.plugins.coscheduling import GangBook, GangSpec
 from alnair.scheduler.plugins.registry import ProfileOptions, framework
-from alnair.scheduler.plugins.reservation import Reservations
-from alnair.scheduler.snapshot import ClusterSnapshot, NodeSpec, PodRequest
 
 GPUS_PER_NODE = 4
 CPU_PER_GPU_MILLI = 4000

@@ -22,7 +22,7 @@ import numpy as np
 
 from alnair.common.data import DATA_ENV, data_dir
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.scheduler.snapshot import NodeSpec, PodRequest
+from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
 
 TRACE_DIR = "alibaba-gpu-2023"
 NODE_FILE = "openb_node_list_gpu_node.csv"

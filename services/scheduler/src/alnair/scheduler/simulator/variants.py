@@ -46,8 +46,8 @@ import numpy as np
 
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.resources import MILLI_PER_GPU
+from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.simulator.trace import VARIANTS, load_pods, pods_file
-from alnair.scheduler.snapshot import PodRequest
 
 BUILT_PREFIX = "gen-"
 DEFAULT_BUILD_SEED = 2023

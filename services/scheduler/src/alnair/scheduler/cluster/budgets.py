@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from alnair.common.kube import Obj
-from alnair.scheduler.selectors import LabelSelector
+from alnair.scheduler.cluster.selectors import LabelSelector
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
-from alnair.scheduler.selectors import LabelSelector
-from alnair.scheduler.snapshot import PodRequest
-from alnair.scheduler.terms import (
+from alnair.scheduler.cluster.requests import PodRequest
+from alnair.scheduler.cluster.selectors import LabelSelector
+from alnair.scheduler.cluster.terms import (
     NodeRequirement,
     NodeSelectorTerm,
     PodAffinityTerm,
