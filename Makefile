@@ -43,7 +43,7 @@ test-e2e: setup
 lint: setup-python
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
-	@$(BIN)/mypy libs/common/src services/*/src
+	@$(BIN)/mypy libs/common/src libs/dev/src services/*/src
 	@$(BIN)/lint-imports
 
 fmt: setup-python
@@ -57,20 +57,20 @@ schema: setup-python ## JSON Schema of every event, for external subscribers
 # the whole system on 200 KWOK GPU nodes with Gavel's Philly trace, time-compressed.
 demo: setup-python setup-control-plane ## replay the Alibaba GPU trace under every policy, then the whole system live
 	@$(BIN)/python -m alnair.scheduler.simulator.demo
-	@$(BIN)/python -m alnair.scheduler.simulator.live_demo
+	@$(BIN)/python -m alnair.dev.live_demo
 
 # The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
 # its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"
 # changes the nodes, FREE_PORTS=1 picks free ports, WITH=deviceplugin adds optional services.
 up: setup-python setup-control-plane ## start everything in the background and say where each API is
-	@$(BIN)/python -m alnair.common.devstack up $(if $(NODES),--nodes "$(NODES)") \
+	@$(BIN)/python -m alnair.dev.devstack up $(if $(NODES),--nodes "$(NODES)") \
 	  $(if $(FREE_PORTS),--free-ports) $(if $(WITH),--with "$(WITH)")
 
 down: ## stop everything `make up` started
-	@$(BIN)/python -m alnair.common.devstack down
+	@$(BIN)/python -m alnair.dev.devstack down
 
 status: ## what is up: each process alive, each service's /readyz
-	@$(BIN)/python -m alnair.common.devstack status
+	@$(BIN)/python -m alnair.dev.devstack status
 
 dev-up: up
 dev-down: down

@@ -5,7 +5,7 @@ server restarts once; then an invariant checker reads every Job, pod and executi
 Defaults are the issue's: 1,000 jobs, 20 kills per service, nats-server down 30 s. Prints one
 JSON object: jobs, lost, double_bound, gpu_overcommitted, records_duplicated,
 records_missing, kills, recovery_p99_s (time from a kill to the restarted service answering
-/readyz), and more (see tests/chaos_support.py). Exits 1 when an invariant does not hold, or
+/readyz), and more (see alnair.dev.chaos). Exits 1 when an invariant does not hold, or
 when the over-commit checker took no sample (an invariant checked on nothing holds nothing).
 """
 
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from chaos_support import ChaosConfig, run_chaos
+from alnair.dev.chaos import ChaosConfig, run_chaos
 
 INVARIANTS = ("lost", "double_bound", "gpu_overcommitted", "records_duplicated", "records_missing")
 

@@ -18,25 +18,22 @@ import asyncio
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from alnair.common.kube import ELASTICJOBS, NAMESPACES, PODS
-from alnair.common.localstack import ControlPlane
-from elastic_support import (
+from alnair.dev.builders import make_pod, priority_classes
+from alnair.dev.elastic import (
     InProcessScheduler,
     bound,
     elastic_job,
     start_controller,
-    wait_for,
     workers,
 )
-from kube_builders import make_pod, priority_classes
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 
 
 def pct(xs: list[float], q: float) -> float:

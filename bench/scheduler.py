@@ -68,8 +68,8 @@ from alnair.common.kube import (
     Obj,
     Unavailable,
 )
-from alnair.common.localstack import ControlPlane, ManagedProcess, free_port
-from alnair.common.localstack.controlplane import (
+from alnair.dev.localstack import ControlPlane, ManagedProcess, free_port
+from alnair.dev.localstack.controlplane import (
     K8S_VERSION,
     binary,
     cache_dir,

@@ -4,7 +4,7 @@ in `make up`; each service's RSS and the queues sampled every minute.
 
 Defaults are the issue's: 30 minutes, 1,000 KWOK nodes. Prints one JSON object: per service
 RSS start/end/max and slope (MiB, MiB/h), per queue (scheduler pending, pods not yet bound,
-JetStream consumers' pending) start/end/max/slope, and the failures (see tests/soak_support.py
+JetStream consumers' pending) start/end/max/slope, and the failures (see alnair.dev.soak
 for the bounds). Exits 1 when memory grew beyond the bound, a queue grew, or a service died.
 """
 
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from soak_support import SoakConfig, run_soak
+from alnair.dev.soak import SoakConfig, run_soak
 
 
 def main(argv: list[str] | None = None) -> int:

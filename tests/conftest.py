@@ -1,7 +1,7 @@
 """Fixtures that start real servers on loopback: nats-server (JetStream), redis-server, and a
 Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, KWOK).
 
-Servers come from `alnair.common.localstack`, the same code `make dev-up` and the demo use.
+Servers come from `alnair.dev.localstack`, the same code `make dev-up` and the demo use.
 The control plane is started once per session (about 4 s) and shared; each test gets its own
 namespace. nats and redis are cheap, so each test gets fresh ones.
 """
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import settings
 
 from alnair.common.kube import NAMESPACES, KubeClient
-from alnair.common.localstack import ControlPlane, NatsServer, RedisServer
+from alnair.dev.localstack import ControlPlane, NatsServer, RedisServer
 
 # Property tests explore new random examples on every developer run; CI (`.ci/run` sets
 # ALNAIR_HYPOTHESIS_PROFILE=ci) replays a fixed set so a landing never depends on luck, and

@@ -27,9 +27,11 @@ from alnair.common.kube import (
     NotFound,
     Unavailable,
 )
-from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.controlplane import load_manifests
 from alnair.common.tls import issue, write_folder
+from alnair.dev.builders import BASE
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.controlplane import load_manifests
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
@@ -42,8 +44,6 @@ from alnair.scheduler.dispatcher.workers import (
 )
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
-from elastic_support import wait_for
-from kube_builders import BASE
 
 POOL = "alnair.io/test-pool"
 WEBHOOK_CONFIG = "alnair-dispatcher"

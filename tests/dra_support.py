@@ -14,14 +14,20 @@ and every allocated claim is reserved for its real pod. `quality` summarises the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from alnair.common import dra
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory
-from alnair.common.kube import PODS, KubeClient
+from alnair.common.kube import PODS, Conflict, KubeClient
 from alnair.common.resources import parse_quantity
 from alnair.deviceplugin.draslices import build_slice
 from alnair.deviceplugin.state import NodeDevices
@@ -211,3 +217,37 @@ def quality(
 
 
 KUSTOMIZE = Path(__file__).resolve().parents[1] / "deploy" / "kustomize"
+
+
+KUSTOMIZE = Path(__file__).resolve().parents[1] / "deploy" / "kustomize"
+
+
+def render_with_dra(tmp_path: Path) -> list[dict[str, Any]]:
+    """The production overlay with the DRA component, as an operator would compose them."""
+    rel = os.path.relpath(KUSTOMIZE, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n- {rel}/overlays/production\ncomponents:\n- {rel}/components/dra\n"
+    )
+    kubectl = Path(sys.executable).parent / "kubectl"
+    done = subprocess.run(
+        [str(kubectl), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+async def ensure_device_classes(kube: KubeClient, docs: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for doc in docs:
+        if doc["kind"] != "DeviceClass":
+            continue
+        doc["metadata"].pop("labels", None)
+        # another test of this session may have created it, from the same manifest
+        with contextlib.suppress(Conflict):
+            await kube.create(dra.DEVICECLASSES, doc)
+        names.append(doc["metadata"]["name"])
+    return names

@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from alnair.common.kube import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS, KubeClient
-from alnair.common.localstack import ControlPlane, ManagedProcess, free_port
-from alnair.common.localstack.controlplane import apply_crds, cache_dir
 from alnair.common.tls import issue, write_folder
+from alnair.dev.localstack import ControlPlane, ManagedProcess, free_port
+from alnair.dev.localstack.controlplane import apply_crds, cache_dir
 
 
 @dataclass(frozen=True, slots=True)

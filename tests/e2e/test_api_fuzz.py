@@ -27,7 +27,7 @@ from schemathesis.checks import not_a_server_error
 
 from alnair.common.http import bound_port, start_http, stop_http
 from alnair.common.kube import KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 from alnair.scheduler.api import build_api
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
@@ -178,9 +178,9 @@ async def test_aggregator_api(control_plane: ControlPlane, nats_url: str, redis_
 
 async def test_elastic_api(control_plane: ControlPlane, kube: KubeClient, namespace: str) -> None:
     from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS
-    from alnair.common.localstack.controlplane import load_manifests
-    from elastic_support import start_controller
-    from kube_builders import BASE
+    from alnair.dev.builders import BASE
+    from alnair.dev.elastic import start_controller
+    from alnair.dev.localstack.controlplane import load_manifests
 
     # authenticated and allowed to scale ElasticJobs in every namespace (the fuzzer picks
     # them), so the scale route's own validation is what the requests meet

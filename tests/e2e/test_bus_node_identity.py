@@ -43,10 +43,10 @@ from alnair.common.events import (
     wrap,
 )
 from alnair.common.kube import KubeClient
-from alnair.common.localstack import ControlPlane, NatsServer
 from alnair.common.natsauth import ADMIN_USER, NatsCredentials, new_password
+from alnair.dev.builders import pod_bound_token, shipped_account
+from alnair.dev.localstack import ControlPlane, NatsServer
 from alnair.profiler.busauth import BusAuthRunning, start_bus_auth
-from kube_builders import pod_bound_token, shipped_account
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e

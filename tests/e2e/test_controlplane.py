@@ -9,7 +9,7 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import NODES, PODS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -37,11 +37,11 @@ from alnair.common.kube import (
     KubeConfig,
     Resource,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import pod_bound_token, token_client
+from alnair.dev.localstack import ControlPlane
 from alnair.profiler.aggregator import resolve_owner
 from alnair.scheduler.dra.live import unavailable
 from dra_support import node_slice
-from kube_builders import pod_bound_token, token_client
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,8 @@ from alnair.common.kube import (
     ApiError,
     KubeClient,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import (
@@ -51,7 +52,6 @@ from dispatcher_support import (
     job,
     local_queue,
     scheduler,
-    wait_for,
 )
 
 pytestmark = pytest.mark.e2e
@@ -334,7 +334,7 @@ async def _get(kube: KubeClient, res: Any, name: str, ns: str) -> dict[str, Any]
 async def test_an_elastic_job_is_admitted_at_its_minimum_and_its_borrowed_surplus_reclaimed(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str
 ) -> None:
-    from elastic_support import elastic_job, start_controller
+    from alnair.dev.elastic import elastic_job, start_controller
 
     ns = namespace
     await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})

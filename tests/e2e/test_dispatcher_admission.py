@@ -38,8 +38,11 @@ from alnair.common.kube import (
     Resource,
     Unavailable,
 )
-from alnair.common.localstack import ControlPlane
 from alnair.common.tls import write_folder
+from alnair.dev.builders import SYSTEM_NS, make_pod, shipped_account
+from alnair.dev.elastic import elastic_job, start_controller, workers
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import (
     ADMISSION_GATE,
@@ -64,11 +67,8 @@ from dispatcher_support import (
     scheduler,
     url_validating_config,
     url_webhook_config,
-    wait_for,
     webhooked_dispatcher,
 )
-from elastic_support import elastic_job, start_controller, workers
-from kube_builders import SYSTEM_NS, make_pod, shipped_account
 
 pytestmark = pytest.mark.e2e
 

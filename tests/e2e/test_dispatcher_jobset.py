@@ -26,7 +26,9 @@ from alnair.common.kube import (
     KubeClient,
     Unavailable,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import shipped_account
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING
 from dispatcher_support import (
     POOL,
@@ -36,10 +38,8 @@ from dispatcher_support import (
     jobset,
     queue_used,
     scheduler,
-    wait_for,
     webhooked_dispatcher,
 )
-from kube_builders import shipped_account
 from peers_support import JOBSET, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e

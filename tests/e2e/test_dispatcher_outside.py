@@ -20,7 +20,9 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, JOBS, PODS, RESOURCEQUOTAS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod, shipped_account
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from dispatcher_support import (
     POOL,
@@ -30,9 +32,7 @@ from dispatcher_support import (
     explain,
     gpu_job,
     scheduler,
-    wait_for,
 )
-from kube_builders import make_pod, shipped_account
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,9 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import CLUSTERQUEUES, JOBS, PODGROUPS, PODS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import shipped_account
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
 from dispatcher_support import (
     POOL,
@@ -27,10 +29,8 @@ from dispatcher_support import (
     gpu_job,
     queue_used,
     scheduler,
-    wait_for,
     webhooked_dispatcher,
 )
-from kube_builders import shipped_account
 
 pytestmark = pytest.mark.e2e
 

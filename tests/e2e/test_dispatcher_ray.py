@@ -36,7 +36,9 @@ from alnair.common.kube import (
     NotFound,
     Resource,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import shipped_account
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
@@ -45,10 +47,8 @@ from dispatcher_support import (
     gpu_job,
     queue_used,
     scheduler,
-    wait_for,
     webhooked_dispatcher,
 )
-from kube_builders import shipped_account
 from peers_support import KUBERAY, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e

@@ -27,13 +27,15 @@ import yaml
 from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.kube import NODES, PODS, SERVICEACCOUNTS, KubeClient, KubeConfig, Resource
-from alnair.common.localstack import ControlPlane, ManagedProcess
-from alnair.common.localstack.controlplane import (
+from alnair.dev.builders import make_pod
+from alnair.dev.localstack import ControlPlane, ManagedProcess
+from alnair.dev.localstack.controlplane import (
     GpuNodeSpec,
     binary,
     gpu_node_manifest,
     wait_nodes_ready,
 )
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dra.live import unavailable
 from alnair.scheduler.framework.status import SKIP, Status, error
@@ -46,12 +48,12 @@ from dra_support import (
     check_allocations,
     claim_pod,
     claim_template,
+    ensure_device_classes,
     node_slice,
+    render_with_dra,
     wait_pods,
 )
-from e2e.test_dra import ensure_device_classes, render_with_dra
-from e2e.test_scheduler_live import events_for, settings, wait_for
-from kube_builders import make_pod
+from scheduler_support import events_for, settings
 
 pytestmark = pytest.mark.e2e
 

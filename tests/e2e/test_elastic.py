@@ -23,17 +23,11 @@ from alnair.common.kube import (
     ApiError,
     KubeClient,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod, pod_group, priority_classes
+from alnair.dev.elastic import InProcessScheduler, bound, elastic_job, start_controller, workers
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.elastic.app import Running as Controller
-from elastic_support import (
-    InProcessScheduler,
-    bound,
-    elastic_job,
-    start_controller,
-    wait_for,
-    workers,
-)
-from kube_builders import make_pod, pod_group, priority_classes
 
 pytestmark = pytest.mark.e2e
 

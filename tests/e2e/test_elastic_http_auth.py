@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient
-from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.controlplane import load_manifests
-from elastic_support import start_controller
-from kube_builders import BASE
+from alnair.dev.builders import BASE
+from alnair.dev.elastic import start_controller
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.controlplane import load_manifests
 
 pytestmark = pytest.mark.e2e
 RBAC = "rbac.authorization.k8s.io"

@@ -20,8 +20,8 @@ from fastapi import FastAPI, Request
 from alnair.common.http import install_problem_handlers
 from alnair.common.httpauth import Access, TokenReviewer, install_token_auth, reviewer_for
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
-from alnair.common.localstack import ControlPlane
 from alnair.common.settings import ServiceSettings
+from alnair.dev.localstack import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -16,15 +16,9 @@ import pytest
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import CONFIGMAPS, KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
 from alnair.common.tasks import spawn
+from alnair.dev.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-async def eventually(check, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -49,7 +43,7 @@ async def test_forbidden_watch_keeps_trying_and_recovers_when_allowed(
     )
     task = spawn(informer.run(), name="test.informer")
     try:
-        await eventually(lambda: informer.failures >= 2)
+        await wait_for(lambda: informer.failures >= 2)
         assert not task.done()
         assert not informer.healthy
         assert "403" in (informer.last_error or "")
@@ -71,7 +65,7 @@ async def test_forbidden_watch_keeps_trying_and_recovers_when_allowed(
         }
         await kube.create(KIND_RESOURCES["Role"], role, namespace)
         await kube.create(KIND_RESOURCES["RoleBinding"], binding, namespace)
-        await eventually(lambda: informer.healthy)
+        await wait_for(lambda: informer.healthy)
         assert informer.failures == 0
     finally:
         task.cancel()
@@ -91,7 +85,7 @@ async def test_refused_list_is_retried_and_reported(kube: KubeClient, namespace:
     )
     task = spawn(informer.run(), name="test.informer.bad")
     try:
-        await eventually(lambda: informer.failures >= 3)
+        await wait_for(lambda: informer.failures >= 3)
         await asyncio.sleep(0.25)
         assert not task.done()
         assert not informer.healthy
@@ -123,7 +117,7 @@ async def test_handler_exception_does_not_stop_the_others(kube: KubeClient, name
                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}},
                 namespace,
             )
-        await eventually(lambda: f"ADDED:{last}" in seen)
+        await wait_for(lambda: f"ADDED:{last}" in seen)
         assert "ADDED:after" in seen
         assert informer.handler_errors == 1
         assert informer.healthy and not task.done()

@@ -35,16 +35,17 @@ import pytest
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, JOBS, LEASES, PODS, KubeClient, NotFound, Obj, Resource
 from alnair.common.leader import LeaderElector, NotLeading
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod
+from alnair.dev.elastic import start_controller
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.live.binding import KubeBinder
-from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job, wait_for
-from elastic_support import start_controller
-from kube_builders import make_pod
+from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job
 
 pytestmark = pytest.mark.e2e
 

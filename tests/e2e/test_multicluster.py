@@ -31,8 +31,9 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
 )
-from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.procs import free_port
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.procs import free_port
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import (
     ANN_ABANDONED,
@@ -92,15 +93,6 @@ def hub_job(
             },
         },
     }
-
-
-async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.1) -> Any:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(interval_s)
 
 
 async def test_one_queue_over_three_clusters(

@@ -29,19 +29,12 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import ANN_PLACED_CLUSTER, ANN_PLACED_TYPE, MANAGED_BY
 from alnair.scheduler.dispatcher.workers import LABEL_ORIGIN, SECRETS
-from dispatcher_support import (
-    POOL,
-    flattened,
-    hub_settings,
-    jobset,
-    scheduler,
-    wait_for,
-    worker_secret,
-)
+from dispatcher_support import POOL, flattened, hub_settings, jobset, scheduler, worker_secret
 from peers_support import JOBSET, install_crds, peer_controller
 
 pytestmark = pytest.mark.e2e

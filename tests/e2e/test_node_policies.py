@@ -32,8 +32,8 @@ from alnair.common.kube import (
     ApiError,
     KubeClient,
 )
-from alnair.common.localstack import ControlPlane
-from kube_builders import make_pod, pod_bound_token, shipped_account, token_client
+from alnair.dev.builders import make_pod, pod_bound_token, shipped_account, token_client
+from alnair.dev.localstack import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

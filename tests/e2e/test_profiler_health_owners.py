@@ -28,7 +28,7 @@ from alnair.common.events import (
     decode,
 )
 from alnair.common.kube import ELASTICJOBS, NODES, STATEFULSETS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 from alnair.profiler.app import start_agent, start_aggregator
 from alnair.profiler.records import RecordStore
 from profiler_support import profiler_settings

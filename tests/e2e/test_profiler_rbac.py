@@ -18,8 +18,8 @@ from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, decode
 from alnair.common.kube import JOBS, NAMESPACES, NODES, TRIALJOBS, Conflict, KubeClient
-from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.controlplane import load_manifests
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.controlplane import load_manifests
 from alnair.profiler.app import start_agent, start_aggregator
 from alnair.profiler.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings

@@ -31,7 +31,8 @@ from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodSummary
 from alnair.common.kube import JOBS, KubeClient
-from alnair.common.localstack import ControlPlane, NatsServer
+from alnair.dev.localstack import ControlPlane, NatsServer
+from alnair.dev.waiting import wait_for
 from alnair.profiler.aggregator import P
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from alnair.profiler.records import RECORDS_INDEX, RecordStore
@@ -71,16 +72,6 @@ def job_manifest(name: str, node: str) -> dict[str, Any]:
             },
         },
     }
-
-
-async def wait_for(what: str, check: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.5)
 
 
 async def job_complete(kube: KubeClient, name: str, namespace: str) -> bool:
@@ -131,13 +122,15 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
         nats_server.stop()
         job = await kube.create(JOBS, job_manifest("dark", node), namespace)
         uid = job["metadata"]["uid"]
-        await wait_for("the job to finish", lambda: job_complete(kube, "dark", namespace), 90)
+        await wait_for(
+            lambda: job_complete(kube, "dark", namespace), 90, 0.5, what="the job to finish"
+        )
 
         # The agent saw the run, sent no sample, and holds the summary on disk.
         async def pending() -> list[dict[str, Any]]:
             return [s for s in spooled(state)["pending"] if s["namespace"] == namespace]
 
-        (held,) = await wait_for("the spooled summary", pending, 20)
+        (held,) = await wait_for(pending, 20, 0.5, what="the spooled summary")
         assert held["owner_kind"] == "Job" and held["owner_uid"] == uid
         assert held["gpu_model"] == "V100M32" and len(held["gpus"]) == 2
         assert held["ticks"] >= RUN_S - 2
@@ -150,7 +143,7 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
         async def recorded() -> Any:
             return await RecordStore(redis).get(namespace, "dark", uid)
 
-        record = await wait_for("the record", recorded, 60)
+        record = await wait_for(recorded, 60, 0.5, what="the record")
         assert record.gpu_model == "V100M32" and record.gpu_count == 2
         assert record.peak_gpu_mem_mib == pytest.approx(held["gpu_mem_used_mib"]["max"], abs=0.01)
         mean = held["gpu_util_pct"]["total"] / held["gpu_util_pct"]["count"]
@@ -161,7 +154,7 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
         assert float(ann["alnair.io/profile-gpu-mem-max-mib"]) == pytest.approx(
             held["gpu_mem_used_mib"]["max"], abs=0.01
         )
-        await wait_for("the spool to empty", lambda: _spool_empty(state), 20)
+        await wait_for(lambda: _spool_empty(state), 20, 0.5, what="the spool to empty")
 
         # Duplicates: the same summary again (same id: dropped by the stream or the consumer)
         # and a copy under a new id (folded again): nothing changes.
@@ -176,7 +169,7 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
         async def folded_again() -> bool:
             return _folded(aggregator) >= folded_before + 1
 
-        await wait_for("the copy to be folded", folded_again, 20)
+        await wait_for(folded_again, 20, 0.5, what="the copy to be folded")
         await asyncio.sleep(1.0)
         assert _folded(aggregator) == folded_before + 1
         assert await redis.hgetall(f"{P}pod:{pod_uid}:stats") == stats_before
@@ -262,17 +255,19 @@ async def test_agent_killed_holding_summaries_publishes_them_when_back(
                 except Exception:
                     return False
 
-            await wait_for("the agent's inventory", agent_up, 60)
+            await wait_for(agent_up, 60, 0.5, what="the agent's inventory")
 
         nats_server.stop()
         job = await kube.create(JOBS, job_manifest("killed", node), namespace)
         uid = job["metadata"]["uid"]
-        await wait_for("the job to finish", lambda: job_complete(kube, "killed", namespace), 90)
+        await wait_for(
+            lambda: job_complete(kube, "killed", namespace), 90, 0.5, what="the job to finish"
+        )
 
         async def pending() -> list[dict[str, Any]]:
             return [s for s in spooled(state)["pending"] if s["owner_uid"] == uid]
 
-        await wait_for("the spooled summary", pending, 20)
+        await wait_for(pending, 20, 0.5, what="the spooled summary")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
@@ -282,11 +277,11 @@ async def test_agent_killed_holding_summaries_publishes_them_when_back(
         async def recorded() -> Any:
             return await RecordStore(redis).get(namespace, "killed", uid)
 
-        record = await wait_for("the record", recorded, 90)
+        record = await wait_for(recorded, 90, 0.5, what="the record")
         assert record.gpu_model == "V100M32" and record.gpu_count == 2
         assert (record.peak_gpu_mem_mib or 0) > 0 and (record.mean_gpu_util_pct or 0) > 0
         assert "pod summaries taken from the spool" in log.read_text()
-        await wait_for("the spool to empty", lambda: _spool_empty(state), 30)
+        await wait_for(lambda: _spool_empty(state), 30, 0.5, what="the spool to empty")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -329,14 +324,17 @@ async def test_a_job_no_sample_reached_is_recorded_without_usage_and_announced(
                 job = await kube.create(JOBS, manifest, namespace)
                 uid = job["metadata"]["uid"]
                 await wait_for(
-                    "the job to finish", lambda: job_complete(kube, "unseen", namespace), 90
+                    lambda: job_complete(kube, "unseen", namespace),
+                    90,
+                    0.5,
+                    what="the job to finish",
                 )
                 ended = time.time()
 
                 async def recorded() -> Any:
                     return await RecordStore(redis).get(namespace, "unseen", uid)
 
-                record = await wait_for("the record", recorded, 60)
+                record = await wait_for(recorded, 60, 0.5, what="the record")
                 # Not before its samples had time to arrive.
                 assert time.time() - ended >= late_s - 1.0
                 assert record.peak_gpu_mem_mib is None and record.mean_gpu_util_pct is None
@@ -349,7 +347,7 @@ async def test_a_job_no_sample_reached_is_recorded_without_usage_and_announced(
                 async def completed() -> list[JobEvent]:
                     return [e for e in announced if e.phase == JobPhase.COMPLETED]
 
-                (event,) = await wait_for("the completion event", completed, 20)
+                (event,) = await wait_for(completed, 20, 0.5, what="the completion event")
                 assert event.uid == uid and event.detail["record"] == record.key
                 assert event.detail["peak_gpu_mem_mib"] is None
                 assert await redis.exists(f"{P}done:{uid}")
@@ -402,20 +400,25 @@ async def test_a_completion_inside_a_60s_bus_outage_is_announced_when_the_bus_is
                 job = await kube.create(JOBS, job_manifest("during", node), namespace)
                 uid = job["metadata"]["uid"]
                 await wait_for(
-                    "the job to finish", lambda: job_complete(kube, "during", namespace), 90
+                    lambda: job_complete(kube, "during", namespace),
+                    90,
+                    0.5,
+                    what="the job to finish",
                 )
 
                 async def recorded() -> Any:
                     return await RecordStore(redis).get(namespace, "during", uid)
 
-                await wait_for("the record", recorded, 30)
+                await wait_for(recorded, 30, 0.5, what="the record")
                 assert not await redis.exists(f"{P}done:{uid}")  # not announced yet
                 await asyncio.sleep(max(0.0, 60.0 - (time.monotonic() - down_at)))
             finally:
                 nats_server.start()  # same port and store
-            (event,) = await wait_for("the completion event", lambda: _async(announced), 90)
+            (event,) = await wait_for(
+                lambda: _async(announced), 90, 0.5, what="the completion event"
+            )
             assert event.uid == uid
-            await wait_for("the done marker", lambda: redis.exists(f"{P}done:{uid}"), 10)
+            await wait_for(lambda: redis.exists(f"{P}done:{uid}"), 10, 0.5, what="the done marker")
             await sub.stop()
     finally:
         await aggregator.stop()

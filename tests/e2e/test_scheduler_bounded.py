@@ -15,18 +15,13 @@ from typing import Any
 import pytest
 
 from alnair.common.kube import NODES, PODGROUPS, PODS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod, pod_group
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
-from kube_builders import make_pod, pod_group
 
 pytestmark = pytest.mark.e2e
-
-
-async def eventually(check, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager
@@ -79,9 +74,9 @@ async def test_state_of_deleted_objects_is_dropped(
         for p in (await kube.list(PODS, namespace))["items"]
         if p["metadata"]["name"] in names
     }
-    await eventually(lambda: uids <= set(scheduler.last_result))
+    await wait_for(lambda: uids <= set(scheduler.last_result))
     gang = f"{namespace}/team"
-    await eventually(lambda: gang in scheduler.queue.gang_ts)
+    await wait_for(lambda: gang in scheduler.queue.gang_ts)
     for node in nodes:  # what the pod-metric handler records from the profiler's samples
         scheduler.cache.set_gpu_util(node, 0, 50.0)
     assert all((node, 0) in scheduler.cache.util for node in nodes)
@@ -92,10 +87,10 @@ async def test_state_of_deleted_objects_is_dropped(
     for node in nodes:
         await kube.delete(NODES, node)
 
-    await eventually(lambda: not (uids & set(scheduler.last_result)))
-    await eventually(lambda: gang not in scheduler.queue.gang_ts)
+    await wait_for(lambda: not (uids & set(scheduler.last_result)))
+    await wait_for(lambda: gang not in scheduler.queue.gang_ts)
     assert gang not in scheduler.gangs.state and gang not in scheduler.gangs.groups
-    await eventually(lambda: not any(k[0] in nodes for k in scheduler.cache.util))
+    await wait_for(lambda: not any(k[0] in nodes for k in scheduler.cache.util))
     assert not (uids & set(scheduler.queue.pods))
 
 
@@ -113,7 +108,7 @@ async def test_workload_shapes_are_a_window(
         for name in names:
             # pending for good (8 GPUs on 2-GPU nodes): only the ADDED event counts
             await kube.create(PODS, make_pod(name, namespace).gpus(8).pool(pool).obj(), namespace)
-        await eventually(lambda: sched._workload_seen >= len(names))
+        await wait_for(lambda: sched._workload_seen >= len(names))
         assert len(sched._workload) == 4
         assert [req.name for req in sched._workload] == names[-4:]
 
@@ -133,7 +128,7 @@ async def test_a_rebuilt_profile_leaves_no_derived_data_behind(
             sched._framework = None  # what a grown workload does: a new profile
             name = f"fit-{i}"
             await kube.create(PODS, make_pod(name, namespace).gpus(1).pool(pool).obj(), namespace)
-            await eventually(
+            await wait_for(
                 lambda name=name: any(  # type: ignore[misc]
                     req.name == name for req, _node, _pod in sched.cache.bound.values()
                 )

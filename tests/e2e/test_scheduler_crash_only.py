@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 from alnair.scheduler.app import serve
 from alnair.scheduler.settings import SchedulerSettings
 
@@ -37,6 +37,6 @@ async def test_a_dead_task_ends_the_process_with_an_error(control_plane: Control
         await asyncio.sleep(0.05)
     assert writer is not None, "the scheduler never started its event writers"
     # A real fault inside the task: the event writer takes a malformed item off its queue.
-    scheduler = writer.get_coro().cr_frame.f_locals["self"]  # type: ignore[union-attr]
-    await scheduler._events.put("not an event")
+    recorder = writer.get_coro().cr_frame.f_locals["self"]  # type: ignore[union-attr]
+    await recorder._queue.put("not an event")
     assert await asyncio.wait_for(main, 30) == 1

@@ -17,10 +17,10 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod
+from alnair.dev.localstack import ControlPlane
 from alnair.scheduler.live.binder import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
-from kube_builders import make_pod
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,6 @@ import os
 import signal
 import sys
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +17,6 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    EVENTS,
     LEASES,
     NODES,
     PODDISRUPTIONBUDGETS,
@@ -29,46 +26,21 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod, pod_group, priority_classes
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.live.binder import Scheduler
-from alnair.scheduler.settings import SchedulerSettings
-from kube_builders import make_pod, pod_group, priority_classes
+from scheduler_support import (
+    Running,
+    assert_no_overcommit,
+    bound_node,
+    events_for,
+    pods_in,
+    pool,
+)
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-
-
-def settings(**kw: Any) -> SchedulerSettings:
-    base: dict[str, Any] = {
-        "leader_elect": False,
-        "nats_enabled": False,
-        "seed": 7,
-        "initial_backoff_s": 0.2,
-        "max_backoff_s": 1.0,
-        "identity": f"test-{uuid.uuid4().hex[:6]}",
-    }
-    base.update(kw)
-    return SchedulerSettings(**base)
-
-
-class Running:
-    """A scheduler started in this process, stopped when the test ends."""
-
-    def __init__(self, kube: KubeClient, **kw: Any) -> None:
-        self.scheduler = Scheduler(kube, settings(**kw))
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Scheduler:
-        await self.scheduler.start_watching()
-        self.task = asyncio.create_task(self.scheduler.run())
-        return self.scheduler
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.scheduler.stop()
 
 
 @pytest.fixture
@@ -77,55 +49,6 @@ async def scheduler(kube: KubeClient) -> AsyncIterator[Scheduler]:
     sched = await running.start()
     yield sched
     await running.stop()
-
-
-async def pool(cp: ControlPlane, kube: KubeClient, spec: str, name: str) -> list[str]:
-    return await cp.create_gpu_nodes(
-        spec, kube=kube, prefix=name, labels={"alnair.io/test-pool": name}
-    )
-
-
-async def pods_in(kube: KubeClient, ns: str) -> list[dict[str, Any]]:
-    return list((await kube.list(PODS, ns))["items"])
-
-
-async def wait_for(predicate: Any, timeout_s: float = 30, interval_s: float = 0.2) -> Any:
-    """Wait until `await predicate()` is truthy (an observation helper for tests only)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(interval_s)
-
-
-async def events_for(kube: KubeClient, ns: str, name: str, *reasons: str) -> list[dict[str, Any]]:
-    """The Events about object `name`; only those with one of `reasons` when any are given."""
-    items = (await kube.list(EVENTS, ns, field_selector=f"involvedObject.name={name}"))["items"]
-    return [e for e in items if not reasons or e["reason"] in reasons]
-
-
-def assert_no_overcommit(pods: list[dict[str, Any]], gpus_per_node: int) -> None:
-    used: dict[tuple[str, int], int] = defaultdict(int)
-    whole: dict[tuple[str, int], int] = defaultdict(int)
-    for p in pods:
-        node = p["spec"].get("nodeName")
-        if not node or (p.get("status") or {}).get("phase") in {"Succeeded", "Failed"}:
-            continue  # finished pods hold no GPU
-        ann = p["metadata"].get("annotations") or {}
-        indices = r.parse_indices(ann[r.ANN_GPU_INDICES]) if ann.get(r.ANN_GPU_INDICES) else []
-        milli = int(ann.get(r.ANN_GPU_MILLI, "0"))
-        res = p["spec"]["containers"][0]["resources"]["requests"]
-        if r.GPU in res:
-            assert len(indices) == int(res[r.GPU]), p["metadata"]["name"]
-            assert milli == 1000
-        for g in indices:
-            assert 0 <= g < gpus_per_node
-            used[(node, g)] += milli
-            whole[(node, g)] += milli == 1000
-    assert all(v <= 1000 for v in used.values()), dict(used)
-    # A whole GPU is never shared with anything else.
-    assert all(used[k] == 1000 for k, n in whole.items() if n), dict(used)
 
 
 async def test_whole_and_fractional_pods_fit_and_never_overcommit(
@@ -180,7 +103,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     for gpu in range(8):
         scheduler.on_gpu_health(nodes[0], gpu, healthy=False)
     await kube.create(PODS, make_pod("one", namespace).pool(namespace).gpus(8).obj(), namespace)
-    bound = await wait_for(lambda: _bound_node(kube, namespace, "one"), 20)
+    bound = await wait_for(lambda: bound_node(kube, namespace, "one"), 20)
     assert bound == nodes[1]
     await kube.create(PODS, make_pod("two", namespace).pool(namespace).gpus(8).obj(), namespace)
     ev = (await wait_for(lambda: events_for(kube, namespace, "two", "FailedScheduling"), 20))[0]
@@ -189,7 +112,7 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
     assert explained["filtered"][nodes[0]] == "GPU unhealthy"
     for gpu in range(8):
         scheduler.on_gpu_health(nodes[0], gpu, healthy=True)
-    assert await wait_for(lambda: _bound_node(kube, namespace, "two"), 20) == nodes[0]
+    assert await wait_for(lambda: bound_node(kube, namespace, "two"), 20) == nodes[0]
 
     # Required node affinity: pods pinned to nodes[1] go there and only there; the one that no
     # longer fits is told which nodes its affinity excluded.
@@ -204,20 +127,10 @@ async def test_unschedulable_pod_gets_an_event_naming_the_reasons(
         }
         await kube.create(PODS, pod, namespace)
     for name in ("pin-a", "pin-b"):
-        assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == nodes[1]
+        assert await wait_for(lambda n=name: bound_node(kube, namespace, n), 20) == nodes[1]
     ev = (await wait_for(lambda: events_for(kube, namespace, "pin-c", "FailedScheduling"), 20))[0]
     assert "node affinity mismatch" in ev["message"], ev["message"]
-    assert await _bound_node(kube, namespace, "pin-c") is None
-
-
-async def _bound_node(kube: KubeClient, ns: str, name: str) -> str | None:
-    """The node the pod is bound to; None while it is pending or not created yet."""
-    try:
-        pod = await kube.get(PODS, name, ns)
-    except NotFound:
-        return None
-    node: str | None = pod["spec"].get("nodeName")
-    return node
+    assert await bound_node(kube, namespace, "pin-c") is None
 
 
 async def test_gang_waits_until_it_fits_entirely_then_binds(
@@ -228,18 +141,26 @@ async def test_gang_waits_until_it_fits_entirely_then_binds(
     for i in range(2):
         blocker = make_pod(f"blocker-{i}", namespace).pool(namespace).gpus(8).runs_for(4).obj()
         await kube.create(PODS, blocker, namespace)
-    await wait_for(lambda: _bound_node(kube, namespace, "blocker-1"), 20)
+    await wait_for(lambda: bound_node(kube, namespace, "blocker-1"), 20)
     await kube.create(PODGROUPS, pod_group("train", namespace, 4, 60), namespace)
     for i in range(4):
         member = make_pod(f"train-{i}", namespace).pool(namespace).gpus(8).gang("train").obj()
         await kube.create(PODS, member, namespace)
-    await asyncio.sleep(1.5)
+    # Every member was tried and refused (its FailedScheduling Event is the proof), and none
+    # of them is bound.
+
+    async def all_refused() -> bool:
+        return all(
+            [await events_for(kube, namespace, f"train-{i}", "FailedScheduling") for i in range(4)]
+        )
+
+    assert await wait_for(all_refused, 20)
     pods = {p["metadata"]["name"]: p for p in await pods_in(kube, namespace)}
     assert not any(pods[f"train-{i}"]["spec"].get("nodeName") for i in range(4))
     assert not scheduler.cache.assumed  # nothing reserved while the gang cannot fit whole
 
     async def all_bound() -> list[str] | None:
-        nodes = [await _bound_node(kube, namespace, f"train-{i}") for i in range(4)]
+        nodes = [await bound_node(kube, namespace, f"train-{i}") for i in range(4)]
         return nodes if all(nodes) else None  # type: ignore[return-value]
 
     nodes = await wait_for(all_bound, 30)
@@ -302,7 +223,7 @@ async def test_timed_out_gang_releases_every_reservation(
             PODS, make_pod(f"free-{i}", namespace).pool(namespace).gpus(8).obj(), namespace
         )
     for i in range(3):
-        assert await wait_for(lambda i=i: _bound_node(kube, namespace, f"free-{i}"), 10)
+        assert await wait_for(lambda i=i: bound_node(kube, namespace, f"free-{i}"), 10)
     pg = await kube.get(PODGROUPS, "short", namespace)
     assert pg["status"]["scheduled"] == 0
     assert "timed out" in pg["status"]["message"]
@@ -329,7 +250,7 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
         low["metadata"]["labels"]["app"] = "guarded" if i < 2 else "batch"
         await kube.create(PODS, low, namespace)
     for i in range(4):
-        await wait_for(lambda i=i: _bound_node(kube, namespace, f"low-{i}"), 20)
+        await wait_for(lambda i=i: bound_node(kube, namespace, f"low-{i}"), 20)
 
     async def counted() -> bool:
         status = (await kube.get(PODDISRUPTIONBUDGETS, "guard", namespace)).get("status") or {}
@@ -342,8 +263,8 @@ async def test_high_priority_pod_preempts_lower_priority_pods(
     await wait_for(lambda: _true(any(e.key == f"{namespace}/waiting" for e in _parked(scheduler))))
     high = make_pod("high", namespace).pool(namespace).gpus(2).priority_class(high_class)
     await kube.create(PODS, high.obj(), namespace)
-    assert await wait_for(lambda: _bound_node(kube, namespace, "high"), 30)
-    assert await _bound_node(kube, namespace, "waiting") is None
+    assert await wait_for(lambda: bound_node(kube, namespace, "high"), 30)
+    assert await bound_node(kube, namespace, "waiting") is None
     await wait_for(lambda: _true(len(scheduler.cache.reservations) == 0), 10)
     pods = await pods_in(kube, namespace)
     low_left = sorted(
@@ -393,7 +314,7 @@ async def test_explain_and_queue_api_and_metrics(
     await pool(control_plane, kube, "1x T4:4", namespace)
     await kube.create(PODS, make_pod("big", namespace).pool(namespace).gpus(6).obj(), namespace)
     await kube.create(PODS, make_pod("ok", namespace).pool(namespace).gpus(1).obj(), namespace)
-    await wait_for(lambda: _bound_node(kube, namespace, "ok"), 20)
+    await wait_for(lambda: bound_node(kube, namespace, "ok"), 20)
     transport = httpx.ASGITransport(app=build_api(scheduler))
     async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as http:
 
@@ -447,7 +368,7 @@ async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
     control_plane: ControlPlane, kube: KubeClient, namespace: str
 ) -> None:
     from alnair.common.kube import NAMESPACES, NODES, ApiError, KubeConfig
-    from alnair.common.localstack.controlplane import load_manifests
+    from alnair.dev.localstack.controlplane import load_manifests
 
     with contextlib.suppress(Conflict):
         await kube.create(
@@ -479,7 +400,7 @@ async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
             PODS, make_pod("ok", namespace).pool(namespace).gpus(1).gang("g").obj(), namespace
         )
         await kube.create(PODS, make_pod("no", namespace).pool(namespace).gpus(9).obj(), namespace)
-        assert await wait_for(lambda: _bound_node(kube, namespace, "ok"), 20)
+        assert await wait_for(lambda: bound_node(kube, namespace, "ok"), 20)
 
         async def reported() -> bool:
             pod = await kube.get(PODS, "no", namespace)
@@ -540,7 +461,7 @@ async def test_nats_events_drive_the_scheduler(
     await bus.publish(
         GpuHealthChanged(node=nodes[0], gpu_index=1, gpu_uuid="GPU-x", healthy=True), source="test"
     )
-    assert await wait_for(lambda: _bound_node(kube, namespace, "two"), 10)
+    assert await wait_for(lambda: bound_node(kube, namespace, "two"), 10)
     before = scheduler.queue.move_seq
     await bus.publish(
         JobEvent(phase=JobPhase.COMPLETED, namespace=namespace, kind="Job", name="j", uid="u"),
@@ -580,19 +501,24 @@ async def test_a_starving_pod_reserves_a_node_and_lands(
     await unguarded.start()
     feeder = asyncio.create_task(feed())
     try:
-        await wait_for(lambda: _bound_node(kube, namespace, "s-3"), 20)
+        await wait_for(lambda: bound_node(kube, namespace, "s-3"), 20)
         big = make_pod("big", namespace).pool(namespace).gpus(4).runs_for(2)
         await kube.create(PODS, big.obj(), namespace)
-        await asyncio.sleep(8)
-        # Starved: small pods kept binding (each in a GPU freed meanwhile), the big one never.
-        assert await _bound_node(kube, namespace, "big") is None
-        later = [p for p in await pods_in(kube, namespace) if p["spec"].get("nodeName")]
-        assert len(later) > 6
+        after_big = created
+
+        # Starved: six small pods made after the big one are bound (each in a GPU freed
+        # meanwhile) while the big one, first in line, never is.
+        async def six_overtook() -> bool:
+            names = [f"s-{k}" for k in range(after_big, after_big + 6)]
+            return all([await bound_node(kube, namespace, n) for n in names])
+
+        assert await wait_for(six_overtook, 30)
+        assert await bound_node(kube, namespace, "big") is None
         await unguarded.stop()
 
         guarded = Running(kube, starvation_after_s=2)
         sched = await guarded.start()
-        assert await wait_for(lambda: _bound_node(kube, namespace, "big"), 20)
+        assert await wait_for(lambda: bound_node(kube, namespace, "big"), 20)
         reserved = await events_for(kube, namespace, "big", "NodeReserved")
         assert reserved and "reserved for this pod" in reserved[0]["message"]
         # Placed, it holds no reservation any more (small pods starving meanwhile may).
@@ -648,7 +574,7 @@ async def test_multi_gpu_pods_get_the_best_connected_gpus(
         for name in ("a", "b"):
             pod = make_pod(name, namespace).pool(namespace).gpus(2).obj()
             await kube.create(PODS, pod, namespace)
-            assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20)
+            assert await wait_for(lambda n=name: bound_node(kube, namespace, n), 20)
         pairs = {
             p["metadata"]["name"]: p["metadata"]["annotations"][r.ANN_GPU_INDICES]
             for p in await pods_in(kube, namespace)
@@ -727,7 +653,7 @@ async def test_topology_spread_constraints_balance_zones_and_explain_refusals(
 
     for i in range(4):
         await kube.create(PODS, spread_pod(f"web-{i}", "topology.kubernetes.io/zone"), namespace)
-        assert await wait_for(lambda n=f"web-{i}": _bound_node(kube, namespace, n), 20)
+        assert await wait_for(lambda n=f"web-{i}": bound_node(kube, namespace, n), 20)
     zones = sorted(
         zone_of[p["spec"]["nodeName"]]
         for p in await pods_in(kube, namespace)
@@ -765,9 +691,9 @@ async def test_a_pod_waiting_for_its_affinity_target_binds_when_the_target_lands
     db = make_pod("db", namespace).pool(namespace).gpus(1).obj()
     db["metadata"]["labels"]["app"] = "db"
     await kube.create(PODS, db, namespace)
-    db_node = await wait_for(lambda: _bound_node(kube, namespace, "db"), 20)
+    db_node = await wait_for(lambda: bound_node(kube, namespace, "db"), 20)
     # Far sooner than any backoff or flush would retry it.
-    api_node = await wait_for(lambda: _bound_node(kube, namespace, "api"), 5, 0.05)
+    api_node = await wait_for(lambda: bound_node(kube, namespace, "api"), 5, 0.05)
     assert api_node == db_node and db_node in nodes
 
 
@@ -784,7 +710,7 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
     await kube.create(PODS, gated, namespace)
     free = make_pod("free", namespace).pool(namespace).gpus(1).obj()
     await kube.create(PODS, free, namespace)
-    assert await wait_for(lambda: _bound_node(kube, namespace, "free"), 20)
+    assert await wait_for(lambda: bound_node(kube, namespace, "free"), 20)
     pod = await kube.get(PODS, "gated", namespace)
     assert not pod["spec"].get("nodeName")
     reasons = {c.get("reason") for c in (pod.get("status") or {}).get("conditions") or []}
@@ -799,7 +725,7 @@ async def test_a_gated_pod_waits_for_its_gates_to_be_removed(
     assert refused._value.get() == refused_before
 
     await kube.patch(PODS, "gated", {"spec": {"schedulingGates": None}}, namespace)
-    assert await wait_for(lambda: _bound_node(kube, namespace, "gated"), 20)
+    assert await wait_for(lambda: bound_node(kube, namespace, "gated"), 20)
 
     # The API server may show the binding before the scheduler's own watch has taken the
     # pod out of its queue: it leaves the queue once that event is in.
@@ -844,7 +770,7 @@ async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
     for name in ("a", "b", "c"):
         await kube.create(PODS, make_pod(name, namespace).pool(namespace).obj(), namespace)
     for name in ("a", "b"):
-        assert await wait_for(lambda n=name: _bound_node(kube, namespace, n), 20) == node_name
+        assert await wait_for(lambda n=name: bound_node(kube, namespace, n), 20) == node_name
     ev = (await wait_for(lambda: events_for(kube, namespace, "c", "FailedScheduling"), 20))[0]
     assert "1 Too many pods" in ev["message"], ev["message"]
 

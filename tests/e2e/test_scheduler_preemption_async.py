@@ -18,18 +18,18 @@ from alnair.common.kube import (
     Conflict,
     KubeClient,
 )
-from alnair.common.localstack import ControlPlane
+from alnair.dev.builders import make_pod, priority_classes
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.live.binder import Scheduler
-from e2e.test_scheduler_live import (
+from scheduler_support import (
     Running,
-    _bound_node,
     assert_no_overcommit,
+    bound_node,
     events_for,
     pods_in,
     pool,
-    wait_for,
 )
-from kube_builders import make_pod, priority_classes
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ async def test_two_preemptors_arriving_together_evict_two_different_victims(
         pod = make_pod(f"low-{i}", namespace).pool(namespace).gpus(4).priority_class(low)
         await kube.create(PODS, pod.obj(), namespace)
     for i in range(2):
-        assert await wait_for(lambda i=i: _bound_node(kube, namespace, f"low-{i}"), 20)
+        assert await wait_for(lambda i=i: bound_node(kube, namespace, f"low-{i}"), 20)
     # Both arrive in one go: each victim's four GPUs hold exactly one of them.
     await asyncio.gather(
         *(
@@ -67,7 +67,7 @@ async def test_two_preemptors_arriving_together_evict_two_different_victims(
         )
     )
     placed = [
-        await wait_for(lambda i=i: _bound_node(kube, namespace, f"high-{i}"), 30) for i in range(2)
+        await wait_for(lambda i=i: bound_node(kube, namespace, f"high-{i}"), 30) for i in range(2)
     ]
     assert sorted(placed) == sorted(nodes)
     pods = await pods_in(kube, namespace)
@@ -158,7 +158,7 @@ async def test_a_refused_victim_delete_clears_the_nomination_and_requeues_the_pr
         victim = make_pod("low", namespace).pool(namespace).gpus(4).priority_class(low).obj()
         victim["metadata"]["labels"][UNDELETABLE] = "yes"
         await kube.create(PODS, victim, namespace)
-        assert await wait_for(lambda: _bound_node(kube, namespace, "low"), 20)
+        assert await wait_for(lambda: bound_node(kube, namespace, "low"), 20)
         preemptor = make_pod("high", namespace).pool(namespace).gpus(4).priority_class(high)
         await kube.create(PODS, preemptor.obj(), namespace)
 
@@ -172,11 +172,11 @@ async def test_a_refused_victim_delete_clears_the_nomination_and_requeues_the_pr
         assert events and "could not delete low" in events[0]["message"], events
         assert "nomination cleared" in events[0]["message"]
         assert events[0]["type"] == "Warning"
-        assert await _bound_node(kube, namespace, "high") is None
-        assert await _bound_node(kube, namespace, "low")
+        assert await bound_node(kube, namespace, "high") is None
+        assert await bound_node(kube, namespace, "low")
     finally:
         await kube.delete(VAP_BINDINGS, policy)
         await kube.delete(VAPS, policy)
     # The next try's delete goes through and the preemptor lands.
-    assert await wait_for(lambda: _bound_node(kube, namespace, "high"), 60)
+    assert await wait_for(lambda: bound_node(kube, namespace, "high"), 60)
     assert len(scheduler.cache.nominations) == 0

@@ -9,15 +9,17 @@ would give them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from alnair.dev.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -66,15 +68,9 @@ class Shell:
 
 
 def eventually(probe: Callable[[], Any], what: str, timeout_s: float = 90) -> Any:
-    """The first truthy answer of `probe` (these are outside views of asynchronous work)."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout_s}s (last answer {last!r})")
+    """`waiting.wait_for` for this test's blocking shell probes (outside views of asynchronous
+    work): the first truthy answer of `probe`."""
+    return asyncio.run(wait_for(probe, timeout_s, 0.5, what=what))
 
 
 @pytest.fixture

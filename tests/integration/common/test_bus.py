@@ -23,7 +23,7 @@ from alnair.common.events import (
     encode,
     wrap,
 )
-from alnair.common.localstack import NatsServer
+from alnair.dev.localstack import NatsServer
 
 pytestmark = pytest.mark.integration
 

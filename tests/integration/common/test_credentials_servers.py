@@ -20,9 +20,9 @@ from alnair.common.bus import Bus
 from alnair.common.credentials import env_key, generate
 from alnair.common.errors import TemporaryError
 from alnair.common.events import GpuHealthChanged
-from alnair.common.localstack import ManagedProcess, free_port
-from alnair.common.localstack.procs import find_binary, port_open
 from alnair.common.natsauth import NatsCredentials
+from alnair.dev.localstack import ManagedProcess, free_port
+from alnair.dev.localstack.procs import find_binary, port_open
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from alnair.common.kube import (
     NotFound,
 )
 from alnair.common.kubeauth import TokenFileAuth
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 from kube_auth_support import Plugin, write_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]

@@ -22,8 +22,8 @@ import pytest
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.events import Envelope, GpuHealthChanged, JobEvent, JobPhase
-from alnair.common.localstack import NatsServer
 from alnair.common.natsauth import ADMIN_USER, SERVICE_PERMISSIONS, server_config
+from alnair.dev.localstack import NatsServer
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from alnair.common.localstack import RedisServer
+from alnair.dev.localstack import RedisServer
 
 pytestmark = pytest.mark.integration
 

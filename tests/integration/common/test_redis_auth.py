@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from alnair.common.errors import ConfigError
-from alnair.common.localstack import RedisServer
 from alnair.common.redisauth import ADMIN_USER, SERVICE_USERS, acl_file
+from alnair.dev.localstack import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from alnair.common.bus import Bus
 from alnair.common.events import JobEvent, JobPhase
-from alnair.common.localstack import NatsServer, RedisServer
 from alnair.common.natsauth import ADMIN_USER, SERVICE_PERMISSIONS
 from alnair.common.redisauth import SERVICE_USERS
+from alnair.dev.localstack import NatsServer, RedisServer
 from alnair.predictor.app import start
 from alnair.predictor.settings import PredictorSettings
 

@@ -11,7 +11,7 @@ import yaml
 from alnair.common import resources as r
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.kube import CLUSTERQUEUES, LOCALQUEUES, PODS, KubeConfig, resource_for
-from alnair.common.localstack.controlplane import gpu_node_manifest, parse_node_specs
+from alnair.dev.localstack.controlplane import gpu_node_manifest, parse_node_specs
 
 
 @pytest.mark.parametrize(

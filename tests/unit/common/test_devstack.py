@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from alnair.common import devstack
 from alnair.common.errors import ConfigError
 from alnair.common.settings import DEFAULT_HTTP_PORTS
+from alnair.dev import devstack
 
 
 def test_every_service_has_its_own_port() -> None:
@@ -123,12 +123,12 @@ def test_status_and_down_without_a_stack(tmp_path: Path) -> None:
 
 
 def test_a_service_that_dies_at_start_fails_with_its_log_tail(tmp_path: Path) -> None:
-    # `python -m alnair.common.devstack` without a command exits at once with its usage
-    broken = devstack.ServiceSpec("scheduler", ("alnair.common.devstack",), "UNUSED_PORT", "x")
+    # `python -m alnair.dev.devstack` without a command exits at once with its usage
+    broken = devstack.ServiceSpec("scheduler", ("alnair.dev.devstack",), "UNUSED_PORT", "x")
     state = devstack.State(tmp_path, "nats://n", "redis://r", "/k", "https://a", [])
     with pytest.raises(devstack.StartError, match=r"scheduler exited during start-up") as err:
         devstack._start_services(state, [broken], {"scheduler": 1}, devstack.UpOptions())
-    assert "usage: python -m alnair.common.devstack" in str(err.value)
+    assert "usage: python -m alnair.dev.devstack" in str(err.value)
     assert str(tmp_path / "logs" / "scheduler.log") in str(err.value)
     # the state file already names it, so `make down` and `make status` see it
     assert devstack.State.load(tmp_path).services["scheduler"].log.endswith("scheduler.log")

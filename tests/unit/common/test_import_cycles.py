@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCES = [ROOT / "libs" / "common" / "src", *sorted((ROOT / "services").glob("*/src"))]
+SOURCES = [*sorted((ROOT / "libs").glob("*/src")), *sorted((ROOT / "services").glob("*/src"))]
 
 
 def _modules(src: Path) -> dict[str, Path]:

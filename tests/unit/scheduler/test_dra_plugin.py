@@ -19,6 +19,7 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.informer import WatchEvent
 from alnair.common.resources import parse_quantity
+from alnair.dev.builders import make_pod
 from alnair.scheduler.cluster.pods import parse_pod
 from alnair.scheduler.cluster.requests import NodeSpec, PodRequest
 from alnair.scheduler.cluster.snapshot import ClusterSnapshot
@@ -36,7 +37,6 @@ from alnair.scheduler.framework import Code, Framework
 from alnair.scheduler.plugins.registry import policy
 from dra_support import GPUS, TAINTED_GPU, node_slice
 from dra_support import claim_pod as pod_manifest
-from kube_builders import make_pod
 
 CLASSES = {
     name: {

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from alnair.common import resources as r
 from alnair.common.events import GpuLink
+from alnair.dev.builders import make_pod
 from alnair.scheduler.cluster.books import Holder, Reservations
 from alnair.scheduler.cluster.budgets import DisruptionBudgets
 from alnair.scheduler.cluster.pods import InvalidPodError, LivePod, parse_pod
@@ -38,7 +39,6 @@ from alnair.scheduler.plugins.node_state import (
 from alnair.scheduler.plugins.preemption import select_victims
 from alnair.scheduler.plugins.registry import build_profile
 from alnair.scheduler.plugins.reservation import NodeReservation, closest_node
-from kube_builders import make_pod
 
 
 def node(name: str, gpus: int = 4, model: str = "T4", **extra: Any) -> dict[str, Any]:

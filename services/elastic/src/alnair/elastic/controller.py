@@ -55,6 +55,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
+from alnair.common.recorder import EventRecorder
 from alnair.common.tasks import spawn
 from alnair.elastic import manifests as m
 from alnair.elastic.metrics import ElasticMetrics
@@ -205,6 +206,7 @@ class Controller:
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.kube = kube
+        self.events = EventRecorder(kube, COMPONENT)
         self.settings = settings
         self.metrics = metrics
         self.publish = publish
@@ -648,16 +650,7 @@ class Controller:
         await self._patch_status(obj, status)
 
     async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
-        try:
-            await self.kube.event(
-                obj,
-                reason=reason,
-                message=message,
-                type_="Warning" if warning else "Normal",
-                component=COMPONENT,
-            )
-        except ApiError as exc:
-            log.warning("event not recorded", extra={"reason": reason, "error": str(exc)})
+        await self.events.post(obj, reason, message, type_="Warning" if warning else "Normal")
 
     async def _patch_status(self, obj: Obj, status: dict[str, Any]) -> None:
         meta = obj["metadata"]

@@ -28,12 +28,12 @@ from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
     LOCALQUEUES,
-    ApiError,
     KubeClient,
     NotFound,
     Obj,
     Resource,
 )
+from alnair.common.recorder import EventRecorder
 from alnair.scheduler.dispatcher.kinds import WorkloadKind
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
@@ -93,6 +93,7 @@ class QueueCore(ReconcileLoop):
     ) -> None:
         super().__init__()
         self.kube = kube
+        self.events = EventRecorder(kube, self.component)
         self.settings = settings
         self.metrics = metrics
         self.bus = bus
@@ -223,22 +224,14 @@ class QueueCore(ReconcileLoop):
         return state.prediction
 
     async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
-        """A Kubernetes Event about `obj` (which carries its apiVersion and kind), best effort:
-        one the API server refuses is logged, never a reason to stop the queue."""
-        try:
-            await self.kube.event(
-                {
-                    **obj,
-                    "apiVersion": obj.get("apiVersion", "batch/v1"),
-                    "kind": obj.get("kind", "Job"),
-                },
-                reason=reason,
-                message=message,
-                type_="Warning" if warning else "Normal",
-                component=self.component,
-            )
-        except ApiError as exc:
-            log.warning("event not written", extra={"reason": reason, "error": str(exc)})
+        """A Kubernetes Event about `obj` (a Job unless it says its apiVersion and kind), best
+        effort: one the API server refuses is logged, never a reason to stop the queue."""
+        about = {
+            **obj,
+            "apiVersion": obj.get("apiVersion", "batch/v1"),
+            "kind": obj.get("kind", "Job"),
+        }
+        await self.events.post(about, reason, message, type_="Warning" if warning else "Normal")
 
     async def _publish(
         self,

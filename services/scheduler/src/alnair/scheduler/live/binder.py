@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
+from alnair.common.recorder import EventRecorder, EventType
 from alnair.common.tasks import spawn
 from alnair.common.topology import Topology
 from alnair.scheduler.cluster.pods import (
@@ -73,7 +74,6 @@ from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 from alnair.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)
-EventType = Literal["Normal", "Warning"]
 
 
 def live_options(
@@ -131,7 +131,9 @@ class Scheduler:
         self.pdbs.add_handler(self._on_pdb)
         self._bind_slots = asyncio.Semaphore(settings.max_binds_in_flight)
         self._binds: set[asyncio.Task[None]] = set()
-        self._events: asyncio.Queue[tuple[Obj, EventType, str, str]] = asyncio.Queue(10000)
+        self.events = EventRecorder(
+            kube, "alnair-scheduler", on_drop=self.metrics.events_dropped.inc
+        )
         self._workload: deque[LivePod] = deque(maxlen=settings.workload_window)
         """The latest pod shapes, for the fragmentation-aware policies (bounded: the window)."""
         self._workload_seen = 0
@@ -204,7 +206,7 @@ class Scheduler:
         """Schedule until cancelled (call `start_watching` first; only the leader runs this)."""
         for i in range(self.settings.event_writers):
             self._tasks.append(
-                spawn(self._event_writer(), name=f"scheduler.events.{i}", on_death=self._on_death)
+                spawn(self.events.run(), name=f"scheduler.events.{i}", on_death=self._on_death)
             )
         self.scheduling.set()
         try:
@@ -735,10 +737,7 @@ class Scheduler:
     # --- writing back where users look -------------------------------------------------
 
     def _emit(self, obj: Obj, type_: EventType, reason: str, message: str) -> None:
-        try:
-            self._events.put_nowait((obj, type_, reason, message))
-        except asyncio.QueueFull:
-            self.metrics.events_dropped.inc()
+        self.events.record(obj, reason, message, type_=type_)
 
     def _condition(self, obj: Obj, reason: str, message: str) -> None:
         meta = obj["metadata"]
@@ -807,20 +806,6 @@ class Scheduler:
         task = asyncio.create_task(guarded())
         self._binds.add(task)
         task.add_done_callback(self._binds.discard)
-
-    async def _event_writer(self) -> None:
-        while True:
-            obj, type_, reason, message = await self._events.get()
-            try:
-                await self.kube.event(
-                    obj,
-                    reason=reason,
-                    message=message,
-                    type_=type_,
-                    component="alnair-scheduler",
-                )
-            except Exception as exc:
-                log.debug("event write failed", extra={"error": repr(exc)})
 
     # --- explanation ---------------------------------------------------------------------
 

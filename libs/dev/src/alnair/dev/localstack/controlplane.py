@@ -28,8 +28,8 @@ import yaml
 from alnair.common import resources as r
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.kube import CRDS, NODES, KubeClient, NotFound, Obj
-from alnair.common.localstack.certs import Pki, make_pki
-from alnair.common.localstack.procs import ManagedProcess, free_port
+from alnair.dev.localstack.certs import Pki, make_pki
+from alnair.dev.localstack.procs import ManagedProcess, free_port
 
 K8S_VERSION = os.environ.get("ALNAIR_K8S_VERSION", "v1.36.3")
 ETCD_VERSION = os.environ.get("ALNAIR_ETCD_VERSION", "v3.6.16")

@@ -7,8 +7,8 @@ binaries that `hack/build-control-plane.sh` builds and caches under ~/.cache/aln
 free ports and a temporary directory, and stops everything it started.
 """
 
-from alnair.common.localstack.controlplane import ControlPlane, GpuNodeSpec, parse_node_specs
-from alnair.common.localstack.procs import ManagedProcess, NatsServer, RedisServer, free_port
+from alnair.dev.localstack.controlplane import ControlPlane, GpuNodeSpec, parse_node_specs
+from alnair.dev.localstack.procs import ManagedProcess, NatsServer, RedisServer, free_port
 
 __all__ = [
     "ControlPlane",

@@ -54,15 +54,15 @@ import httpx
 
 from alnair.common.errors import AlnairError, ConfigError
 from alnair.common.kube import KubeClient
-from alnair.common.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
-from alnair.common.localstack.controlplane import load_manifests, repo_root
-from alnair.common.localstack.procs import free_port, port_open
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
 from alnair.common.settings import DEFAULT_HTTP_PORTS
 from alnair.common.tls import CA_FILE, CERT_FILE, issue, write_folder
+from alnair.dev.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
+from alnair.dev.localstack.controlplane import load_manifests, repo_root
+from alnair.dev.localstack.procs import free_port, port_open
 
 DIR_ENV = "ALNAIR_DEV_DIR"
 FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
@@ -694,7 +694,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alnair.common.devstack")
+    parser = argparse.ArgumentParser(prog="python -m alnair.dev.devstack")
     parser.add_argument(
         "--dir", type=Path, default=None, help=f"state folder (default ${DIR_ENV} or .dev)"
     )

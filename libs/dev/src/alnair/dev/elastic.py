@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from alnair.common import resources as r
 from alnair.common.kube import PODS, KubeClient
-from alnair.common.localstack import ControlPlane
+from alnair.dev.localstack import ControlPlane
 from alnair.elastic.app import Running as ElasticRunning
 from alnair.elastic.app import start as start_elastic
 from alnair.elastic.settings import ElasticSettings
@@ -121,15 +120,3 @@ def bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         p for p in pods if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
     ]
-
-
-async def wait_for(
-    predicate: Callable[[], Awaitable[Any]], timeout_s: float = 30, interval_s: float = 0.05
-) -> Any:
-    """Wait until `await predicate()` is truthy (an observation helper for tests only)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(interval_s)

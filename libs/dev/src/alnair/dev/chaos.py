@@ -1,7 +1,7 @@
 """Chaos on the whole local system, shared by `make chaos` (bench/chaos.py) and its reduced
 form in the tests (tests/e2e/test_chaos.py).
 
-The stack is `make up`'s (`alnair.common.devstack`): nats-server, redis-server, the control
+The stack is `make up`'s (`alnair.dev.devstack`): nats-server, redis-server, the control
 plane with KWOK GPU nodes, and every service as its own process. Jobs (`schedulerName:
 alnair`, 1 or 2 GPUs, a KWOK run time) arrive at a steady rate while the chaos loop kills a
 random service with SIGKILL at random moments, each service `kills_per_service` times, and
@@ -40,12 +40,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from alnair.common import devstack
 from alnair.common import resources as r
 from alnair.common.kube import JOBS, NAMESPACES, PODS, KubeClient
-from alnair.common.localstack import NatsServer
-from alnair.common.localstack.procs import port_open
 from alnair.common.redisauth import ADMIN_USER as ADMIN
+from alnair.dev import devstack
+from alnair.dev.localstack import NatsServer
+from alnair.dev.localstack.procs import port_open
 
 NAMESPACE = "chaos"
 RECORD_PREFIX = "alnair:record:"

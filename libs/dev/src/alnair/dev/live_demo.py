@@ -1,7 +1,7 @@
 """`make demo`, live part: the whole system on the local control plane, fed Gavel's Philly trace.
 
 After the trace replay (`alnair.scheduler.simulator.demo`, no Kubernetes), this starts the local
-stack (`alnair.common.devstack`: nats, redis, the control plane, a few hundred KWOK GPU nodes
+stack (`alnair.dev.devstack`: nats, redis, the control plane, a few hundred KWOK GPU nodes
 across K80/P100/V100, and the scheduler, the sim profiler agent, the aggregator and the
 predictor as processes), then submits the trace's jobs as batch/v1 Jobs with
 `schedulerName: alnair`, time-compressed so the run takes a few minutes.
@@ -19,7 +19,7 @@ What it measures, from one pod watch: jobs done, job completion time (submission
 success), scheduling latency (pod creation seen to bind seen), GPUs allocated over time (the
 PNG), and what the rest of the system did with the jobs (execution records, predictor version).
 
-    python -m alnair.scheduler.simulator.live_demo [--nodes ...] [--jobs N] [--out out/demo]
+    python -m alnair.dev.live_demo [--nodes ...] [--jobs N] [--out out/demo]
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from pathlib import Path
 
 import httpx
 
-from alnair.common import devstack
 from alnair.common import resources as res
 from alnair.common.data import GAVEL_ARRIVALS, data_file, gavel_throughputs
 from alnair.common.errors import AlnairError, ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, KubeClient, Obj
-from alnair.common.localstack import parse_node_specs
 from alnair.common.tasks import cancel_all, spawn
+from alnair.dev import devstack
+from alnair.dev.localstack import parse_node_specs
 
 LIVE_ENV = "ALNAIR_DEMO_LIVE"
 DEFAULT_NODES = "67x K80, 67x P100, 66x V100M16"
@@ -460,7 +460,7 @@ def system_summary(state: devstack.State, done: int, wait_s: float = 30.0) -> li
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alnair.scheduler.simulator.live_demo")
+    parser = argparse.ArgumentParser(prog="python -m alnair.dev.live_demo")
     parser.add_argument("--nodes", default=DEFAULT_NODES, help="KWOK GPU nodes")
     parser.add_argument("--jobs", type=int, default=None, help="first N trace jobs (all)")
     parser.add_argument("--window-s", type=float, default=150.0, help="arrivals span this long")

@@ -1,7 +1,7 @@
 """A soak of the whole local system, shared by `make soak` (bench/soak.py) and its short form in
 the tests (tests/e2e/test_soak.py).
 
-The stack is `make up`'s (`alnair.common.devstack`, as the chaos run starts it): nats-server,
+The stack is `make up`'s (`alnair.dev.devstack`, as the chaos run starts it): nats-server,
 redis-server, the control plane with many KWOK GPU nodes, and the scheduler, the profiler
 (sim agent and aggregator), the predictor and the dispatcher as processes. Jobs
 (`chaos_support.job_body`, deleted a little after they finish so the cluster itself stays the
@@ -31,10 +31,10 @@ from typing import Any
 import httpx
 import nats
 
-from alnair.common import devstack
 from alnair.common.kube import JOBS, NAMESPACES, PODS, KubeClient
 from alnair.common.natsauth import ADMIN_USER
-from chaos_support import job_body, job_complete
+from alnair.dev import devstack
+from alnair.dev.chaos import job_body, job_complete
 
 NAMESPACE = "soak"
 INFRA = ("nats-server", "redis-server")
@@ -198,6 +198,8 @@ class Soak:
             js = nc.jetstream()
             total = 0
             for stream in await js.streams_info():
+                if stream.config.name is None:
+                    continue
                 for consumer in await js.consumers_info(stream.config.name):
                     total += int(consumer.num_pending or 0) + int(consumer.num_ack_pending or 0)
             return total

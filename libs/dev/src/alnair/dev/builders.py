@@ -11,16 +11,21 @@ from typing import Any
 
 from alnair.common import resources as r
 from alnair.common.kube import NAMESPACES, PODS, PRIORITYCLASSES, Conflict, KubeClient, KubeConfig
-from alnair.common.localstack import ControlPlane
-from alnair.common.localstack.controlplane import load_manifests
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.controlplane import load_manifests, repo_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repo_root(Path(__file__)) or Path.cwd()
+"""The checkout: the shipped manifests are read from it."""
 BASE = REPO / "deploy" / "kustomize" / "base"
 SYSTEM_NS = "alnair-system"
 
 
 async def shipped_account(
-    cp: ControlPlane, kube: KubeClient, account: str, *manifests: str, skip: set[str] = frozenset()
+    cp: ControlPlane,
+    kube: KubeClient,
+    account: str,
+    *manifests: str,
+    skip: frozenset[str] | set[str] = frozenset(),
 ) -> KubeConfig:
     """Apply the namespaces and the RBAC of `manifests` (paths under deploy/kustomize/base) as
     they ship, kinds in `skip` left out, and return a kubeconfig with a token of `account` in
