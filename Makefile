@@ -51,13 +51,13 @@ fmt: setup-python
 	@$(BIN)/ruff check --fix .
 
 schema: setup-python ## JSON Schema of every event, for external subscribers
-	@$(BIN)/python -m alnair.common.events schema --out deploy/schemas
+	@$(BIN)/python -m alnair.common.events schema --out $(or $(SCHEMA_OUT),deploy/schemas)
 
 # The replay needs no Kubernetes and comes first; the live part (ALNAIR_DEMO_LIVE=0 skips it) runs
 # the whole system on 200 KWOK GPU nodes with Gavel's Philly trace, time-compressed.
 demo: setup-python setup-control-plane ## replay the Alibaba GPU trace under every policy, then the whole system live
-	@$(BIN)/python -m alnair.scheduler.simulator.demo
-	@$(BIN)/python -m alnair.dev.live_demo
+	@$(BIN)/python -m alnair.scheduler.simulator.demo $(DEMO_ARGS)
+	@$(BIN)/python -m alnair.dev.live_demo $(LIVE_DEMO_ARGS)
 
 # The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
 # its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"
@@ -85,19 +85,19 @@ bench-scheduler: setup ## Alnair vs kube-scheduler as scheduler_perf measures, 7
 	@$(BIN)/python bench/scheduler.py $(SCHEDULER_BENCH_ARGS)
 
 bench-predictor: setup-python ## where the predictor's held-out error comes from (JSON)
-	@$(BIN)/python bench/predictor_error_split.py
+	@$(BIN)/python bench/predictor_error_split.py $(PREDICTOR_BENCH_ARGS)
 
-bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON)
-	@$(BIN)/python bench/job_queue.py
+bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON; QUEUE_BENCH_ARGS=--limit N: a smoke run)
+	@$(BIN)/python bench/job_queue.py $(QUEUE_BENCH_ARGS)
 
 bench-multicluster: setup-python ## one queue over three clusters: alnair vs round-robin, least-loaded, first-fit (JSON)
-	@$(BIN)/python bench/multicluster.py
+	@$(BIN)/python bench/multicluster.py $(MULTICLUSTER_BENCH_ARGS)
 
 bench-elastic: setup ## ElasticJob grow/shrink latency, p50/p99 (JSON)
-	@$(BIN)/python bench/elastic.py
+	@$(BIN)/python bench/elastic.py $(ELASTIC_BENCH_ARGS)
 
 bench-elastic-flap: setup ## anti-flap: GPUs freed and reclaimed every 20 s for 5 minutes (JSON)
-	@$(BIN)/python bench/elastic.py --flap --duration-s 300 --period-s 20 --cooldown-s 60
+	@$(BIN)/python bench/elastic.py --flap $(or $(FLAP_BENCH_ARGS),--duration-s 300 --period-s 20 --cooldown-s 60)
 
 chaos: setup ## kill -9 every service 20x, restart nats and the API server, during 1,000 jobs; invariants (JSON)
 	@$(BIN)/python bench/chaos.py $(CHAOS_ARGS)

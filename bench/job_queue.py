@@ -15,6 +15,7 @@ trace and cluster (bench/reference/gavel_queue.json, made by bench/gavel_referen
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -54,6 +55,7 @@ def _one(
     noise_seed: int | None,
     *,
     extra: bool,
+    limit: int | None,
 ) -> dict[str, Any]:
     result = run(
         name,
@@ -62,6 +64,7 @@ def _one(
         memory_blind=True,
         options=options,
         noise_seed=noise_seed,
+        limit=limit,
     )
     metrics = result.metrics()
     figures: dict[str, Any] = {k: metrics[k] for k in KEYS}
@@ -75,14 +78,14 @@ def _one(
     return figures
 
 
-def _figures(cluster: str, *, extra: bool) -> dict[str, dict[str, Any]]:
+def _figures(cluster: str, *, extra: bool, limit: int | None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for label, name, predictions, options in RUNS:
         if predictions == "oracle":
-            figures = _one(cluster, name, predictions, options, None, extra=extra)
+            figures = _one(cluster, name, predictions, options, None, extra=extra, limit=limit)
         else:
             draws = {
-                seed: _one(cluster, name, predictions, options, seed, extra=extra)
+                seed: _one(cluster, name, predictions, options, seed, extra=extra, limit=limit)
                 for seed in NOISE_SEEDS
             }
             figures = {
@@ -123,10 +126,15 @@ def _acceptance(
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--limit", type=int, default=None, help="the trace's first N jobs (a smoke run)"
+    )
+    args = parser.parse_args()
     reference: dict[str, Any] = {}
-    if REFERENCE.is_file():
+    if REFERENCE.is_file() and args.limit is None:  # Gavel's figures are for the whole trace
         reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
-    policies = _figures(MAIN, extra=True)
+    policies = _figures(MAIN, extra=True, limit=args.limit)
     checks = _acceptance(policies, reference.get("policies", {}))
     oracle = policies["alnair-oracle"]["avg_jct_s"]
     predicted = policies["alnair-predicted"]["avg_jct_s"]
@@ -134,10 +142,14 @@ def main() -> None:
         json.dumps(
             {
                 "cluster": MAIN,
+                "jobs": args.limit or "all",
                 "policies": policies,
                 "alnair_predicted_vs_oracle_avg_jct": round(predicted / oracle, 4),
                 "acceptance": checks,
-                "saturated": {"cluster": SATURATED, "policies": _figures(SATURATED, extra=False)},
+                "saturated": {
+                    "cluster": SATURATED,
+                    "policies": _figures(SATURATED, extra=False, limit=args.limit),
+                },
                 "reference": reference,
             }
         )

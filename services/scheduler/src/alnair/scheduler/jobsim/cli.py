@@ -45,10 +45,17 @@ def run(
     trace: Path | None = None,
     options: dict[str, Any] | None = None,
     noise_seed: int | None = None,
+    limit: int | None = None,
 ) -> SimResult:
-    """One replay of the trace under one policy (`noise_seed`: see `load_jobs`)."""
+    """One replay of the trace (its first `limit` jobs when given) under one policy
+    (`noise_seed`: see `load_jobs`)."""
     jobs = load_jobs(
-        cluster, predictions=predictions, seed=seed, trace=trace, noise_seed=noise_seed
+        cluster,
+        predictions=predictions,
+        seed=seed,
+        trace=trace,
+        noise_seed=noise_seed,
+        limit=limit,
     )
     policy = build_policy(name, memory_blind=memory_blind, **(options or {}))
     return simulate(policy, jobs, cluster, team_queues(cluster), predictions=predictions)

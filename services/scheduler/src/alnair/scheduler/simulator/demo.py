@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from alnair.common.errors import AlnairError
-from alnair.scheduler.plugins.registry import POLICIES
+from alnair.scheduler.plugins.registry import POLICIES, policy
 from alnair.scheduler.simulator.cli import parse_seeds
 from alnair.scheduler.simulator.reference import load_reference
 from alnair.scheduler.simulator.report import (
@@ -35,9 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="42-44", help="seed range (the paper used 42-51)")
     parser.add_argument("--variant", default="default", help="trace variant")
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="plot directory")
+    parser.add_argument("--policies", nargs="+", help="only these (default: every policy)")
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         seeds = parse_seeds(args.seeds)
+        names = [policy(p).name for p in args.policies] if args.policies else None
         nodes = trace_dir() / NODE_FILE
         pods = pods_file(args.variant)
         reference = load_reference()
@@ -45,13 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"demo: {err}", file=sys.stderr)
         return 2
 
+    chosen = names or [p.name for p in POLICIES]
     print(
-        f"Replaying {pods.name} on {nodes.name} ({len(POLICIES)} policies x {len(seeds)} seeds,"
+        f"Replaying {pods.name} on {nodes.name} ({len(chosen)} policies x {len(seeds)} seeds,"
         f" demand tuned to {DEFAULT_TUNE:.0%} of GPU capacity)...",
         flush=True,
     )
     started = time.perf_counter()
-    specs = [RunSpec(p.name, nodes, pods, s, DEFAULT_TUNE) for p in POLICIES for s in seeds]
+    specs = [RunSpec(p, nodes, pods, s, DEFAULT_TUNE) for p in chosen for s in seeds]
 
     def progress(done: int, total: int, result: object) -> None:
         sys.stderr.write(f"\r  {done}/{total} runs")

@@ -1,0 +1,126 @@
+"""Every benchmark the README names runs, through `make` as a user types it, at a reduced size,
+and prints its JSON in the promised shape. (Two of them once broke on main for weeks because
+nothing ran them.) `make bench-scheduler`, `make chaos` and `make soak` have their own smoke
+tests (test_bench_scheduler.py, test_chaos.py, test_soak.py); the demo and `make up` are the
+walkthrough's (test_walkthrough.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alnair.common.events import EVENT_TYPES
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(target: str, timeout_s: float, **variables: str) -> dict[str, Any]:
+    """Run `make <target>` with `variables`; the JSON object it printed on stdout."""
+    argv = ["make", "--no-print-directory", target, *(f"{k}={v}" for k, v in variables.items())]
+    done = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    assert done.returncode == 0, f"make {target}: {done.stderr[-3000:]}"
+    start = re.search(r"^\{", done.stdout, re.MULTILINE)
+    assert start is not None, f"make {target} printed no JSON object: {done.stdout[-2000:]}"
+    report, _ = json.JSONDecoder().raw_decode(done.stdout[start.start() :])
+    assert isinstance(report, dict)
+    return report
+
+
+def _figure(value: Any) -> bool:
+    return isinstance(value, int | float) and value >= 0
+
+
+@pytest.mark.timeout(120)
+def test_bench_queue() -> None:
+    report = make("bench-queue", 110, QUEUE_BENCH_ARGS="--limit 60")
+    assert report["jobs"] == 60
+    labels = {"fifo", "sjf-oracle", "sjf-predicted", "drf", "alnair-oracle", "alnair-predicted"}
+    for section in (report["policies"], report["saturated"]["policies"]):
+        assert set(section) == labels
+        for figures in section.values():
+            for key in ("avg_jct_s", "p99_jct_s", "p99_wait_s", "makespan_s", "oom"):
+                assert _figure(figures[key]), (key, figures)
+    predicted = report["policies"]["alnair-predicted"]
+    assert set(predicted["draws"]) == {"1", "2", "3"}
+    assert set(report["acceptance"]) == {"alnair-oracle", "alnair-predicted"}
+
+
+@pytest.mark.timeout(120)
+def test_bench_multicluster() -> None:
+    report = make("bench-multicluster", 110, MULTICLUSTER_BENCH_ARGS="--limit 60 --noise-seeds 1")
+    assert report["benchmark"] == "multicluster" and report["jobs"] == 60
+    dispatchers = {"alnair", "round-robin", "least-loaded", "first-fit", "alnair-predicted"}
+    assert set(report["dispatchers"]) == dispatchers
+    for figures in report["dispatchers"].values():
+        for key in ("avg_jct_s", "p99_wait_s", "makespan_s", "utilization", "preemptions"):
+            assert _figure(figures[key]), (key, figures)
+        assert sum(figures["jobs_per_site"].values()) == 60
+    assert isinstance(report["alnair_lowest_avg_jct"], bool)
+
+
+@pytest.mark.timeout(120)
+def test_bench_placement() -> None:
+    report = make("bench-placement", 110, PLACEMENT_ARGS="--policy alnair")
+    assert report["benchmark"] == "placement"
+    assert set(report["policies"]) == {"alnair"}
+    for figures in report["policies"].values():
+        assert figures["placed"] > 0 and figures["pods"] >= figures["placed"]
+        assert 0 < figures["alloc_pct_at_100"] <= 100
+
+
+@pytest.mark.timeout(180)
+def test_bench_predictor() -> None:
+    report = make("bench-predictor", 170)
+    assert report["benchmark"] == "predictor-error-split"
+    assert report["figures"], report
+
+
+@pytest.mark.timeout(150)
+def test_bench_elastic_and_flap() -> None:
+    grow = make("bench-elastic", 140, ELASTIC_BENCH_ARGS="--rounds 1")
+    assert grow["rounds"] == 1
+    for key in ("grow_p50_s", "grow_p99_s", "shrink_p50_s", "shrink_p99_s"):
+        assert 0 < grow[key] < 60, (key, grow)
+    flap = make(
+        "bench-elastic-flap", 140, FLAP_BENCH_ARGS="--duration-s 4 --period-s 2 --cooldown-s 1"
+    )
+    assert flap["resizes"] >= 0 and flap["cooldown_s"] == 1
+
+
+def test_make_schema_writes_one_schema_per_event(tmp_path: Path) -> None:
+    """`make schema` writes a JSON Schema for every event type on the bus, named by type."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "schema", f"SCHEMA_OUT={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert set(written) == {f"{cls.TYPE}.schema.json" for cls in EVENT_TYPES}
+    for name, schema in written.items():
+        assert schema["type"] == "object" and schema["properties"], name
+
+
+@pytest.mark.timeout(200)
+def test_make_demo_at_a_small_size(tmp_path: Path) -> None:
+    """Both parts of `make demo`: the trace replay (two policies, one seed) and the whole
+    system live (ten jobs on two KWOK nodes), each with its plot and its summary."""
+    live = f"--nodes '2x V100M32:8' --jobs 10 --window-s 5 --median-runtime-s 2 --max-runtime-s 4 --timeout-s 120 --out {tmp_path}"  # fmt: skip
+    done = subprocess.run(
+        ["make", "--no-print-directory", "demo",
+         f"DEMO_ARGS=--seeds 42 --policies FGD alnair --out {tmp_path}", f"LIVE_DEMO_ARGS={live}"],
+        cwd=REPO, capture_output=True, text=True, timeout=190, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "alnair vs FGD at 100% arrived demand" in done.stdout
+    assert re.search(r"jobs done\s+10 of 10 \(0 failed\)", done.stdout), done.stdout[-2000:]
+    assert (tmp_path / "alibaba-default.png").stat().st_size > 0
+    assert (tmp_path / "live-gpu-allocation.png").stat().st_size > 0
