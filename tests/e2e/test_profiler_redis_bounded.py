@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from alnair.common.bus import Bus
 from alnair.common.events import PodMetric
 from alnair.common.kube import JOBS, KubeClient
+from alnair.common.records import RECORDS_INDEX, record_key
 from alnair.profiler.aggregator import Aggregator, P
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import RECORDS_INDEX, record_key
 
 pytestmark = pytest.mark.e2e
 

@@ -19,11 +19,11 @@ from alnair.common.bus import Bus
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase
 from alnair.common.kube import JOBS, KubeClient
 from alnair.common.natsauth import ADMIN_USER, SERVICE_PERMISSIONS
+from alnair.common.records import record_key
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
 from alnair.dev.localstack import ControlPlane, NatsServer, RedisServer
 from alnair.profiler.app import start_agent, start_aggregator
-from alnair.profiler.records import record_key
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e

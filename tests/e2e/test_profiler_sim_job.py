@@ -25,9 +25,10 @@ from alnair.common.bus import Bus
 from alnair.common.data import gavel_throughputs
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric, decode
 from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
+from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane
 from alnair.profiler.app import Running, start_agent, start_aggregator
-from alnair.profiler.records import RECORDS_INDEX, RecordStore
+from alnair.profiler.records import RecordStore
 from profiler_support import bind_pending_pods, profiler_settings
 
 pytestmark = pytest.mark.e2e

@@ -31,11 +31,12 @@ from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodSummary
 from alnair.common.kube import JOBS, KubeClient
+from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane, NatsServer
 from alnair.dev.waiting import wait_for
 from alnair.profiler.aggregator import P
 from alnair.profiler.app import Running, start_agent, start_aggregator
-from alnair.profiler.records import RECORDS_INDEX, RecordStore
+from alnair.profiler.records import RecordStore
 from alnair.profiler.summaries import SPOOL_FILE
 from profiler_support import profiler_settings
 

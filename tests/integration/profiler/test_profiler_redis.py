@@ -11,9 +11,10 @@ import redis.asyncio as aioredis
 
 from alnair.common.events import PodMetric
 from alnair.common.kube import KubeClient, KubeConfig
+from alnair.common.records import RECORDS_INDEX, ExecutionRecord, record_key
 from alnair.profiler.aggregator import Aggregator, P
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import RECORDS_INDEX, ExecutionRecord, RecordStore, record_key
+from alnair.profiler.records import RecordStore
 
 pytestmark = pytest.mark.integration
 

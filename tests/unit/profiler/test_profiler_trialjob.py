@@ -6,7 +6,7 @@ from typing import Any
 
 from alnair.common import resources as res
 from alnair.common.annotations import JobModel, job_model, object_model
-from alnair.profiler.records import ExecutionRecord
+from alnair.common.records import ExecutionRecord
 from alnair.profiler.trialjob import (
     ANN_TRIAL_OF,
     LABEL_TRIALJOB,

@@ -12,9 +12,8 @@ once for every service in `alnair.common.data` (`gavel/throughputs.csv`), made f
 measured or did not fit;
 zero rows are dropped here rather than read as "infinitely slow".
 
-Execution records live in Redis hashes `alnair:record:<namespace>/<job>/<uid>` indexed by the
-sorted set `alnair:records` (score = end_ts); the profiler's aggregator writes them.
-`parse_record` turns one into an observation or says why it cannot.
+Execution records are the profiler's, in the format of `alnair.common.records` (Redis hashes
+indexed by end time); `parse_record` turns one into an observation or says why it cannot.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ from alnair.common.data import GavelRow, gavel_throughputs, read_gavel_csv
 from alnair.predictor.catalog import normalize_model_name
 from alnair.predictor.gpus import canonical_gpu
 
-RECORD_PREFIX = "alnair:record:"
-RECORDS_INDEX = "alnair:records"
 SUCCESS_OUTCOMES = frozenset({"succeeded", "completed", "success", "ok"})
 
 _GAVEL_GPUS = ("k80", "p100", "v100")

@@ -11,16 +11,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from alnair.predictor.datasets import (
-    RECORDS_INDEX,
-    Observation,
-    RecordProblem,
-    parse_record,
-)
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+from alnair.common.records import RECORDS_INDEX, decode_fields, text
+from alnair.predictor.datasets import Observation, RecordProblem, parse_record
 
 
 async def load_record(redis: aioredis.Redis, key: str) -> Observation | RecordProblem:
@@ -28,14 +20,14 @@ async def load_record(redis: aioredis.Redis, key: str) -> Observation | RecordPr
     raw = await redis.hgetall(key)
     if not raw:
         return RecordProblem(key, "key", "no record under this key")
-    return parse_record(key, {_text(k): _text(v) for k, v in raw.items()})
+    return parse_record(key, decode_fields(raw))
 
 
 async def load_records(
     redis: aioredis.Redis, batch: int = 500
 ) -> tuple[list[Observation], list[RecordProblem]]:
     """Every record in end-time order, as observations, plus the ones that were skipped."""
-    keys = [_text(k) for k in await redis.zrange(RECORDS_INDEX, 0, -1)]
+    keys = [text(k) for k in await redis.zrange(RECORDS_INDEX, 0, -1)]
     observations: list[Observation] = []
     problems: list[RecordProblem] = []
     for start in range(0, len(keys), batch):
@@ -48,8 +40,7 @@ async def load_records(
             if not raw:
                 problems.append(RecordProblem(key, "key", "indexed but the hash is missing"))
                 continue
-            fields = {_text(k): _text(v) for k, v in raw.items()}
-            parsed = parse_record(key, fields)
+            parsed = parse_record(key, decode_fields(raw))
             if isinstance(parsed, RecordProblem):
                 problems.append(parsed)
             else:

@@ -40,11 +40,11 @@ from alnair.common.bus import Bus
 from alnair.common.errors import TemporaryError
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink, PodMetric
 from alnair.common.kube import NODES, PODS, ApiError, KubeClient, NotFound
+from alnair.common.records import ANN_THROUGHPUT
 from alnair.profiler.aggregation import pod_shares
 from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import ANN_THROUGHPUT
 from alnair.profiler.summaries import Spool, SummaryBook
 
 log = logging.getLogger(__name__)

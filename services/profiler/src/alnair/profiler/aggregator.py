@@ -82,17 +82,11 @@ from alnair.common.kube import (
     Unavailable,
     resource_for,
 )
+from alnair.common.records import ANN_STEPS, ANN_THROUGHPUT, ExecutionRecord, Outcome, record_key
 from alnair.common.tasks import cancel_all, spawn
 from alnair.profiler.aggregation import SERIES, Profile, Stat, owner_annotations
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import (
-    ANN_STEPS,
-    ANN_THROUGHPUT,
-    ExecutionRecord,
-    Outcome,
-    RecordStore,
-    record_key,
-)
+from alnair.profiler.records import RecordStore
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS
 from alnair.common.kube import JOBS, TRIALJOBS, Conflict, KubeClient, NotFound
+from alnair.common.records import ExecutionRecord
 from alnair.profiler.aggregator import finished
-from alnair.profiler.records import ExecutionRecord, RecordStore
+from alnair.profiler.records import RecordStore
 
 log = logging.getLogger(__name__)
 
