@@ -4,7 +4,7 @@ the tests (tests/e2e/test_soak.py).
 The stack is `make up`'s (`alnair.dev.devstack`, as the chaos run starts it): nats-server,
 redis-server, the control plane with many KWOK GPU nodes, and the scheduler, the profiler
 (sim agent and aggregator), the predictor and the dispatcher as processes. Jobs
-(`chaos_support.job_body`, deleted a little after they finish so the cluster itself stays the
+(`alnair.dev.chaos.job_body`, deleted a little after they finish so the cluster itself stays the
 same size) arrive at a steady rate for `minutes`. Every `sample_interval_s` the soak reads
 - each service's resident memory (VmRSS from /proc/<pid>/status), and nats-server's and
   redis-server's (what services store there, such as handled-event ids, counts too),

@@ -10,7 +10,7 @@ import pytest
 
 from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.simulator import live_demo as ld
+from alnair.dev import live_demo as ld
 
 
 def job(
