@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import CONFIGMAPS, KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
+from alnair.common.kube import (
+    CONFIGMAPS,
+    KIND_RESOURCES,
+    SERVICEACCOUNTS,
+    KubeClient,
+    NotFound,
+    Resource,
+)
 from alnair.common.tasks import spawn
 from alnair.dev.waiting import wait_for
 
@@ -128,3 +135,67 @@ async def test_handler_exception_does_not_stop_the_others(kube: KubeClient, name
             await task
         with contextlib.suppress(NotFound):
             await kube.delete(CONFIGMAPS, "poison", namespace)
+
+
+async def test_health_is_told_on_failure_and_recovery(
+    kube: KubeClient, namespace: str, as_account: KubeClient
+) -> None:
+    """`on_health` is how a consumer learns that a watch failed or came back (the hub marks
+    a worker away with it): told on the first failure and again on recovery, no polling."""
+    told: list[tuple[int, bool]] = []
+    informer = Informer(as_account, CONFIGMAPS, namespace=namespace, max_backoff_s=0.5)
+    informer.on_health = lambda: told.append((informer.failures, informer.synced.is_set()))
+    task = spawn(informer.run(), name="test.informer.health")
+    try:
+        await wait_for(lambda: informer.failures >= 1)
+        assert told and told[0][0] >= 1 and informer.failing_since is not None
+        assert isinstance(informer.last_exception, Exception)
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "read-cm-h", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]}],
+        }
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "read-cm-h", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "read-cm-h",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "watcher", "namespace": namespace}],
+        }
+        await kube.create(KIND_RESOURCES["Role"], role, namespace)
+        await kube.create(KIND_RESOURCES["RoleBinding"], binding, namespace)
+        await wait_for(lambda: told[-1] == (0, True), what="the recovery told")
+        assert informer.failing_since is None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_optional_resource_the_server_does_not_serve_ends_the_informer(
+    kube: KubeClient,
+) -> None:
+    """A kind from another project whose CRD is not installed: a 404 on the first list is an
+    answer (`unserved`), not a failure, and the informer ends; a required one keeps trying."""
+    absent = Resource("widgets.example.com", "v1", "widgets")
+    told: list[bool] = []
+    optional = Informer(kube, absent, optional=True, on_health=lambda: told.append(True))
+    await asyncio.wait_for(optional.run(), 10)
+    assert optional.unserved and optional.synced.is_set() and told == [True]
+    assert optional.failures == 0
+
+    required = Informer(kube, absent, max_backoff_s=0.2)
+    task = spawn(required.run(), name="test.informer.required")
+    try:
+        await wait_for(lambda: required.failures >= 2)
+        assert not task.done() and not required.unserved and not required.healthy
+        assert "404" in (required.last_error or "")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -17,6 +17,12 @@ its traceback and counted (`handler_errors`); the object stays in the store and 
 objects keep flowing, as one bad object must not freeze the cache for all. `healthy` turns
 false when the informer is not running, has not synced, or has failed for longer than
 `stale_after_s`; readiness probes use it so a dead watch is visible instead of silent.
+`on_health` is called whenever the watch starts failing, fails again, or recovers (and once
+when it first syncs), so a consumer can react to a cluster going away without polling.
+
+An `optional` informer follows a resource another project serves (a CRD that may not be
+installed): a 404 on its first list means the API server does not serve it, which is an
+answer, not a failure. It then sets `unserved` and `synced` and `run` returns.
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
-from alnair.common.kube import Gone, KubeClient, Obj, Resource, Unavailable
+from alnair.common.kube import Gone, KubeClient, NotFound, Obj, Resource, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,8 @@ class Informer:
         name: str | None = None,
         stale_after_s: float = 30.0,
         max_backoff_s: float = 30.0,
+        on_health: Callable[[], None] | None = None,
+        optional: bool = False,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -80,7 +88,14 @@ class Informer:
         self.failures = 0
         """Consecutive failed list/watch attempts (0 while the watch works)."""
         self.last_error: str | None = None
-        self._failing_since: float | None = None
+        self.last_exception: Exception | None = None
+        self.failing_since: float | None = None
+        """When the current run of failures began (monotonic); None while the watch works."""
+        self.on_health = on_health
+        self.optional = optional
+        self.unserved = False
+        """An optional resource the API server does not serve (its first list was a 404)."""
+        self._announced = False
         self._running = False
 
     def add_handler(self, handler: Handler) -> None:
@@ -91,12 +106,12 @@ class Informer:
         """Running, synced, and not failing for longer than `stale_after_s`."""
         if not self._running or not self.synced.is_set():
             return False
-        since = self._failing_since
+        since = self.failing_since
         return since is None or time.monotonic() - since < self.stale_after_s
 
     def status(self) -> dict[str, Any]:
         """What readiness endpoints show about this informer."""
-        since = self._failing_since
+        since = self.failing_since
         return {
             "healthy": self.healthy,
             "running": self._running,
@@ -178,6 +193,14 @@ class Informer:
                     need_list = True
                 except asyncio.CancelledError:
                     raise
+                except NotFound as exc:
+                    if self.optional and not self.synced.is_set():
+                        self._unserved()
+                        return
+                    self._failed(exc, backoff)
+                    need_list = True
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.max_backoff_s)
                 except Unavailable as exc:
                     self._failed(exc, backoff)
                     await asyncio.sleep(backoff)
@@ -192,11 +215,22 @@ class Informer:
         finally:
             self._running = False
 
+    def _unserved(self) -> None:
+        self.unserved = True
+        self.synced.set()
+        log.info("the API server does not serve this resource", extra={"informer": self.name})
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.on_health is not None:
+            self.on_health()
+
     def _failed(self, exc: Exception, backoff_s: float) -> None:
         self.failures += 1
+        self.last_exception = exc
         self.last_error = f"{type(exc).__name__}: {exc}"
-        if self._failing_since is None:
-            self._failing_since = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
         level = logging.WARNING if isinstance(exc, Unavailable) else logging.ERROR
         log.log(
             level,
@@ -208,12 +242,19 @@ class Informer:
                 "retry_in_s": backoff_s,
             },
         )
+        self._tell()
 
     def _recovered(self) -> None:
-        if self._failing_since is not None:
+        # Also called once the first list is in: a consumer may be waiting for the view to
+        # be complete, which no object event says when the list is empty.
+        changed = self.failing_since is not None or not self._announced
+        if self.failing_since is not None:
             log.info("watch recovered", extra={"informer": self.name, "failures": self.failures})
+        self._announced = True
         self.failures = 0
-        self._failing_since = None
+        self.failing_since = None
+        if changed:
+            self._tell()
 
     async def _apply(self, event: WatchEvent, obj: Obj) -> None:
         key = key_of(obj)
@@ -230,6 +271,20 @@ class Informer:
 
     def values(self) -> list[Any]:
         return list(self.store.values())
+
+
+def not_ready(informers: Sequence[Informer]) -> tuple[str, dict[str, Any]] | None:
+    """Why a process whose view comes from `informers` is not ready (a reason and each
+    informer's status, for a readiness probe's problem response), or None when it is: a dead,
+    unsynced or failing watch freezes the view, and serving from it must be visible."""
+    if all(inf.healthy for inf in informers):
+        return None
+    reason = (
+        "caches not synced yet"
+        if not all(inf.synced.is_set() for inf in informers)
+        else "a watch is failing"
+    )
+    return reason, {inf.name: inf.status() for inf in informers}
 
 
 class LabelIndex:

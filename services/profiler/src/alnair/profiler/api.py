@@ -6,13 +6,15 @@
 - `GET /v1/jobs/{ns}/{name}/profile`: a job's folded profile, its pods, its record (aggregator);
 - `GET /v1/records?model=&gpu=&limit=`: execution records, newest first (aggregator);
 - `GET /metrics` (Prometheus, per-pod GPU gauges), `GET /healthz`, `GET /readyz` (503 while the
-  bus is disconnected or making its streams and consumers again after a reconnect).
+  bus is disconnected or making its streams and consumers again after a reconnect, and while a
+  watch of the API server has not synced or is failing, naming it).
 Errors are RFC 9457 problem responses that name what was not found.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,6 +26,8 @@ from alnair.common.bus import Bus, not_ready
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.events import GpuInventory
 from alnair.common.http import install_problem_handlers, problem
+from alnair.common.informer import Informer
+from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.profiler.aggregator import Aggregator
 from alnair.profiler.metrics import ProfilerMetrics
@@ -45,6 +49,7 @@ def create_app(
     inventory: KeyValue | None = None,
     aggregator: Aggregator | None = None,
     bus: Bus | None = None,
+    informers: Sequence[Informer] = (),
 ) -> FastAPI:
     """The API; routes needing the aggregator answer 404 problems on an agent."""
     app = FastAPI(title="alnair profiler", version="v1")
@@ -62,6 +67,11 @@ def create_app(
     async def readyz() -> JSONResponse:
         if (why := not_ready(bus)) is not None:
             return problem(503, "Not Ready", why)
+        # A dead or failing watch leaves pods unattributed or jobs unrecorded: not ready,
+        # with which watch and why.
+        if (stale := informers_not_ready(informers)) is not None:
+            reason, status = stale
+            return problem(503, "Not Ready", reason, informers=status)
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,8 @@ from alnair.common.busauth import for_node
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
 from alnair.common.http import bound_port, named_task, start_http, stop_http
-from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient
+from alnair.common.informer import Informer, WatchEvent
+from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient, Obj, Resource
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent import Agent
@@ -34,14 +36,48 @@ from alnair.profiler.busauth import start_bus_auth
 from alnair.profiler.gpu import GpuBackend
 from alnair.profiler.handlers import subscribe_pod_metrics, subscribe_pod_summaries
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.settings import ProfilerSettings
+from alnair.profiler.settings import ProfilerSettings, parse_resource
 from alnair.profiler.sim import SimBackend
 from alnair.profiler.summaries import Spool
 from alnair.profiler.trialjob import LABEL_TRIALJOB, TrialController
-from alnair.profiler.watching import parse_resource, watch_resource
 from alnair.profiler.workloads import ThroughputTable
 
 log = logging.getLogger(__name__)
+
+OnEvent = Callable[[str, Obj], Awaitable[None]]
+
+
+def _watch(
+    kube: KubeClient,
+    resource: Resource,
+    on_event: OnEvent,
+    *,
+    task: str,
+    tasks: list[asyncio.Task[Any]],
+    informers: list[Informer],
+    died: asyncio.Event,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+) -> Informer:
+    """Follow `resource` with the common informer (list, watch, relist with reconciliation,
+    back-off, health), handing `on_event` each change as ("ADDED" | "MODIFIED" | "DELETED",
+    object). Objects gone while the watch was away arrive as DELETED. Its health is part of
+    the process's readiness."""
+    informer = Informer(
+        kube,
+        resource,
+        label_selector=label_selector,
+        field_selector=field_selector,
+        name=task.rpartition(".")[2],
+    )
+
+    async def handler(event: WatchEvent, obj: Obj, _old: Obj | None) -> None:
+        await on_event(event.value, obj)
+
+    informer.add_handler(handler)
+    tasks.append(spawn(informer.run(), name=task, on_death=_fatal(died)))
+    informers.append(informer)
+    return informer
 
 
 @dataclass
@@ -59,6 +95,7 @@ class Running:
     redis: aioredis.Redis | None = None
     backend: GpuBackend | None = None
     died: asyncio.Event = field(default_factory=asyncio.Event)
+    informers: list[Informer] = field(default_factory=list)
 
     @property
     def http_port(self) -> int:
@@ -102,6 +139,7 @@ async def start_agent(
 ) -> Running:
     metrics = ProfilerMetrics(registry)
     tasks: list[asyncio.Task[Any]] = []
+    informers: list[Informer] = []
     died = asyncio.Event()
     # The backend first: a node without a driver should fail at once, with NVML's reason.
     backend: GpuBackend
@@ -146,7 +184,7 @@ async def start_agent(
     # first sample; pending ones go out as soon as the summary task runs.
     agent.spool.load(agent.summaries)
     if isinstance(backend, SimBackend):
-        await _feed_sim(backend, agent, kube, settings, tasks, died)
+        await _feed_sim(backend, agent, kube, settings, tasks, informers, died)
     else:
         node = settings.node_name or ""
         await agent.sync_node(node)
@@ -158,23 +196,17 @@ async def start_agent(
             else:
                 agent.directory.upsert(obj)
 
-        async def on_pods(items: list[dict[str, Any]]) -> None:
-            agent.directory.pods.clear()
-            for item in items:
-                agent.summaries.pod_changed(item)
-                agent.directory.upsert(item)
-
-        ready = asyncio.Event()
-        tasks.append(
-            spawn(
-                watch_resource(
-                    kube, PODS, on_pod, on_pods, field_selector=f"spec.nodeName={node}", ready=ready
-                ),
-                name="profiler.agent.watch-pods",
-                on_death=_fatal(died),
-            )
+        pods = _watch(
+            kube,
+            PODS,
+            on_pod,
+            task="profiler.agent.watch-pods",
+            tasks=tasks,
+            informers=informers,
+            died=died,
+            field_selector=f"spec.nodeName={node}",
         )
-        await ready.wait()
+        await pods.synced.wait()
     tasks.append(
         spawn(
             agent.run_sampler(settings.sample_interval_s),
@@ -190,10 +222,22 @@ async def start_agent(
         agent._summaries_wake.set()
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
-        create_app(metrics, inventory, bus=bus), settings.http_host, settings.http_port, tasks
+        create_app(metrics, inventory, bus=bus, informers=informers),
+        settings.http_host,
+        settings.http_port,
+        tasks,
     )
     return Running(
-        "agent", metrics, bus, kube, server, tasks, agent=agent, backend=backend, died=died
+        "agent",
+        metrics,
+        bus,
+        kube,
+        server,
+        tasks,
+        agent=agent,
+        backend=backend,
+        died=died,
+        informers=informers,
     )
 
 
@@ -203,6 +247,7 @@ async def _feed_sim(
     kube: KubeClient,
     settings: ProfilerSettings,
     tasks: list[asyncio.Task[Any]],
+    informers: list[Informer],
     died: asyncio.Event,
 ) -> None:
     """Drive the sim backend from node and pod watches (nodes first, so pods find GPUs)."""
@@ -216,14 +261,6 @@ async def _feed_sim(
         if sim.upsert_node(obj) is not None:
             await agent.sync_node(name, obj.get("metadata", {}).get("labels") or {})
 
-    async def on_nodes(items: list[dict[str, Any]]) -> None:
-        names = {str(i.get("metadata", {}).get("name", "")) for i in items}
-        for gone in set(sim.nodes()) - names:
-            sim.remove_node(gone)
-            agent.forget_node(gone)
-        for item in items:
-            await on_node("ADDED", item)
-
     async def on_pod(kind: str, obj: dict[str, Any]) -> None:
         agent.summaries.pod_changed(obj, deleted=kind == "DELETED")
         if kind == "DELETED":
@@ -231,39 +268,27 @@ async def _feed_sim(
         else:
             sim.upsert_pod(obj, time.time())
 
-    async def on_pods(items: list[dict[str, Any]]) -> None:
-        live = {str(i.get("metadata", {}).get("uid", "")) for i in items}
-        for ref in sim.running_pods():
-            if ref.uid not in live:
-                sim.remove_pod(ref.uid)
-        for item in items:
-            await on_pod("ADDED", item)
-
-    nodes_ready = asyncio.Event()
-    tasks.append(
-        spawn(
-            watch_resource(
-                kube,
-                NODES,
-                on_node,
-                on_nodes,
-                label_selector=settings.sim_node_selector,
-                ready=nodes_ready,
-            ),
-            name="profiler.sim.watch-nodes",
-            on_death=_fatal(died),
-        )
+    nodes = _watch(
+        kube,
+        NODES,
+        on_node,
+        task="profiler.sim.watch-nodes",
+        tasks=tasks,
+        informers=informers,
+        died=died,
+        label_selector=settings.sim_node_selector,
     )
-    await nodes_ready.wait()
-    pods_ready = asyncio.Event()
-    tasks.append(
-        spawn(
-            watch_resource(kube, PODS, on_pod, on_pods, ready=pods_ready),
-            name="profiler.sim.watch-pods",
-            on_death=_fatal(died),
-        )
+    await nodes.synced.wait()
+    pods = _watch(
+        kube,
+        PODS,
+        on_pod,
+        task="profiler.sim.watch-pods",
+        tasks=tasks,
+        informers=informers,
+        died=died,
     )
-    await pods_ready.wait()
+    await pods.synced.wait()
 
 
 async def start_aggregator(
@@ -277,6 +302,7 @@ async def start_aggregator(
     kube = KubeClient.from_config(settings.kubeconfig)
     redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
     tasks: list[asyncio.Task[Any]] = []
+    informers: list[Informer] = []
     died = asyncio.Event()
     aggregator = Aggregator(
         bus,
@@ -298,18 +324,20 @@ async def start_aggregator(
         async def on_owner(kind: str, obj: dict[str, Any], resource: Any = resource) -> None:
             await aggregator.on_owner_event(kind, obj, resource)
 
-        tasks.append(
-            spawn(
-                watch_resource(kube, resource, on_owner, retry_s=5.0),
-                name=f"profiler.aggregator.watch-{resource.plural}",
-                on_death=_fatal(died),
-            )
+        _watch(
+            kube,
+            resource,
+            on_owner,
+            task=f"profiler.aggregator.watch-{resource.plural}",
+            tasks=tasks,
+            informers=informers,
+            died=died,
         )
     if settings.trialjobs:
-        await _start_trials(kube, aggregator, tasks, died)
+        await _start_trials(kube, aggregator, tasks, informers, died)
     inventory = await bus.kv(GpuInventory.BUCKET)
     server = await _start_http(
-        create_app(metrics, inventory, aggregator, bus),
+        create_app(metrics, inventory, aggregator, bus, informers=informers),
         settings.http_host,
         settings.http_port,
         tasks,
@@ -324,6 +352,7 @@ async def start_aggregator(
         aggregator=aggregator,
         redis=redis,
         died=died,
+        informers=informers,
     )
 
 
@@ -331,27 +360,33 @@ async def _start_trials(
     kube: KubeClient,
     aggregator: Aggregator,
     tasks: list[asyncio.Task[Any]],
+    informers: list[Informer],
     died: asyncio.Event,
 ) -> None:
     """The TrialJob controller: TrialJob changes, trial Jobs ending, and their records landing."""
     trials = TrialController(kube, aggregator.records, aggregator.is_profiled)
     # The aggregator calls us once a record is written: that is when a trial's numbers exist.
     aggregator.on_finalized.append(trials.on_finalized)
-    tasks.append(
-        spawn(
-            watch_resource(kube, TRIALJOBS, trials.on_trialjob, retry_s=5.0),
-            name="profiler.trialjobs.watch",
-            on_death=_fatal(died),
-        )
+    _watch(
+        kube,
+        TRIALJOBS,
+        trials.on_trialjob,
+        task="profiler.trialjobs.watch",
+        tasks=tasks,
+        informers=informers,
+        died=died,
     )
     # A trial Job that ends without ever being profiled gets no record; the watch still sees
     # it end.
-    tasks.append(
-        spawn(
-            watch_resource(kube, JOBS, trials.on_job, label_selector=LABEL_TRIALJOB),
-            name="profiler.trialjobs.watch-jobs",
-            on_death=_fatal(died),
-        )
+    _watch(
+        kube,
+        JOBS,
+        trials.on_job,
+        task="profiler.trialjobs.watch-jobs",
+        tasks=tasks,
+        informers=informers,
+        died=died,
+        label_selector=LABEL_TRIALJOB,
     )
 
 

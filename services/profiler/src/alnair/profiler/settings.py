@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from alnair.common.errors import InvalidValueError
+from alnair.common.kube import Resource
 from alnair.common.settings import DEFAULT_HTTP_PORTS, ServiceSettings
 
 
@@ -127,3 +129,15 @@ class ProfilerSettings(ServiceSettings):
         if "http_port" not in self.model_fields_set and self.role != "agent":
             self.http_port = DEFAULT_HTTP_PORTS[self.role]
         return self
+
+
+def parse_resource(spec: str) -> Resource:
+    """A Resource from "group/version/plural" ("batch/v1/jobs") or "version/plural" (core)."""
+    parts = spec.strip("/").split("/")
+    if len(parts) == 3:
+        return Resource(parts[0], parts[1], parts[2])
+    if len(parts) == 2:
+        return Resource("", parts[0], parts[1])
+    raise InvalidValueError(
+        "owner_kinds", spec, "expected group/version/plural, e.g. batch/v1/jobs"
+    )

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers, problem
+from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.live.binder import Scheduler
@@ -59,16 +60,9 @@ def build_api(scheduler: Scheduler, bus: Bus | None = None) -> FastAPI:
         # with which informer and why, instead of serving decisions from a stale cache.
         if (why := not_ready(bus)) is not None:
             return problem(503, "Not Ready", why)
-        informers = scheduler.informers()
-        if not all(inf.healthy for inf in informers):
-            return problem(
-                503,
-                "Not Ready",
-                "caches not synced yet"
-                if not all(inf.synced.is_set() for inf in informers)
-                else "a watch is failing",
-                informers={inf.name: inf.status() for inf in informers},
-            )
+        if (stale := informers_not_ready(scheduler.informers())) is not None:
+            reason, informers = stale
+            return problem(503, "Not Ready", reason, informers=informers)
         return {"status": "ready", "leading": str(scheduler.scheduling.is_set()).lower()}
 
     return app

@@ -38,7 +38,7 @@ import yaml
 
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import NODES, ApiError, KubeClient, KubeConfig, NotFound, Obj, Resource
+from alnair.common.kube import NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
 from alnair.common.tasks import spawn
 from alnair.scheduler.dispatcher.kinds import JOB, WorkloadKind
 from alnair.scheduler.dispatcher.objects import node_gpus
@@ -165,56 +165,6 @@ def client_for(config: WorkerConfig, timeout_s: float) -> KubeClient:
     return KubeClient(loaded, timeout_s=timeout_s)
 
 
-class _Unserved(Exception):
-    """The worker's API server does not serve a kind (its list answered 404)."""
-
-
-class _WorkerInformer(Informer):
-    """An informer that tells its worker when its watch fails or recovers. One for a kind
-    from another project (`optional`) ends at a 404 on its first list: the worker does not
-    serve the kind (`unserved`), which is no failure of the worker."""
-
-    def __init__(
-        self, *args: Any, on_health: Callable[[], None], optional: bool = False, **kw: Any
-    ) -> None:
-        super().__init__(*args, **kw)
-        self.on_health = on_health
-        self.optional = optional
-        self.unserved = False
-        self._announced = False
-        self.last_exception: Exception | None = None
-        self.failing_since: float | None = None
-
-    def _failed(self, exc: Exception, backoff_s: float) -> None:
-        if self.optional and isinstance(exc, NotFound) and not self.synced.is_set():
-            self.unserved = True
-            self.synced.set()
-            self.on_health()
-            raise _Unserved(self.name) from exc
-        super()._failed(exc, backoff_s)
-        self.last_exception = exc
-        if self.failing_since is None:
-            self.failing_since = time.monotonic()
-        self.on_health()
-
-    def _recovered(self) -> None:
-        # Also called once its first list is in: the worker may have become reachable (every
-        # informer synced), which no object event says when the list is empty.
-        changed = self.failing_since is not None or not self._announced
-        self._announced = True
-        super()._recovered()
-        self.failing_since = None
-        if changed:
-            self.on_health()
-
-    async def run_until_unserved(self) -> None:
-        try:
-            await self.run()
-        except _Unserved:
-            log.info("a worker does not serve a kind: none is placed there",
-                     extra={"informer": self.name})  # fmt: skip
-
-
 class Worker:
     """One worker cluster: its client, its informers, whether it answers."""
 
@@ -231,7 +181,7 @@ class Worker:
         self.config = config
         self.grace_s = grace_s
         self.kube = client_for(config, timeout_s)
-        self.nodes = _WorkerInformer(
+        self.nodes = Informer(
             self.kube,
             NODES,
             name=f"{config.name}.nodes",
@@ -239,8 +189,8 @@ class Worker:
             max_backoff_s=retry_max_s,
             stale_after_s=grace_s,
         )
-        self.mirrors: dict[str, _WorkerInformer] = {
-            kind.kind: _WorkerInformer(
+        self.mirrors: dict[str, Informer] = {
+            kind.kind: Informer(
                 self.kube,
                 kind.resource,
                 label_selector=LABEL_ORIGIN,
@@ -269,11 +219,11 @@ class Worker:
         return self.config.name
 
     @property
-    def jobs(self) -> _WorkerInformer:
+    def jobs(self) -> Informer:
         """The Jobs mirrored here."""
         return self.mirrors[JOB.kind]
 
-    def _informers(self) -> tuple[_WorkerInformer, ...]:
+    def _informers(self) -> tuple[Informer, ...]:
         return (self.nodes, *self.mirrors.values())
 
     def serves(self, kind: str) -> bool:
@@ -289,9 +239,7 @@ class Worker:
 
     def start(self) -> None:
         for informer in self._informers():
-            self._tasks.append(
-                spawn(informer.run_until_unserved(), name=f"hub.worker.{informer.name}")
-            )
+            self._tasks.append(spawn(informer.run(), name=f"hub.worker.{informer.name}"))
 
     async def stop(self) -> None:
         for task in self._tasks:
