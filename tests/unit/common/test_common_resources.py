@@ -90,3 +90,39 @@ def test_kubeconfig_relative_paths_and_errors(tmp_path: Path) -> None:
         KubeConfig.load(str(path))
     with pytest.raises(ConfigError, match="cannot read kubeconfig"):
         KubeConfig.load(str(tmp_path / "nope"))
+
+
+def _container(limits: dict[str, object] | None = None, requests: dict[str, object] | None = None) -> dict[str, object]:  # fmt: skip
+    resources: dict[str, object] = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": "c", "resources": resources}
+
+
+def test_a_containers_requests_are_its_limits_with_its_requests_over_them() -> None:
+    only_limit = _container(limits={r.GPU: "2", "cpu": "4"})
+    assert r.container_requests(only_limit) == {r.GPU: "2", "cpu": "4"}
+    both = _container(limits={"cpu": "4", "memory": "8Gi"}, requests={"cpu": "1"})
+    assert r.container_requests(both) == {"cpu": "1", "memory": "8Gi"}
+    assert r.container_requests({"name": "bare"}) == {}
+
+
+def test_whole_gpus_sums_containers_and_takes_the_largest_init_container() -> None:
+    spec = {
+        "containers": [_container(limits={r.GPU: 2}), _container(requests={r.GPU: "1"})],
+        "initContainers": [_container(limits={r.GPU: "1"})],
+    }
+    assert r.whole_gpus(spec) == 3
+    spec["initContainers"] = [_container(limits={r.GPU: "4"})]
+    assert r.whole_gpus(spec) == 4  # Kubernetes' effective request
+    assert r.whole_gpus({"containers": [_container(limits={"cpu": "1"})]}) == 0
+
+
+@pytest.mark.parametrize("bad", ["1.5", "-1", "two"])
+def test_whole_gpus_names_a_count_that_is_not_whole(bad: str) -> None:
+    spec = {"containers": [_container(), _container(limits={r.GPU: bad})]}
+    with pytest.raises(InvalidValueError) as caught:
+        r.whole_gpus(spec, "spec.template.spec")
+    assert caught.value.field == f"spec.template.spec.containers[1].resources.{r.GPU}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from alnair.common.errors import InvalidValueError
 
@@ -141,6 +141,37 @@ def parse_quantity(value: str | int | float, field: str = "quantity") -> Decimal
     if m.group(2):
         number *= Decimal(10) ** int(m.group(2)[1:])
     return number * _SUFFIX[m.group(3) or ""]
+
+
+def container_requests(container: Mapping[str, Any]) -> dict[str, Any]:
+    """What one container asks for, as Kubernetes reads it: its limits, with its requests over
+    them (a resource given only as a limit, as extended resources usually are, is requested at
+    that limit). Every service reads a container's GPUs through this one rule."""
+    resources = container.get("resources") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def whole_gpus(pod_spec: Mapping[str, Any], field: str = "spec") -> int:
+    """Whole GPUs (`nvidia.com/gpu`) a pod spec, or a pod template's spec, asks for: the sum
+    over its containers, or its largest init container's when that is more (Kubernetes'
+    effective request). InvalidValueError names a count that is not a whole number >= 0."""
+
+    def count(container: Mapping[str, Any], where: str) -> int:
+        value = container_requests(container).get(GPU)
+        if value is None:
+            return 0
+        number = parse_quantity(value, where)
+        if number < 0 or number != number.to_integral_value():
+            raise InvalidValueError(where, value, "whole GPUs must be a whole number >= 0")
+        return int(number)
+
+    def counts(part: str) -> list[int]:
+        return [
+            count(c, f"{field}.{part}[{i}].resources.{GPU}")
+            for i, c in enumerate(pod_spec.get(part) or [])
+        ]
+
+    return max(sum(counts("containers")), max(counts("initContainers"), default=0))
 
 
 def gpu_memory_mib(amounts: Mapping[str, Decimal | int], field: str = "resources") -> Decimal:

@@ -51,13 +51,8 @@ def shape_of(spec: ElasticSpec, priority: int = 0) -> WorkerShape:
 
 
 def whole_gpus(pod: Obj) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("requests") or {}).get(r.GPU) or (res.get("limits") or {}).get(r.GPU)
-        if value is not None:
-            total += int(str(value))
-    return total
+    """Whole GPUs a pod asks for (`alnair.common.resources.whole_gpus`)."""
+    return r.whole_gpus(pod.get("spec") or {})
 
 
 def holds_gpus(pod: Obj) -> bool:

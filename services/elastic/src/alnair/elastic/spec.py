@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.errors import PermanentError
+from alnair.common.errors import InvalidValueError, PermanentError
 from alnair.common.kube import Obj
 
 JOB_LABEL = "alnair.io/elastic-job"
@@ -75,14 +75,8 @@ class ElasticSpec:
 
 
 def template_gpus(template: Obj) -> int:
-    """Whole GPUs one worker asks for (limits, else requests, summed over containers)."""
-    total = 0
-    for c in (template.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(r.GPU) or (res.get("requests") or {}).get(r.GPU)
-        if value is not None:
-            total += int(str(value))
-    return total
+    """Whole GPUs one worker asks for (`alnair.common.resources.whole_gpus`)."""
+    return r.whole_gpus(template.get("spec") or {}, "spec.template.spec")
 
 
 def _int(spec: dict[str, Any], field: str, default: int | None, problems: list[Any]) -> int:
@@ -116,8 +110,8 @@ def parse(obj: Obj) -> ElasticSpec:
         template = {}
     try:
         asked = template_gpus(template)
-    except ValueError as exc:
-        problems.append((f"spec.template...resources.limits[{r.GPU}]", str(exc)))
+    except InvalidValueError as exc:
+        problems.append((exc.field, str(exc)))
         asked = 0
     per_worker = spec.get("gpusPerWorker")
     if template and asked == 0:

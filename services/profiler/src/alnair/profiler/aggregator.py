@@ -258,14 +258,7 @@ def template_gpus(obj: Mapping[str, Any]) -> int:
     """GPUs a workload asks for: per-pod template GPUs times parallelism (0 when unknown)."""
     spec = obj.get("spec") or {}
     template = (spec.get("template") or {}).get("spec") or {}
-    per_pod = 0
-    for container in template.get("containers") or []:
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(res.GPU) or (
-            resources.get("requests") or {}
-        ).get(res.GPU)
-        if value is not None:
-            per_pod += int(str(value))
+    per_pod = res.whole_gpus(template, "spec.template.spec")
     width = spec.get("parallelism", spec.get("replicas", 1))
     return per_pod * int(width or 1)
 

@@ -234,17 +234,11 @@ the simulator's pods and the live binder's are one type (the old name stays for 
 def _containers_requests(spec: Obj) -> dict[str, Any]:
     total: dict[str, Any] = {}
 
-    def requests_of(c: Obj) -> dict[str, Any]:
-        res = c.get("resources") or {}
-        merged = dict(res.get("limits") or {})
-        merged.update(res.get("requests") or {})  # requests win; limits default them
-        return merged
-
     for c in spec.get("containers") or []:
-        for name, q in requests_of(c).items():
+        for name, q in r.container_requests(c).items():
             total[name] = total.get(name, 0) + r.parse_quantity(q, f"{c.get('name')}.{name}")
     for c in spec.get("initContainers") or []:
-        for name, q in requests_of(c).items():
+        for name, q in r.container_requests(c).items():
             v = r.parse_quantity(q, f"{c.get('name')}.{name}")
             total[name] = max(total.get(name, 0), v)
     return total
@@ -255,9 +249,7 @@ def _readable_requests(spec: Obj) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for part in ("containers", "initContainers"):
         for c in spec.get(part) or []:
-            res = c.get("resources") or {}
-            merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-            for name, q in merged.items():
+            for name, q in r.container_requests(c).items():
                 try:
                     v = r.parse_quantity(q, f"{c.get('name')}.{name}")
                 except InvalidValueError:

@@ -180,8 +180,7 @@ def gpus_asked(job: Obj) -> GpuRequest | None:
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
     whole, memory = 0, 0
     for c, container in enumerate(containers):
-        reqs = container.get("resources") or {}
-        amounts = {**(reqs.get("requests") or {}), **(reqs.get("limits") or {})}
+        amounts = res.container_requests(container)
         where = f"spec.template.spec.containers[{c}].resources"
         if GPU in amounts:
             whole += whole_count(amounts[GPU], f"{where}.{GPU}")
