@@ -72,6 +72,7 @@ from alnair.common.events import (
     wrap,
 )
 from alnair.common.natsauth import NatsCredentials
+from alnair.common.retry import retrying
 from alnair.common.tasks import spawn
 
 log = logging.getLogger(__name__)
@@ -274,20 +275,18 @@ class Bus:
         client that may not make them) and every durable consumer, retrying with a backoff
         until the server answers. Idempotent: after a plain reconnect it changes nothing."""
         self.recovered.clear()
-        delay = 0.5
-        while True:
-            try:
+        async for attempt in retrying(
+            "bus recovery",
+            on=(nats.errors.Error, nats.js.errors.Error, TimeoutError),
+            wait_initial_s=0.5,
+            wait_max_s=5.0,
+            extra={"client": self.name},
+        ):
+            with attempt:
                 await self._streams()
                 for stream, cfg in self._consumers:
                     with contextlib.suppress(nats.js.errors.BadRequestError):
                         await self.js.add_consumer(stream, config=cfg)
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
-                where = {"client": self.name, "error": repr(exc), "in_s": delay}
-                log.warning("bus recovery failed; retrying", extra=where)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            break
         self.recovered.set()
         self.recoveries += 1
         log.info("bus recovered", extra={"client": self.name, "consumers": len(self._consumers)})
@@ -370,26 +369,28 @@ class Bus:
     ) -> None:
         # While the server restarts the publish times out or fails; the message id makes the
         # retry safe (the stream's duplicate window drops a second copy).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget_s
-        delay = 0.1
-        while True:
-            try:
-                await self.js.publish(subject, payload, timeout=2.0, headers=headers)
-                return
-            except (
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.errors.ConnectionClosedError,
-                nats.errors.ConnectionReconnectingError,
-                nats.js.errors.ServiceUnavailableError,
-            ) as exc:
-                if loop.time() + delay > deadline:
-                    raise TemporaryError(
-                        "publish did not reach JetStream", subject=subject, error=repr(exc)
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        transient = (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionReconnectingError,
+            nats.js.errors.ServiceUnavailableError,
+        )
+        try:
+            async for attempt in retrying(
+                "publish",
+                on=transient,
+                wait_initial_s=0.1,
+                wait_max_s=1.0,
+                timeout_s=budget_s,
+                extra={"client": self.name, "subject": subject},
+            ):
+                with attempt:
+                    await self.js.publish(subject, payload, timeout=2.0, headers=headers)
+        except transient as exc:
+            raise TemporaryError(
+                "publish did not reach JetStream", subject=subject, error=repr(exc)
+            ) from exc
 
     async def publish_raw(self, subject: str, payload: bytes) -> None:
         """Publish bytes as they are (tests and bridges); JetStream-backed if a stream matches."""

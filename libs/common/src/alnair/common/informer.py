@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from alnair.common.kube import Gone, KubeClient, NotFound, Obj, Resource, Unavailable
+from alnair.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +161,9 @@ class Informer:
         self.relists += 1
 
     async def run(self) -> None:
-        """List, then watch forever (run it as a guarded task); never returns on its own."""
-        backoff = 0.2
+        """List, then watch forever (run it as a guarded task); it returns only for an
+        optional resource the API server does not serve."""
+        backoff = Backoff(0.2, self.max_backoff_s)
         need_list = True
         self._running = True
         try:
@@ -179,7 +181,7 @@ class Informer:
                         label_selector=self.label_selector,
                         field_selector=self.field_selector,
                     ):
-                        backoff = 0.2
+                        backoff.reset()
                         self._recovered()
                         self.resource_version = obj.get("metadata", {}).get(
                             "resourceVersion", self.resource_version
@@ -197,23 +199,22 @@ class Informer:
                     if self.optional and not self.synced.is_set():
                         self._unserved()
                         return
-                    self._failed(exc, backoff)
                     need_list = True
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.max_backoff_s)
+                    await self._back_off(exc, backoff)
                 except Unavailable as exc:
-                    self._failed(exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.max_backoff_s)
+                    await self._back_off(exc, backoff)
                 except Exception as exc:
                     # 401/403, a watch ERROR event, a malformed answer: what we missed is
                     # unknown, so start over from a list once the back-off has passed.
-                    self._failed(exc, backoff)
                     need_list = True
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.max_backoff_s)
+                    await self._back_off(exc, backoff)
         finally:
             self._running = False
+
+    async def _back_off(self, exc: Exception, backoff: Backoff) -> None:
+        wait = backoff.next()
+        self._failed(exc, wait)
+        await asyncio.sleep(wait)
 
     def _unserved(self) -> None:
         self.unserved = True

@@ -35,6 +35,7 @@ import grpc.aio
 from alnair.common import dra
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import NODES, Conflict, KubeClient, NotFound, Obj, Unavailable
+from alnair.common.retry import retrying
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.draclaims import ClaimError, claim_devices, claim_grants
@@ -473,21 +474,26 @@ class SlicePublisher:
         return str(node["metadata"]["uid"])
 
     async def _write(self, body: Obj) -> Obj:
-        delay = 0.1
-        while True:
-            try:
+        # Someone else wrote it, or the API server is away: read again and retry.
+        async for attempt in retrying(
+            "ResourceSlice write",
+            on=(Conflict, Unavailable),
+            wait_initial_s=0.1,
+            wait_max_s=self.retry_max_s,
+            extra={"slice": self.name},
+        ):
+            with attempt:
                 try:
-                    current = await self.kube.get(dra.RESOURCESLICES, self.name)
-                except NotFound:
-                    return await self.kube.create(dra.RESOURCESLICES, body)
-                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                return await self.kube.replace(dra.RESOURCESLICES, body)
-            except (Conflict, Unavailable) as exc:
-                # someone else wrote it, or the API server is away: read again and retry
-                self.metrics.dra_slice_publishes.labels("retry").inc()
-                log.warning("ResourceSlice write failed", extra={"error": str(exc)})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max_s)
+                    try:
+                        current = await self.kube.get(dra.RESOURCESLICES, self.name)
+                    except NotFound:
+                        return await self.kube.create(dra.RESOURCESLICES, body)
+                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    return await self.kube.replace(dra.RESOURCESLICES, body)
+                except (Conflict, Unavailable):
+                    self.metrics.dra_slice_publishes.labels("retry").inc()
+                    raise
+        raise AssertionError("unreachable: retrying ends in a return or an exception")
 
     async def _current_generation(self) -> int:
         try:

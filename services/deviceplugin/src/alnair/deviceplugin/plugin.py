@@ -30,6 +30,7 @@ import grpc.aio
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import GpuDevice
 from alnair.common.resources import gpu_memory_mib as memory_mib
+from alnair.common.retry import Backoff, retrying
 from alnair.common.tasks import first_of
 from alnair.deviceplugin import devices as dev
 from alnair.deviceplugin import fswatch
@@ -408,42 +409,39 @@ class PluginServer:
 
     async def register(self) -> None:
         """Register with the kubelet, retrying with backoff until it accepts."""
-        delay = 0.1
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=self.endpoint,
             resource_name=self.plugin.resource,
             options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
         )
-        while True:
-            try:
-                async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
-                    call = channel.unary_unary(
-                        f"/{SERVICE_REGISTRATION}/Register",
-                        request_serializer=pb.RegisterRequest.SerializeToString,
-                        response_deserializer=pb.Empty.FromString,
-                    )
-                    await call(request, timeout=5.0, wait_for_ready=False)
-            except grpc.aio.AioRpcError as exc:
-                self.plugin.metrics.registrations.labels(self.plugin.resource, "failed").inc()
-                log.warning(
-                    "kubelet registration failed",
-                    extra={
-                        "resource": self.plugin.resource,
-                        "code": str(exc.code()),
-                        "detail": exc.details(),
-                    },
-                )
-                # the kubelet is starting or away: nothing to wait on but time
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max_s)
-                continue
-            self._kubelet_inode = _inode(self.kubelet_socket)
-            self.registrations += 1
-            self.plugin.metrics.registrations.labels(self.plugin.resource, "ok").inc()
-            self.registered.set()
-            log.info("registered with the kubelet", extra={"resource": self.plugin.resource})
-            return
+        # The kubelet is starting or away: nothing to wait on but time.
+        async for attempt in retrying(
+            "kubelet registration",
+            on=grpc.aio.AioRpcError,
+            wait_initial_s=0.1,
+            wait_max_s=self.retry_max_s,
+            extra={"resource": self.plugin.resource},
+        ):
+            with attempt:
+                try:
+                    async with grpc.aio.insecure_channel(
+                        f"unix://{self.kubelet_socket}"
+                    ) as channel:
+                        call = channel.unary_unary(
+                            f"/{SERVICE_REGISTRATION}/Register",
+                            request_serializer=pb.RegisterRequest.SerializeToString,
+                            response_deserializer=pb.Empty.FromString,
+                        )
+                        await call(request, timeout=5.0, wait_for_ready=False)
+                except grpc.aio.AioRpcError:
+                    self.plugin.metrics.registrations.labels(self.plugin.resource, "failed").inc()
+                    raise
+        self._kubelet_inode = _inode(self.kubelet_socket)
+        self.registrations += 1
+        self.plugin.metrics.registrations.labels(self.plugin.resource, "ok").inc()
+        self.registered.set()
+        log.info("registered with the kubelet", extra={"resource": self.plugin.resource})
 
     def _kubelet_restarted(self) -> bool:
         if not self.socket_path.exists():
@@ -506,11 +504,10 @@ class PluginServer:
     async def _wait_for_kubelet(self) -> None:
         """Until the kubelet's socket answers: woken by its creation, with a backoff retry for
         the moment between its bind and its listen (and where the directory is not watched)."""
-        delay = 0.05
+        backoff = Backoff(0.05, self.retry_max_s)
         while True:
             self._fs_changed.clear()
             if _reachable(self.kubelet_socket):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._fs_changed.wait(), delay)
-            delay = min(delay * 2, self.retry_max_s)
+                await asyncio.wait_for(self._fs_changed.wait(), backoff.next())

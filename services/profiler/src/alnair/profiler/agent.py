@@ -41,6 +41,7 @@ from alnair.common.errors import TemporaryError
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink, PodMetric
 from alnair.common.kube import NODES, PODS, ApiError, KubeClient, NotFound
 from alnair.common.records import ANN_THROUGHPUT
+from alnair.common.retry import Backoff
 from alnair.profiler.aggregation import pod_shares
 from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
@@ -403,16 +404,15 @@ class Agent:
         Woken by the sampler (a pod ended) and by the bus (reconnected). A publish that fails
         while the connection is up (JetStream still recovering after a server restart) is
         retried with backoff, since no further event may come to wake us."""
-        delay = 1.0
+        backoff = Backoff(1.0, retry_max_s)
         while True:
             await self._summaries_wake.wait()
             self._summaries_wake.clear()
             if await self.publish_summaries():
-                delay = 1.0
+                backoff.reset()
                 continue
             if self.bus.connected:
-                await asyncio.sleep(delay)
-                delay = min(retry_max_s, delay * 2)
+                await asyncio.sleep(backoff.next())
                 self._summaries_wake.set()
 
     async def _report_throughput(self, node: str, sample: NodeSample) -> None:
