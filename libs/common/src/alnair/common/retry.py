@@ -59,7 +59,7 @@ class Backoff:
 
     def at(self, attempt: int) -> float:
         """The wait before retry number `attempt` (0 first), without changing the state."""
-        return min(self.initial_s * self.factor**attempt, self.max_s)
+        return min(self.initial_s * self.factor ** min(attempt, 64), self.max_s)
 
 
 class _Attempt:

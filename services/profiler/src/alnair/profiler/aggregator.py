@@ -83,12 +83,18 @@ from alnair.common.kube import (
     resource_for,
 )
 from alnair.common.records import ANN_STEPS, ANN_THROUGHPUT, ExecutionRecord, Outcome, record_key
+from alnair.common.retry import Backoff
 from alnair.common.tasks import cancel_all, spawn
 from alnair.profiler.aggregation import SERIES, Profile, Stat, owner_annotations
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.records import RecordStore
 
 log = logging.getLogger(__name__)
+
+LATE_SAMPLES_BACKOFF = Backoff(5.0, 3600.0)
+"""Looking again for a finished job's samples still on their way (capped by `late_samples_s`)."""
+FINALIZE_BACKOFF = Backoff(1.0, 60.0)
+"""Finalizing again while the API server, Redis or NATS is away."""
 
 P = "alnair:"
 
@@ -616,13 +622,13 @@ class Aggregator:
                     # `late_samples_s`, when it is recorded without them.
                     assert end_ts is not None  # (no end: nothing in flight)
                     left = self.late_samples_s - (time.time() - end_ts) + 1.0
-                    delay = max(1.0, min(5.0 * 2.0**attempt, left))
+                    delay = max(1.0, min(LATE_SAMPLES_BACKOFF.at(attempt), left))
                     log.info("finished before its samples arrived", extra={"uid": uid})
                     self._retry(obj, resource, outcome, end_ts, attempt + 1, delay)
         except (TemporaryError, RedisError) as exc:
             # The API server, Redis or NATS is away. No further watch event may come for a
             # finished job, so retry on our own, backing off; every step is idempotent.
-            delay = min(60.0, 2.0**attempt)
+            delay = FINALIZE_BACKOFF.at(attempt)
             log.warning(
                 "finalize failed, will retry",
                 extra={"uid": uid, "error": str(exc), "delay_s": delay},
