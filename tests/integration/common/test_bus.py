@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 from collections import Counter
 
 import pytest
@@ -413,3 +414,18 @@ async def test_a_wiped_store_is_made_again_and_consumers_resume_not_ready_until_
         while got != ["job-0", "job-1"]:
             await asyncio.sleep(0.05)
     await bus.close()
+
+
+async def test_a_bus_that_cannot_be_reached_at_start_fails_clearly_in_time() -> None:
+    """nats-py retries a first connection for ever; a service would hang unready with no word
+    of why. Within `connect_within_s` it fails, naming the URL, and leaves nothing running."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"nats://127.0.0.1:{probe.getsockname()[1]}"
+    before = asyncio.all_tasks()
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(TemporaryError, match=f"NATS at {url} not reachable within 1 s"):
+        await Bus.connect(url, name="nowhere", connect_within_s=1.0)
+    assert asyncio.get_running_loop().time() - started < 5
+    await asyncio.sleep(0.3)
+    assert asyncio.all_tasks() - before == set()

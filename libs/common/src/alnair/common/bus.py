@@ -203,10 +203,15 @@ class Bus:
         *,
         name: str,
         connect_timeout_s: float = 5.0,
+        connect_within_s: float = 60.0,
         ensure_streams: bool = True,
         credentials: NatsCredentials | None = None,
     ) -> Bus:
-        """Connect as `name`, presenting `credentials` (the service's NATS user) if given."""
+        """Connect as `name`, presenting `credentials` (the service's NATS user) if given.
+
+        Once connected, the client reconnects for ever. The first connection must succeed
+        within `connect_within_s`: a service that cannot reach its bus at start fails with an
+        error naming the URL (and is restarted, visibly), instead of hanging unready."""
 
         async def on_disconnect() -> None:
             log.warning("nats disconnected", extra={"client": name})
@@ -237,18 +242,31 @@ class Bus:
             else:
                 log.debug("nats error", extra={"client": name, "error": str(exc)})
 
-        nc = await nats.connect(
-            servers=[u.strip() for u in url.split(",")],
-            name=name,
-            connect_timeout=connect_timeout_s,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.25,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-            error_cb=on_error,
+        nc = NatsClient()
+        # (nats-py annotates its time-outs as int; it takes seconds as floats)
+        options: dict[str, Any] = {
+            "servers": [u.strip() for u in url.split(",")],
+            "name": name,
+            "connect_timeout": connect_timeout_s,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.25,
+            "disconnected_cb": on_disconnect,
+            "reconnected_cb": on_reconnect,
+            "error_cb": on_error,
             **(credentials or NatsCredentials()).connect_options(),
-        )
+        }
+        try:
+            async with asyncio.timeout(connect_within_s):
+                await nc.connect(**options)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise TemporaryError(
+                f"NATS at {url} not reachable within {connect_within_s:g} s",
+                url=url,
+                client=name,
+            ) from None
         bus = cls(nc, nc.jetstream(), name)
         bus._reconnect_listeners = listeners
         bus._ensures_streams = ensure_streams
