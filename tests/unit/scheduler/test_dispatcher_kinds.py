@@ -171,36 +171,25 @@ def test_kueues_queue_label_queues_too_and_alnairs_wins_when_both_are_set() -> N
 
 
 def test_after_pods_were_not_ready_a_job_backs_off_then_is_deactivated() -> None:
-    from prometheus_client import CollectorRegistry
-
-    from alnair.common.kube import KubeClient, KubeConfig
-    from alnair.scheduler.dispatcher.controller import Dispatcher
-    from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-    from alnair.scheduler.dispatcher.settings import DispatcherSettings
-
-    settings = DispatcherSettings(nats_enabled=False, pods_ready_retries=3)
-    dispatcher = Dispatcher(
-        KubeClient(KubeConfig(server="https://127.0.0.1:1")), settings,
-        DispatcherMetrics(CollectorRegistry()),
-    )  # fmt: skip
+    from alnair.scheduler.dispatcher.pods_ready import backing_off
 
     def held(**annotations: str) -> Any:
         obj = job({LABEL_QUEUE: "lq"}, suspend=True)
         obj["metadata"]["annotations"] = annotations
         return JOB.parse(obj, 60.0)
 
-    assert dispatcher._backing_off(held(), 100.0) is None
+    assert backing_off(held(), 100.0, 3) is None
     once = held(**{"alnair.io/pods-not-ready-evictions": "1", "alnair.io/requeue-at": "160"})
-    assert dispatcher._backing_off(once, 100.0) == (
+    assert backing_off(once, 100.0, 3) == (
         "backing off after its pods were not ready, until 160",
         160.0,
     )
-    assert dispatcher._backing_off(once, 170.0) is None  # queued again
+    assert backing_off(once, 170.0, 3) is None  # queued again
     thrice = held(**{"alnair.io/pods-not-ready-evictions": "3"})
-    reason = dispatcher._backing_off(thrice, 100.0)
+    reason = backing_off(thrice, 100.0, 3)
     assert reason is not None and reason[0].startswith("deactivated") and reason[1] is None
     nonsense = held(**{"alnair.io/pods-not-ready-evictions": "x", "alnair.io/requeue-at": "y"})
-    assert dispatcher._backing_off(nonsense, 100.0) is None
+    assert backing_off(nonsense, 100.0, 3) is None
 
 
 @pytest.mark.parametrize(

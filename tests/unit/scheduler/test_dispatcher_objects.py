@@ -147,8 +147,8 @@ def test_the_time_a_preempted_job_ran_is_read_from_its_annotation(
 ) -> None:
     """`alnair.io/ran-s` (written at each preemption) is what the policy subtracts to age a job
     by the time it waited; an edited, unreadable or negative value counts as nothing run."""
-    from alnair.scheduler.dispatcher.controller import _ran_s
     from alnair.scheduler.dispatcher.objects import ANN_RAN
+    from alnair.scheduler.dispatcher.writing import ran_s
 
     annotations = {} if raw is None else {ANN_RAN: raw}
-    assert _ran_s(parse_workload(job(annotations=annotations), 60.0)) == ran
+    assert ran_s(parse_workload(job(annotations=annotations), 60.0)) == ran

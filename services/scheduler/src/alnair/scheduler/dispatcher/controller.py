@@ -19,18 +19,17 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import datetime
 from typing import Any, get_args
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.errors import InvalidValueError
-from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
-from alnair.common.informer import Informer, LabelIndex, WatchEvent
+from alnair.common.events import JobPhase
+from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
-    JOBS,
     LOCALQUEUES,
     NODES,
     PODS,
@@ -43,40 +42,36 @@ from alnair.common.kube import (
 )
 from alnair.scheduler.dispatcher.core import (
     QueueCore,
-    WorkloadState,
-    resource_version,
 )
-from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind, ungated_spec
+from alnair.scheduler.dispatcher.explain import explanation, queue_descriptions
+from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
-    ANN_ADMITTED_TYPE,
     ANN_BORROWING,
-    ANN_NOT_READY_EVICTIONS,
-    ANN_PODS_READY_AT,
     ANN_PREEMPTIONS,
-    ANN_QUEUE_STATE,
-    ANN_RAN,
-    ANN_REQUEUE_AT,
-    ANN_SELECTED_TYPE,
-    ANN_TRIAL,
     LABEL_TRIAL_FOR,
     LABEL_WORKLOAD,
     Workload,
-    gated,
     node_gpus,
     parse_cluster_queue,
-    queue_label,
-    trial_phase,
-    trialjob_manifest,
     workload_label,
 )
 from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
+from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
     PredictorClient,
 )
+from alnair.scheduler.dispatcher.queue_status import (
+    EMPTY_LOCAL_QUEUE,
+    cluster_queue_statuses,
+    local_queue_statuses,
+)
 from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas
+from alnair.scheduler.dispatcher.serving import ServingPods
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.trials import ColdStart
+from alnair.scheduler.dispatcher.writing import COMPONENT, JobState, WorkloadWriter, ran_s
 from alnair.scheduler.queueing import (
     Decisions,
     GpuPool,
@@ -90,8 +85,6 @@ from alnair.scheduler.queueing import (
 )
 
 log = logging.getLogger(__name__)
-COMPONENT = "alnair-dispatcher"
-CONDITION_ADMITTED = "alnair.io/Admitted"
 WAIT_KINDS = get_args(WaitKind)
 SURPLUS = "#surplus"
 
@@ -101,11 +94,6 @@ def build_policy(settings: DispatcherSettings) -> QueuePolicy:
     if settings.policy.lower() == "alnair":
         return queue_policy("alnair", max_wait_s=settings.max_wait_s)
     return queue_policy(settings.policy)
-
-
-def _camel(kind: str) -> str:
-    """A wait kind as a condition reason (`fair_share` -> `FairShare`)."""
-    return "".join(part.capitalize() for part in kind.split("_"))
 
 
 def _inside(workloads: list[Workload]) -> Inside:
@@ -125,19 +113,6 @@ def _epoch(ts: str | None) -> float:
     if not ts:
         return time.time()
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-@dataclass(slots=True)
-class JobState(WorkloadState):
-    """What the dispatcher knows about one queued workload, beyond what the core keeps."""
-
-    position: int | None = None
-    predicted_start_s: float | None = None
-    predicted_finish_s: float | None = None
-    admitted_type: str | None = None
-    invalid: str | None = None
-    refused: str | None = None
-    """The last refusal said in an Event (said again only when it changes)."""
 
 
 class Dispatcher(QueueCore):
@@ -164,7 +139,7 @@ class Dispatcher(QueueCore):
         watching = self.workload_informers()
         # The pods of serving workloads (gated until their owner is admitted, kinds.py).
         self.serving_pods = Informer(kube, PODS, label_selector=LABEL_WORKLOAD, name="serving-pods")
-        self.members = LabelIndex(self.serving_pods, LABEL_WORKLOAD)
+        self.serving = ServingPods(self.serving_pods)
         watching.append(self.serving_pods)
         # Every bound pod holding GPUs, to take those no admitted workload owns off the pool.
         self.outside = OutsidePods(kube, self._wake.set)
@@ -174,6 +149,15 @@ class Dispatcher(QueueCore):
         watching.append(self.quotas.informer)
         self.workloads: dict[str, Workload] = {}
         self.states: dict[str, JobState] = {}
+        self.writer = WorkloadWriter(
+            kube, metrics, self.states, self.serving,
+            bus=bus, event=self._event, publish=self._publish, remember=self._remember,
+            wake=self._wake.set,
+        )  # fmt: skip
+        self.pods_ready = PodsReady(settings, metrics, self.writer, self._remember)
+        self.cold_start = ColdStart(
+            kube, settings, self.trials, self.writer, event=self._event, remember=self._remember
+        )
         self.last_decisions = Decisions()
         self._deadline: asyncio.TimerHandle | None = None
         self.informers = (
@@ -292,7 +276,7 @@ class Dispatcher(QueueCore):
             peak_memory_mib=peak,
             restart_cost_s=wl.restart_cost_s,
             preemptions=_preemption_count(wl),
-            waited_s=max(0.0, until_s - arrival_s - _ran_s(wl)),
+            waited_s=max(0.0, until_s - arrival_s - ran_s(wl)),
         )
 
     async def reconcile(self) -> None:
@@ -309,7 +293,10 @@ class Dispatcher(QueueCore):
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
         self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
         queued = [
-            (obj if KINDS[name].writable else self._with_admission(KINDS[name], obj), KINDS[name])
+            (
+                obj if KINDS[name].writable else self.serving.with_admission(KINDS[name], obj),
+                KINDS[name],
+            )
             for name in self.workload_watches
             for obj in self._objects(name).values()
             if KINDS[name].queued(obj)
@@ -319,7 +306,7 @@ class Dispatcher(QueueCore):
             key = kind.key_of(obj)
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            if self._finished(kind, obj) is not None:
+            if self.serving.finished(kind, obj) is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 continue
             try:
@@ -342,11 +329,11 @@ class Dispatcher(QueueCore):
                 queue = cq or ""
                 start = float(wl.annotations.get(ANN_ADMITTED_AT) or now)
                 ours.append(wl)
-                if await self._pods_not_ready(wl, kind, start, now, deadlines):
+                if await self.pods_ready.taken_back(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
                 self.quotas.charge(wl)
                 if kind.kind in SERVING:
-                    await self._ungate(wl, admitted)
+                    await self.writer.ungate(wl, admitted)
                 spec = self._job_spec(
                     wl, queue, state, _epoch(meta.get("creationTimestamp")), start
                 )
@@ -369,31 +356,31 @@ class Dispatcher(QueueCore):
             if not wl.held:
                 continue  # running outside the queue: not ours to admit
             ours.append(wl)  # (pods it still has are leaving: it was suspended or preempted)
-            backoff = self._backing_off(wl, now)
+            backoff = backing_off(wl, now, self.settings.pods_ready_retries)
             if backoff is not None:
                 state.reason = WaitReason("queue", backoff[0])
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 if backoff[1] is not None:
                     deadlines.append(backoff[1])
                 continue
-            if kind.members_first and len(self._serving_pods_of(wl)) < wl.request.pods:
-                present = len(self._serving_pods_of(wl))
+            if kind.members_first and len(self.serving.live(wl)) < wl.request.pods:
+                present = len(self.serving.live(wl))
                 state.reason = WaitReason(
                     "queue", f"{present} of its {wl.request.pods} pods exist; admitted when all do"
                 )
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             if cq is None:
                 state.reason = WaitReason(
                     "queue", f"LocalQueue {wl.namespace}/{wl.local_queue} does not exist"
                 )
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             if cq not in queues:
                 problem = self.queues.get(cq)
                 why = problem.problem if problem and problem.problem else "does not exist"
                 state.reason = WaitReason("queue", f"ClusterQueue {cq} is inactive: {why}")
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             pending_ws.append(wl)
             if "submitted" not in state.evented:
@@ -415,13 +402,13 @@ class Dispatcher(QueueCore):
                 state.reason = WaitReason(
                     "prediction", f"no usable prediction: {state.prediction_error}"
                 )
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
-            if await self._cold_start(wl, state):
-                await self._wait_event(wl, state)
+            if await self.cold_start.holds(wl, state):
+                await self.writer.wait_event(wl, state)
                 continue
             if self._over_resource_quota(wl, state):
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             assert state.cluster_queue is not None
             pending.append(
@@ -452,72 +439,7 @@ class Dispatcher(QueueCore):
         state.reason = WaitReason("resource_quota", problem)
         return True
 
-    async def _cold_start(self, wl: Workload, state: JobState) -> bool:
-        """Hold a job the predictor never measured on some GPU model until its TrialJob has
-        run there (seed 004: an unseen model gets GPUs first to collect data). True: it waits.
-        """
-        prediction = state.prediction
-        chosen = wl.annotations.get(ANN_TRIAL)
-        if chosen == "skip" or not self.settings.trials or not KINDS[wl.kind].writable:
-            return False
-        if chosen:
-            trial = self.trials.get(f"{wl.namespace}/{chosen}")
-            phase = trial_phase(trial)
-            if trial is None or phase in ("Succeeded", "Failed"):
-                return False  # measured, could not be, or deleted: decide on what is known
-            state.reason = WaitReason(
-                "prediction", f"trial run {chosen} is measuring the job ({phase or 'Pending'})"
-            )
-            return True
-        if prediction is None or not prediction.needs_trial:
-            return False
-        name = f"{wl.name[:50]}-trial"
-        models = list(prediction.unmeasured_models)
-        manifest = trialjob_manifest(wl, name, models, self.settings.trial_duration_s)
-        try:
-            created = await self.kube.create(TRIALJOBS, manifest, wl.namespace)
-            # Known at once, before its watch event arrives (the next reconcile looks for it).
-            self.trials.store.setdefault(f"{wl.namespace}/{name}", created)
-        except Conflict:
-            pass  # created by an earlier run of ours that died before annotating the Job
-        except ApiError as exc:
-            log.warning("trial not created", extra={"job": wl.key, "error": str(exc)})
-            return False
-        annotate = {"metadata": {"annotations": {ANN_TRIAL: name}}}
-        updated = await self._note(wl, annotate)
-        if updated is not None:
-            self._remember(wl, updated)
-        await self._event(
-            wl.ref(), "TrialStarted",
-            f"never measured on {', '.join(models)}: trial run {name} (1 GPU each, "
-            f"{self.settings.trial_duration_s} s) before admission",
-        )  # fmt: skip
-        state.reason = WaitReason("prediction", f"trial run {name} started on {', '.join(models)}")
-        return True
-
     # --- applying decisions ---------------------------------------------------------------
-
-    async def _shrink(self, wl: Workload, reason: str, for_job: str) -> None:
-        """Ask the elastic controller to give back the workers above the minimum."""
-        if self.bus is None:
-            log.warning("cannot reclaim elastic surplus without NATS", extra={"job": wl.key})
-            return
-        low = int((wl.obj.get("spec") or {}).get("minReplicas", 1))
-        current = int((wl.obj.get("status") or {}).get("currentReplicas", 0))
-        event = ScaleEvent(
-            phase=ScalePhase.REQUESTED, namespace=wl.namespace, job=wl.name, replicas=low,
-            previous_replicas=current, reason=f"{for_job}: {reason}",
-        )  # fmt: skip
-        try:
-            await self.bus.publish(
-                event, source=COMPONENT, event_id=f"{wl.uid}:shrink:{resource_version(wl.obj)}"
-            )
-        except Exception as exc:
-            log.warning("scale request not published", extra={"job": wl.key, "error": repr(exc)})
-            return
-        await self._event(
-            wl.ref(), "Shrinking", f"asked to shrink to {low} workers for {for_job}: {reason}"
-        )
 
     async def _apply(
         self, decisions: Decisions, snapshot: QueueSnapshot, workloads: dict[str, Workload]
@@ -527,9 +449,9 @@ class Dispatcher(QueueCore):
             wl = workloads.get(pre.job_id)
             self.fence(f"preemption of {pre.job_id}")
             if wl is not None and pre.job_id.endswith(SURPLUS):
-                await self._shrink(wl, pre.reason, pre.for_job_id)
+                await self.writer.shrink(wl, pre.reason, pre.for_job_id)
             elif wl is not None:
-                await self._preempt(wl, pre.reason, pre.for_job_id)
+                await self.writer.preempt(wl, pre.reason, pre.for_job_id)
                 self.metrics.decisions.labels(policy, "preempted").inc()
         by_id = {j.id: j for j in snapshot.pending}
         for adm in decisions.admissions:
@@ -539,10 +461,10 @@ class Dispatcher(QueueCore):
             job = by_id[adm.job_id]
             state = self.states.get(wl.key)
             if state is not None and self._over_resource_quota(wl, state):
-                await self._wait_event(wl, state)  # room an earlier admission just took
+                await self.writer.wait_event(wl, state)  # room an earlier admission just took
                 continue
             self.fence(f"admission of {adm.job_id}")
-            if await self._admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
+            if await self.writer.admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
                 self.quotas.charge(wl)
                 self.metrics.decisions.labels(
                     policy, "borrowing" if adm.borrowing else "admitted"
@@ -571,7 +493,7 @@ class Dispatcher(QueueCore):
             state.predicted_finish_s = (
                 reservation.start_s + estimate.expected_s if reservation and estimate else None
             )
-            await self._wait_event(wl, state)
+            await self.writer.wait_event(wl, state)
         for kind in (
             "quota",
             "reservation",
@@ -584,239 +506,6 @@ class Dispatcher(QueueCore):
         ):
             self.metrics.waiting.labels(kind).set(reasons[kind])
 
-    async def _admit(
-        self, wl: Workload, job: JobSpec, gpu_type: str, borrowing: bool, now_s: float
-    ) -> bool:
-        meta = wl.obj["metadata"]
-        annotations = {
-            ANN_ADMITTED_TYPE: gpu_type,
-            ANN_SELECTED_TYPE: gpu_type,
-            ANN_ADMITTED_AT: f"{now_s:.3f}",
-            ANN_BORROWING: "true" if borrowing else "false",
-            ANN_QUEUE_STATE: "admitted",
-        }
-        patch: dict[str, Any] = {
-            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
-            "spec": KINDS[wl.kind].release(wl, gpu_type),
-        }
-        if not KINDS[wl.kind].writable:
-            # A serving workload: its admission is its pods', written as their gates come off.
-            if not await self._ungate(wl, gpu_type, annotations):
-                return False  # no pod yet to carry it: decided again when they come
-            updated = wl.ref()
-        try:
-            if KINDS[wl.kind].writable:
-                updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
-        except Conflict:
-            self.metrics.write_conflicts.inc()
-            self._wake.set()  # decide again on the newer Job
-            return False
-        except NotFound:
-            return False
-        except ApiError as exc:
-            await self._refused(wl, "AdmissionFailed", "could not admit it", exc)
-            return False
-        # Our own write is the newest state of the Job: the next reconcile must not decide on
-        # the informer's older copy while the watch event is still on its way.
-        if KINDS[wl.kind].writable:
-            self._remember(wl, updated)
-        state = self.states.setdefault(wl.key, JobState(wl.key))
-        state.admitted_type = gpu_type
-        state.reason = None
-        state.reason_evented = None
-        state.position = None
-        state.predicted_start_s = now_s
-        estimate = job.runtime.get(gpu_type)
-        state.predicted_finish_s = now_s + estimate.expected_s if estimate else None
-        runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
-        where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
-        message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
-        await self._event(updated, "Admitted", message)
-        await self._condition(wl, "True", "Admitted", message)
-        await self._publish(
-            wl,
-            JobPhase.ADMITTED,
-            {"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus, "borrowing": borrowing},
-            seq=meta["resourceVersion"],
-        )
-        return True
-
-    async def _preempt(
-        self, wl: Workload, reason: str, for_job: str, *,
-        cause: str = "Preempted", extra: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
-        """Take the workload's admission back: suspended (or evicted, by kind), its run time
-        kept, `extra` annotations written with it, the `cause` said in an Event."""
-        if KINDS[wl.kind].reclaim == "evict":
-            await self._evict(wl, reason, for_job, cause=cause)
-            return
-        meta = wl.obj["metadata"]
-        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
-        # The time this run lasted joins the job's run time, so its wait (for the policy's
-        # wait credit and bound) counts only time not running.
-        started = wl.annotations.get(ANN_ADMITTED_AT)
-        ran = _ran_s(wl) + (max(0.0, time.time() - float(started)) if started else 0.0)
-        # Only `suspend`: the API server refuses template changes on a Job that has started.
-        # Our node selector stays (recorded in ANN_SELECTED_TYPE, so it is not read as the
-        # user's constraint) and is overwritten by the next admission.
-        if KINDS[wl.kind].reclaim == "regate":
-            # Evicted whole: its pods (and the admission they carry) go; the ones its
-            # controller makes again are gated until it is admitted again.
-            await self._delete_pods(wl)
-            await self._preempted(wl, wl.ref(), "evicted whole", reason, for_job, 0, cause)
-            return
-        spec: Obj = KINDS[wl.kind].suspension or {"suspend": True}
-        patch = {
-            "metadata": {
-                "resourceVersion": meta["resourceVersion"],
-                "annotations": {
-                    ANN_PREEMPTIONS: str(count),
-                    ANN_RAN: f"{ran:.0f}",
-                    ANN_ADMITTED_TYPE: None,
-                    ANN_ADMITTED_AT: None,
-                    ANN_BORROWING: None,
-                    ANN_PODS_READY_AT: None,
-                    ANN_QUEUE_STATE: f"preempted: {reason}",
-                    **(extra or {}),
-                },
-            },
-            "spec": spec,
-        }
-        try:
-            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
-        except (Conflict, NotFound):
-            self.metrics.write_conflicts.inc()
-            self._wake.set()
-            return
-        except ApiError as exc:
-            await self._refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
-            return
-        await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
-
-    def _finished(self, kind: WorkloadKind, obj: Obj) -> str | None:
-        """Whether the workload finished, by its object or, for a kind whose object does not
-        say (a PodGroup), by its pods."""
-        if kind.finished_by_pods is not None:
-            meta = obj["metadata"]
-            return kind.finished_by_pods(obj, self._pods_of(kind.kind, meta["namespace"],
-                                                           meta["name"]))  # fmt: skip
-        return kind.finished(obj)
-
-    def _pods_of(self, kind: str, namespace: str, name: str) -> list[Obj]:
-        """Every pod the serving workload's controller made (gated or not, leaving or not)."""
-        return self.members.get(namespace, workload_label(kind, name))
-
-    def _serving_pods_of(self, wl: Workload) -> list[Obj]:
-        """The pods of a serving workload its controller made (gated or not), not leaving."""
-        return [
-            pod
-            for pod in self._pods_of(wl.kind, wl.namespace, wl.name)
-            if not pod["metadata"].get("deletionTimestamp")
-        ]
-
-    async def _ungate(
-        self, wl: Workload, gpu_type: str, admission: dict[str, str] | None = None
-    ) -> bool:
-        """Take the gates off an admitted serving workload's pods, each given the model's node
-        selector and the admission record: the ones there at admission, and each its
-        controller makes later (a restart, a rollout), up to the replicas it was admitted for.
-        True when a pod carries the admission now."""
-        record = admission or {k: v for k, v in wl.annotations.items() if k in ADMISSION_RECORD}
-        pods = self._serving_pods_of(wl)
-        running = sum(1 for p in pods if not gated(p))
-        room = max(0, wl.request.pods - running)
-        carried = running > 0 and admission is None
-        for pod in [p for p in pods if gated(p)][:room]:
-            patch = {
-                "metadata": {
-                    "resourceVersion": pod["metadata"]["resourceVersion"],
-                    "annotations": record,
-                },
-                "spec": ungated_spec(pod, gpu_type),
-            }
-            try:
-                updated = await self.kube.patch(PODS, pod["metadata"]["name"], patch, wl.namespace)
-            except (Conflict, NotFound):
-                self._wake.set()
-                continue
-            except ApiError as exc:
-                await self._refused(wl, "AdmissionFailed", "could not ungate its pod", exc)
-                continue
-            self.serving_pods.store[f"{wl.namespace}/{pod['metadata']['name']}"] = updated
-            carried = True
-        return carried
-
-    def _with_admission(self, kind: WorkloadKind, obj: Obj) -> Obj:
-        """A serving workload as admitted or not: the admission record its ungated pods
-        carry (never annotations on the object itself, which anyone could write)."""
-        meta = obj["metadata"]
-        own = {k: v for k, v in (meta.get("annotations") or {}).items()
-               if k not in ADMISSION_RECORD}  # fmt: skip
-        for pod in self._pods_of(kind.kind, meta["namespace"], meta["name"]):
-            pm = pod["metadata"]
-            if not gated(pod) and ANN_ADMITTED_TYPE in (pm.get("annotations") or {}):
-                record = {k: v for k, v in pm["annotations"].items() if k in ADMISSION_RECORD}
-                return {**obj, "metadata": {**meta, "annotations": {**own, **record}}}
-        return {**obj, "metadata": {**meta, "annotations": own}}
-
-    async def _delete_pods(self, wl: Workload) -> None:
-        for pod in self._serving_pods_of(wl):
-            meta = pod["metadata"]
-            try:
-                await self.kube.delete(
-                    PODS, meta["name"], wl.namespace, preconditions_uid=meta.get("uid")
-                )
-            except (Conflict, NotFound):
-                continue
-            except ApiError as exc:
-                await self._refused(wl, "PreemptionFailed", "could not evict its pod", exc)
-
-    async def _evict(self, wl: Workload, reason: str, for_job: str, *, cause: str) -> None:
-        """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
-        delete it, this very object (its uid), and say why on it."""
-        try:
-            await self.kube.delete(wl.resource, wl.name, wl.namespace, preconditions_uid=wl.uid)
-        except (Conflict, NotFound):
-            self.metrics.write_conflicts.inc()
-            self._wake.set()
-            return
-        except ApiError as exc:
-            await self._refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
-            return
-        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
-        await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count, cause)
-
-    async def _preempted(
-        self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int,
-        cause: str,
-    ) -> None:  # fmt: skip
-        """What follows a reclaim, however it was done (`how`): no longer admitted, and said
-        so on the workload (Event, condition) and on the bus."""
-        state = self.states.get(wl.key)
-        if state is not None:
-            state.admitted_type = None
-        message = f"{how} for {for_job}: {reason}"
-        await self._event(obj, cause, message, warning=True)
-        await self._condition(wl, "False", cause, message)
-        await self._publish(
-            wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
-        )
-
-    async def _wait_event(self, wl: Workload, state: JobState) -> None:
-        """One Event per change of wait reason (not per reconcile), and the reason on the Job."""
-        if state.reason is None:
-            return
-        text = f"{state.reason.kind}: {state.reason.message}"
-        if state.reason_evented == state.reason.kind:
-            return
-        state.reason_evented = state.reason.kind
-        warning = state.reason.kind in ("queue", "prediction")
-        reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
-        await self._event(wl.ref(), reason, f"waiting ({text})", warning=warning)
-        note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
-        await self._note(wl, note)
-        await self._condition(wl, "False", _camel(state.reason.kind), state.reason.message)
-
     def _wake_at(self, when: float | None) -> None:
         """One reconcile at `when` (epoch seconds): a deadline no event announces, the end of a
         pods-ready timeout or of a backoff. Not a poll: nothing is looked at before it."""
@@ -827,148 +516,22 @@ class Dispatcher(QueueCore):
             delay = max(0.0, when - time.time()) + 0.05
             self._deadline = asyncio.get_running_loop().call_later(delay, self._wake.set)
 
-    async def _pods_not_ready(
-        self, wl: Workload, kind: WorkloadKind, admitted_at: float, now: float,
-        deadlines: list[float],
-    ) -> bool:  # fmt: skip
-        """Kueue's waitForPodsReady: an admitted workload whose pods are not all ready within
-        `pods_ready_timeout_s` gives its quota back and is queued again (after a backoff of
-        one timeout); after `pods_ready_retries` such tries it stays out until someone looks.
-        True when its admission was taken back now."""
-        timeout = self.settings.pods_ready_timeout_s
-        if not timeout or not kind.writable or ANN_PODS_READY_AT in wl.annotations:
-            return False  # (serving workloads run for good: nothing records "was ready")
-        if kind.ready(wl):
-            updated = await self._note(
-                wl, {"metadata": {"annotations": {ANN_PODS_READY_AT: f"{now:.3f}"}}}
-            )
-            if updated is not None:
-                self._remember(wl, updated)
-            return False
-        if now < admitted_at + timeout:
-            deadlines.append(admitted_at + timeout)
-            return False
-        tries = _count(wl.annotations.get(ANN_NOT_READY_EVICTIONS)) + 1
-        self.metrics.not_ready_evictions.inc()
-        await self._preempt(
-            wl, f"its pods were not all ready {timeout:.0f} s after admission "
-            f"(try {tries} of {self.settings.pods_ready_retries})", "its queue",
-            cause="PodsNotReady",
-            extra={ANN_NOT_READY_EVICTIONS: str(tries),
-                   ANN_REQUEUE_AT: f"{now + timeout:.3f}"},
-        )  # fmt: skip
-        return True
-
-    def _backing_off(self, wl: Workload, now: float) -> tuple[str, float | None] | None:
-        """Why a held workload is not queued yet after its pods were not ready (and until
-        when), or None when it is queued."""
-        tries = _count(wl.annotations.get(ANN_NOT_READY_EVICTIONS))
-        if not tries:
-            return None
-        if tries >= self.settings.pods_ready_retries:
-            return (
-                f"deactivated: its pods were not all ready after {tries} admissions; remove "
-                f"the annotation {ANN_NOT_READY_EVICTIONS} to queue it again",
-                None,
-            )
-        until = _float(wl.annotations.get(ANN_REQUEUE_AT))
-        if until is not None and until > now:
-            return f"backing off after its pods were not ready, until {until:.0f}", until
-        return None
-
-    async def _note(self, wl: Workload, patch: Obj) -> Obj | None:
-        """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
-        and one the API server refuses is logged, never a reason to stop the queue."""
-        if not KINDS[wl.kind].writable:
-            return None  # never written (its Events say the same)
-        try:
-            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
-        except (NotFound, Conflict):
-            return None
-        except ApiError as exc:
-            log.warning("annotation refused", extra={"job": wl.key, "error": str(exc)})
-            return None
-
-    async def _refused(self, wl: Workload, reason: str, what: str, exc: ApiError) -> None:
-        """The API server refused a decision on one workload (a 422, a policy's 403): said on
-        it, and the rest of the queue goes on. The next reconcile decides again."""
-        self.metrics.write_refusals.inc()
-        log.warning(what, extra={"job": wl.key, "error": str(exc)})
-        message = f"{what}: {exc}"[:1024]
-        state = self.states.get(wl.key)
-        if state is not None and state.refused == message:
-            return  # said once: the same refusal at each reconcile is not news
-        if state is not None:
-            state.refused = message
-        await self._event(wl.ref(), reason, message, warning=True)
-
-    async def _condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
-        """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
-        False with the wait reason while queued, True once admitted. An ElasticJob's conditions
-        belong to its controller (a merge patch would replace them): Events and annotations."""
-        if not KINDS[wl.kind].writes_conditions:
-            return
-        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        cond = {
-            "type": CONDITION_ADMITTED, "status": status, "reason": reason,
-            "message": message[:1024], "lastTransitionTime": ts, "lastProbeTime": ts,
-        }  # fmt: skip
-        try:
-            await self.kube.patch(
-                JOBS, wl.name, {"status": {"conditions": [cond]}}, wl.namespace,
-                patch_type="strategic", sub="status",
-            )  # fmt: skip
-        except (NotFound, Conflict):
-            return
-        except ApiError as exc:
-            log.warning("condition not written", extra={"job": wl.key, "error": str(exc)})
-
     async def _write_queue_status(self, snapshot: QueueSnapshot, decisions: Decisions) -> None:
-        admitted_now = {a.job_id: a for a in decisions.admissions}
-        pending: Counter[str] = Counter(
-            j.queue for j in snapshot.pending if j.id not in admitted_now
+        """Kueue's status fields on every ClusterQueue and LocalQueue, written only when
+        they changed (`queue_status.py` counts them)."""
+        statuses = cluster_queue_statuses(
+            snapshot, decisions, self.cluster_queues.values(), self.queues
         )
-        admitted: Counter[str] = Counter(r.job.queue for r in snapshot.running)
-        used: dict[str, Counter[str]] = {}
-        borrowed: Counter[str] = Counter()
-        for run in snapshot.running:
-            used.setdefault(run.job.queue, Counter())[run.gpu_type] += run.gpus
-            if run.borrowing:
-                borrowed[run.job.queue] += run.gpus
-        by_id = {j.id: j for j in snapshot.pending}
-        for adm in decisions.admissions:
-            queue = by_id[adm.job_id].queue
-            admitted[queue] += 1
-            used.setdefault(queue, Counter())[adm.gpu_type] += adm.gpus
-            if adm.borrowing:
-                borrowed[queue] += adm.gpus
         for obj in self.cluster_queues.values():
             name = obj["metadata"]["name"]
-            state = self.queues.get(name)
-            active = state is not None and state.spec is not None
-            flavors = used.get(name, Counter())
-            status = {
-                "pendingWorkloads": pending[name],
-                "admittedWorkloads": admitted[name],
-                "usedGPUs": sum(flavors.values()),
-                "borrowedGPUs": borrowed[name],
-                "flavorsUsage": [
-                    {"name": m, "total": n, "borrowed": 0} for m, n in sorted(flavors.items())
-                ],
-                "conditions": [
-                    {
-                        "type": "Active",
-                        "status": "True" if active else "False",
-                        "reason": "Ready" if active else "InvalidSpec",
-                        "message": "" if active else (state.problem if state else "") or "",
-                    }
-                ],
-            }
-            self.metrics.queue_depth.labels(name).set(pending[name])
-            self.metrics.admitted.labels(name).set(admitted[name])
+            status = statuses[name]
+            self.metrics.queue_depth.labels(name).set(status["pendingWorkloads"])
+            self.metrics.admitted.labels(name).set(status["admittedWorkloads"])
             current = obj.get("status") or {}
             if all(current.get(k) == v for k, v in status.items()):
                 continue
+            state = self.queues.get(name)
+            active = state is not None and state.spec is not None
             if not active and current.get("conditions") != status["conditions"]:
                 await self._event(
                     {**obj, "apiVersion": "alnair.io/v1alpha1", "kind": "ClusterQueue"},
@@ -982,30 +545,17 @@ class Dispatcher(QueueCore):
                 continue
             except ApiError as exc:
                 log.warning("queue status refused", extra={"queue": name, "error": str(exc)})
-        lq_pending: Counter[str] = Counter()
-        lq_admitted: Counter[str] = Counter()
-        for key, job_state in self.states.items():
-            known = self.workloads.get(key)
-            if known is None:
-                continue
-            lq = f"{known.namespace}/{known.local_queue}"
-            if job_state.admitted_type is not None or key in admitted_now:
-                lq_admitted[lq] += 1
-            elif job_state.invalid is None:
-                lq_pending[lq] += 1
+        admitted_now = {a.job_id for a in decisions.admissions}
+        counts = local_queue_statuses(self.states, self.workloads, admitted_now)
         for lq_obj in self.local_queues.values():
-            key = f"{lq_obj['metadata']['namespace']}/{lq_obj['metadata']['name']}"
-            status = {"pendingWorkloads": lq_pending[key], "admittedWorkloads": lq_admitted[key]}
+            meta = lq_obj["metadata"]
+            status = counts.get(f"{meta['namespace']}/{meta['name']}", EMPTY_LOCAL_QUEUE)
             current = lq_obj.get("status") or {}
             if all(current.get(k) == v for k, v in status.items()):
                 continue
             try:
                 await self.kube.patch(
-                    LOCALQUEUES,
-                    lq_obj["metadata"]["name"],
-                    {"status": status},
-                    lq_obj["metadata"]["namespace"],
-                    sub="status",
+                    LOCALQUEUES, meta["name"], {"status": status}, meta["namespace"], sub="status"
                 )
             except (NotFound, Conflict):
                 continue
@@ -1023,95 +573,11 @@ class Dispatcher(QueueCore):
         if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)
-        finished = self._finished(adapter, obj)
-        if finished:
-            status = finished.lower()
-        elif state.invalid:
-            status = "invalid"
-        elif state.admitted_type:
-            status = "admitted"
-        else:
-            status = "waiting"
-        prediction = state.prediction
-        return {
-            "job": f"{namespace}/{name}",
-            "kind": kind,
-            "status": status,
-            "queue": queue_label(obj["metadata"]) or (obj.get("spec") or {}).get("queue"),
-            "cluster_queue": state.cluster_queue,
-            "policy": self.policy.name,
-            "position": state.position if status == "waiting" else None,
-            "gpu_model": state.admitted_type,
-            "reason": (
-                {"kind": state.reason.kind, "message": state.reason.message}
-                if state.reason and status == "waiting"
-                else ({"kind": "invalid", "message": state.invalid} if state.invalid else None)
-            ),
-            "predicted_start_s": state.predicted_start_s,
-            "predicted_finish_s": state.predicted_finish_s,
-            "prediction": (
-                {
-                    "runtime_s": {t: e.expected_s for t, e in prediction.runtime.items()},
-                    "runtime_upper_s": {t: e.upper_s for t, e in prediction.runtime.items()},
-                    "peak_memory_mib": prediction.peak_memory_mib,
-                    "low_confidence": prediction.low_confidence,
-                    "model_version": prediction.model_version,
-                }
-                if prediction
-                else None
-            ),
-            "prediction_error": state.prediction_error,
-            "annotations": {
-                k: v
-                for k, v in (obj["metadata"].get("annotations") or {}).items()
-                if k.startswith("alnair.io/")
-            },
-        }
+        finished = self.serving.finished(adapter, obj)
+        return explanation(kind, obj, state, finished, self.policy.name)
 
     def describe_queues(self) -> list[dict[str, Any]]:
-        out = []
-        for obj in self.cluster_queues.values():
-            name = obj["metadata"]["name"]
-            state = self.queues.get(name)
-            out.append(
-                {
-                    "name": name,
-                    "active": bool(state and state.spec),
-                    "problem": state.problem if state else None,
-                    "status": obj.get("status") or {},
-                }
-            )
-        return out
-
-
-ADMISSION_RECORD = frozenset({ANN_ADMITTED_TYPE, ANN_ADMITTED_AT, ANN_BORROWING})
-"""What a serving workload's pods carry of its admission."""
-
-
-def _count(raw: str | None) -> int:
-    """A count we wrote in an annotation (nonsense reads as none)."""
-    try:
-        return max(0, int(raw or 0))
-    except ValueError:
-        return 0
-
-
-def _float(raw: str | None) -> float | None:
-    try:
-        value = float(raw) if raw else None
-    except ValueError:
-        return None
-    return value if value is not None and math.isfinite(value) else None
-
-
-def _ran_s(wl: Workload) -> float:
-    """Seconds the job ran in runs the dispatcher preempted (its own annotation; a value
-    edited into nonsense counts as 0)."""
-    try:
-        ran = float(wl.annotations.get(ANN_RAN, "0") or 0)
-    except ValueError:
-        return 0.0
-    return ran if math.isfinite(ran) and ran >= 0 else 0.0
+        return queue_descriptions(self.cluster_queues.values(), self.queues)
 
 
 def _preemption_count(wl: Workload) -> int:

@@ -98,6 +98,7 @@ from alnair.scheduler.dispatcher.workers import (
     WorkerConfig,
     parse_worker_secret,
 )
+from alnair.scheduler.dispatcher.writing import CONDITION_ADMITTED
 from alnair.scheduler.multicluster.scoring import (
     Artifact,
     ClusterOption,
@@ -119,7 +120,6 @@ from alnair.scheduler.queueing import (
 
 log = logging.getLogger(__name__)
 COMPONENT = "alnair-hub"
-CONDITION_ADMITTED = "alnair.io/Admitted"
 CONDITION_LOST = "alnair.io/LostContact"
 _COPIED_STATUS = ("startTime", "active", "ready", "succeeded", "failed")
 _TERMINAL = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")

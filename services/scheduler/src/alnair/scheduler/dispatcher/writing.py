@@ -1,0 +1,382 @@
+"""Every write the dispatcher makes on a queued workload, its pods and the bus, in one place:
+admitting (a patch that releases it, or its pods ungated), reclaiming (suspended, evicted, or
+evicted whole and gated again), shrinking an elastic job, and saying why on it (Events, the
+`alnair.io/Admitted` condition, the queue-state annotation, bus events).
+
+Each write is isolated: a conflict or a workload gone meanwhile wakes the loop to decide again
+on the newer copy; a refusal by the API server (a 422, a policy's 403) is said on that workload
+and counted, and the rest of the queue goes on. The decisions themselves are the policy's
+(`alnair.scheduler.queueing`); which to apply, and when, is the reconcile loop's
+(`controller.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from alnair.common.bus import Bus
+from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
+from alnair.common.kube import JOBS, PODS, ApiError, Conflict, KubeClient, NotFound, Obj
+from alnair.scheduler.dispatcher.core import WorkloadState, resource_version
+from alnair.scheduler.dispatcher.kinds import KINDS, ungated_spec
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.objects import (
+    ANN_ADMITTED_AT,
+    ANN_ADMITTED_TYPE,
+    ANN_BORROWING,
+    ANN_PODS_READY_AT,
+    ANN_PREEMPTIONS,
+    ANN_QUEUE_STATE,
+    ANN_RAN,
+    ANN_SELECTED_TYPE,
+    Workload,
+    gated,
+)
+from alnair.scheduler.dispatcher.serving import ADMISSION_RECORD, ServingPods
+from alnair.scheduler.queueing import JobSpec
+
+log = logging.getLogger(__name__)
+COMPONENT = "alnair-dispatcher"
+CONDITION_ADMITTED = "alnair.io/Admitted"
+
+
+@dataclass(slots=True)
+class JobState(WorkloadState):
+    """What the dispatcher knows about one queued workload, beyond what the core keeps."""
+
+    position: int | None = None
+    predicted_start_s: float | None = None
+    predicted_finish_s: float | None = None
+    admitted_type: str | None = None
+    invalid: str | None = None
+    refused: str | None = None
+    """The last refusal said in an Event (said again only when it changes)."""
+
+
+class PostEvent(Protocol):
+    def __call__(
+        self, obj: Obj, reason: str, message: str, *, warning: bool = False
+    ) -> Awaitable[None]: ...
+
+
+class Publish(Protocol):
+    def __call__(
+        self, wl: Workload, phase: JobPhase, detail: dict[str, Any], seq: str = "0"
+    ) -> Awaitable[None]: ...
+
+
+class WorkloadWriter:
+    """Writes decisions onto workloads. `states` is the loop's (shared, not copied); `remember`
+    puts an object just written into the informers' stores; `wake` asks for a reconcile."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        metrics: DispatcherMetrics,
+        states: dict[str, JobState],
+        serving: ServingPods,
+        *,
+        bus: Bus | None,
+        event: PostEvent,
+        publish: Publish,
+        remember: Callable[[Workload, Obj], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.states = states
+        self.serving = serving
+        self.bus = bus
+        self.event = event
+        self.publish = publish
+        self.remember = remember
+        self.wake = wake
+
+    async def shrink(self, wl: Workload, reason: str, for_job: str) -> None:
+        """Ask the elastic controller to give back the workers above the minimum."""
+        if self.bus is None:
+            log.warning("cannot reclaim elastic surplus without NATS", extra={"job": wl.key})
+            return
+        low = int((wl.obj.get("spec") or {}).get("minReplicas", 1))
+        current = int((wl.obj.get("status") or {}).get("currentReplicas", 0))
+        event = ScaleEvent(
+            phase=ScalePhase.REQUESTED, namespace=wl.namespace, job=wl.name, replicas=low,
+            previous_replicas=current, reason=f"{for_job}: {reason}",
+        )  # fmt: skip
+        try:
+            await self.bus.publish(
+                event, source=COMPONENT, event_id=f"{wl.uid}:shrink:{resource_version(wl.obj)}"
+            )
+        except Exception as exc:
+            log.warning("scale request not published", extra={"job": wl.key, "error": repr(exc)})
+            return
+        await self.event(
+            wl.ref(), "Shrinking", f"asked to shrink to {low} workers for {for_job}: {reason}"
+        )
+
+    async def admit(
+        self, wl: Workload, job: JobSpec, gpu_type: str, borrowing: bool, now_s: float
+    ) -> bool:
+        meta = wl.obj["metadata"]
+        annotations = {
+            ANN_ADMITTED_TYPE: gpu_type,
+            ANN_SELECTED_TYPE: gpu_type,
+            ANN_ADMITTED_AT: f"{now_s:.3f}",
+            ANN_BORROWING: "true" if borrowing else "false",
+            ANN_QUEUE_STATE: "admitted",
+        }
+        patch: dict[str, Any] = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
+            "spec": KINDS[wl.kind].release(wl, gpu_type),
+        }
+        if not KINDS[wl.kind].writable:
+            # A serving workload: its admission is its pods', written as their gates come off.
+            if not await self.ungate(wl, gpu_type, annotations):
+                return False  # no pod yet to carry it: decided again when they come
+            updated = wl.ref()
+        try:
+            if KINDS[wl.kind].writable:
+                updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+        except Conflict:
+            self.metrics.write_conflicts.inc()
+            self.wake()  # decide again on the newer Job
+            return False
+        except NotFound:
+            return False
+        except ApiError as exc:
+            await self.refused(wl, "AdmissionFailed", "could not admit it", exc)
+            return False
+        # Our own write is the newest state of the Job: the next reconcile must not decide on
+        # the informer's older copy while the watch event is still on its way.
+        if KINDS[wl.kind].writable:
+            self.remember(wl, updated)
+        state = self.states.setdefault(wl.key, JobState(wl.key))
+        state.admitted_type = gpu_type
+        state.reason = None
+        state.reason_evented = None
+        state.position = None
+        state.predicted_start_s = now_s
+        estimate = job.runtime.get(gpu_type)
+        state.predicted_finish_s = now_s + estimate.expected_s if estimate else None
+        runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
+        where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
+        message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
+        await self.event(updated, "Admitted", message)
+        await self.condition(wl, "True", "Admitted", message)
+        await self.publish(
+            wl,
+            JobPhase.ADMITTED,
+            {"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus, "borrowing": borrowing},
+            seq=meta["resourceVersion"],
+        )
+        return True
+
+    async def preempt(
+        self, wl: Workload, reason: str, for_job: str, *,
+        cause: str = "Preempted", extra: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Take the workload's admission back: suspended (or evicted, by kind), its run time
+        kept, `extra` annotations written with it, the `cause` said in an Event."""
+        if KINDS[wl.kind].reclaim == "evict":
+            await self._evict(wl, reason, for_job, cause=cause)
+            return
+        meta = wl.obj["metadata"]
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        # The time this run lasted joins the job's run time, so its wait (for the policy's
+        # wait credit and bound) counts only time not running.
+        started = wl.annotations.get(ANN_ADMITTED_AT)
+        ran = ran_s(wl) + (max(0.0, time.time() - float(started)) if started else 0.0)
+        # Only `suspend`: the API server refuses template changes on a Job that has started.
+        # Our node selector stays (recorded in ANN_SELECTED_TYPE, so it is not read as the
+        # user's constraint) and is overwritten by the next admission.
+        if KINDS[wl.kind].reclaim == "regate":
+            # Evicted whole: its pods (and the admission they carry) go; the ones its
+            # controller makes again are gated until it is admitted again.
+            await self._delete_pods(wl)
+            await self._preempted(wl, wl.ref(), "evicted whole", reason, for_job, 0, cause)
+            return
+        spec: Obj = KINDS[wl.kind].suspension or {"suspend": True}
+        patch = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "annotations": {
+                    ANN_PREEMPTIONS: str(count),
+                    ANN_RAN: f"{ran:.0f}",
+                    ANN_ADMITTED_TYPE: None,
+                    ANN_ADMITTED_AT: None,
+                    ANN_BORROWING: None,
+                    ANN_PODS_READY_AT: None,
+                    ANN_QUEUE_STATE: f"preempted: {reason}",
+                    **(extra or {}),
+                },
+            },
+            "spec": spec,
+        }
+        try:
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+        except (Conflict, NotFound):
+            self.metrics.write_conflicts.inc()
+            self.wake()
+            return
+        except ApiError as exc:
+            await self.refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
+            return
+        await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
+
+    async def ungate(
+        self, wl: Workload, gpu_type: str, admission: dict[str, str] | None = None
+    ) -> bool:
+        """Take the gates off an admitted serving workload's pods, each given the model's node
+        selector and the admission record: the ones there at admission, and each its
+        controller makes later (a restart, a rollout), up to the replicas it was admitted for.
+        True when a pod carries the admission now."""
+        record = admission or {k: v for k, v in wl.annotations.items() if k in ADMISSION_RECORD}
+        pods = self.serving.live(wl)
+        running = sum(1 for p in pods if not gated(p))
+        room = max(0, wl.request.pods - running)
+        carried = running > 0 and admission is None
+        for pod in [p for p in pods if gated(p)][:room]:
+            patch = {
+                "metadata": {
+                    "resourceVersion": pod["metadata"]["resourceVersion"],
+                    "annotations": record,
+                },
+                "spec": ungated_spec(pod, gpu_type),
+            }
+            try:
+                updated = await self.kube.patch(PODS, pod["metadata"]["name"], patch, wl.namespace)
+            except (Conflict, NotFound):
+                self.wake()
+                continue
+            except ApiError as exc:
+                await self.refused(wl, "AdmissionFailed", "could not ungate its pod", exc)
+                continue
+            self.serving.remember(wl.namespace, updated)
+            carried = True
+        return carried
+
+    async def _delete_pods(self, wl: Workload) -> None:
+        for pod in self.serving.live(wl):
+            meta = pod["metadata"]
+            try:
+                await self.kube.delete(
+                    PODS, meta["name"], wl.namespace, preconditions_uid=meta.get("uid")
+                )
+            except (Conflict, NotFound):
+                continue
+            except ApiError as exc:
+                await self.refused(wl, "PreemptionFailed", "could not evict its pod", exc)
+
+    async def _evict(self, wl: Workload, reason: str, for_job: str, *, cause: str) -> None:
+        """Reclaim a workload that cannot be held again (a Pod: its gate cannot come back):
+        delete it, this very object (its uid), and say why on it."""
+        try:
+            await self.kube.delete(wl.resource, wl.name, wl.namespace, preconditions_uid=wl.uid)
+        except (Conflict, NotFound):
+            self.metrics.write_conflicts.inc()
+            self.wake()
+            return
+        except ApiError as exc:
+            await self.refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
+            return
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count, cause)
+
+    async def _preempted(
+        self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int,
+        cause: str,
+    ) -> None:  # fmt: skip
+        """What follows a reclaim, however it was done (`how`): no longer admitted, and said
+        so on the workload (Event, condition) and on the bus."""
+        state = self.states.get(wl.key)
+        if state is not None:
+            state.admitted_type = None
+        message = f"{how} for {for_job}: {reason}"
+        await self.event(obj, cause, message, warning=True)
+        await self.condition(wl, "False", cause, message)
+        await self.publish(
+            wl, JobPhase.PREEMPTED, {"reason": reason, "for": for_job}, seq=str(count)
+        )
+
+    async def wait_event(self, wl: Workload, state: JobState) -> None:
+        """One Event per change of wait reason (not per reconcile), and the reason on the Job."""
+        if state.reason is None:
+            return
+        text = f"{state.reason.kind}: {state.reason.message}"
+        if state.reason_evented == state.reason.kind:
+            return
+        state.reason_evented = state.reason.kind
+        warning = state.reason.kind in ("queue", "prediction")
+        reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
+        await self.event(wl.ref(), reason, f"waiting ({text})", warning=warning)
+        note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
+        await self.note(wl, note)
+        await self.condition(wl, "False", camel(state.reason.kind), state.reason.message)
+
+    async def note(self, wl: Workload, patch: Obj) -> Obj | None:
+        """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
+        and one the API server refuses is logged, never a reason to stop the queue."""
+        if not KINDS[wl.kind].writable:
+            return None  # never written (its Events say the same)
+        try:
+            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+        except (NotFound, Conflict):
+            return None
+        except ApiError as exc:
+            log.warning("annotation refused", extra={"job": wl.key, "error": str(exc)})
+            return None
+
+    async def refused(self, wl: Workload, reason: str, what: str, exc: ApiError) -> None:
+        """The API server refused a decision on one workload (a 422, a policy's 403): said on
+        it, and the rest of the queue goes on. The next reconcile decides again."""
+        self.metrics.write_refusals.inc()
+        log.warning(what, extra={"job": wl.key, "error": str(exc)})
+        message = f"{what}: {exc}"[:1024]
+        state = self.states.get(wl.key)
+        if state is not None and state.refused == message:
+            return  # said once: the same refusal at each reconcile is not news
+        if state is not None:
+            state.refused = message
+        await self.event(wl.ref(), reason, message, warning=True)
+
+    async def condition(self, wl: Workload, status: str, reason: str, message: str) -> None:
+        """The `alnair.io/Admitted` condition on the Job's status (`kubectl describe job`):
+        False with the wait reason while queued, True once admitted. An ElasticJob's conditions
+        belong to its controller (a merge patch would replace them): Events and annotations."""
+        if not KINDS[wl.kind].writes_conditions:
+            return
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {
+            "type": CONDITION_ADMITTED, "status": status, "reason": reason,
+            "message": message[:1024], "lastTransitionTime": ts, "lastProbeTime": ts,
+        }  # fmt: skip
+        try:
+            await self.kube.patch(
+                JOBS, wl.name, {"status": {"conditions": [cond]}}, wl.namespace,
+                patch_type="strategic", sub="status",
+            )  # fmt: skip
+        except (NotFound, Conflict):
+            return
+        except ApiError as exc:
+            log.warning("condition not written", extra={"job": wl.key, "error": str(exc)})
+
+
+def camel(kind: str) -> str:
+    """A wait kind as a condition reason (`fair_share` -> `FairShare`)."""
+    return "".join(part.capitalize() for part in kind.split("_"))
+
+
+def ran_s(wl: Workload) -> float:
+    """Seconds the job ran in runs the dispatcher preempted (its own annotation; a value
+    edited into nonsense counts as 0)."""
+    try:
+        ran = float(wl.annotations.get(ANN_RAN, "0") or 0)
+    except ValueError:
+        return 0.0
+    return ran if math.isfinite(ran) and ran >= 0 else 0.0
