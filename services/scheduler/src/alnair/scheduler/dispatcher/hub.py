@@ -83,10 +83,7 @@ from alnair.scheduler.dispatcher.mirrors import (
     mirror_of,
     started,
 )
-from alnair.scheduler.dispatcher.objects import (
-    Workload,
-    node_gpus,
-)
+from alnair.scheduler.dispatcher.objects import Workload, node_gpus
 from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workers import (
