@@ -393,7 +393,7 @@ def ray_cluster_spec() -> dict[str, Any]:
 
 
 def test_ray_clusters_and_jobs_count_every_group_and_release_gpu_templates_with_the_model() -> None:
-    from alnair.scheduler.dispatcher.kinds import RAYCLUSTER, RAYJOB
+    from alnair.scheduler.dispatcher.peer_kinds import RAYCLUSTER, RAYJOB
 
     meta = {"name": "r", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
     cluster = {"metadata": meta, "spec": ray_cluster_spec()}
@@ -434,7 +434,7 @@ def test_ray_clusters_and_jobs_count_every_group_and_release_gpu_templates_with_
 
 
 def test_a_ray_job_on_an_existing_cluster_or_without_gpus_is_told_its_field() -> None:
-    from alnair.scheduler.dispatcher.kinds import RAYCLUSTER, RAYJOB
+    from alnair.scheduler.dispatcher.peer_kinds import RAYCLUSTER, RAYJOB
 
     meta = {"name": "r", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
     with pytest.raises(InvalidValueError) as selector:
@@ -480,7 +480,7 @@ def torch_runtime(initializer_gpus: int = 0) -> dict[str, Any]:
 
 
 def test_a_train_job_asks_what_its_runtime_and_trainer_say_and_is_released_by_overrides() -> None:
-    from alnair.scheduler.dispatcher.kinds import TRAINJOB
+    from alnair.scheduler.dispatcher.peer_kinds import TRAINJOB
 
     meta = {"name": "ft", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
     tj = {
@@ -524,7 +524,7 @@ def test_a_train_job_asks_what_its_runtime_and_trainer_say_and_is_released_by_ov
 
 
 def test_a_train_job_naming_no_runtime_or_no_gpus_is_told_its_field() -> None:
-    from alnair.scheduler.dispatcher.kinds import TRAINJOB
+    from alnair.scheduler.dispatcher.peer_kinds import TRAINJOB
 
     meta = {"name": "ft", "namespace": "team-a", "labels": {LABEL_QUEUE: "lq"}}
     tj = {"metadata": meta, "spec": {"runtimeRef": {"name": "nope"}}}
@@ -553,7 +553,7 @@ def kubeflow_job(field: str, roles: dict[str, tuple[int, int]]) -> dict[str, Any
 
 
 def test_pytorch_and_mpi_jobs_count_every_role_and_are_held_by_their_run_policy() -> None:
-    from alnair.scheduler.dispatcher.kinds import MPIJOB, PYTORCHJOB
+    from alnair.scheduler.dispatcher.peer_kinds import MPIJOB, PYTORCHJOB
 
     pytorch = kubeflow_job("pytorchReplicaSpecs", {"Master": (1, 2), "Worker": (3, 2)})
     mpi = kubeflow_job("mpiReplicaSpecs", {"Launcher": (1, 0), "Worker": (2, 4)})
@@ -599,7 +599,7 @@ def test_pytorch_and_mpi_jobs_count_every_role_and_are_held_by_their_run_policy(
 
 
 def test_a_kubeflow_job_without_gpus_or_with_a_bad_replica_spec_is_told_its_field() -> None:
-    from alnair.scheduler.dispatcher.kinds import MPIJOB, PYTORCHJOB
+    from alnair.scheduler.dispatcher.peer_kinds import MPIJOB, PYTORCHJOB
 
     with pytest.raises(InvalidValueError) as none:
         PYTORCHJOB.parse(kubeflow_job("pytorchReplicaSpecs", {"Master": (1, 0)}), 60.0)

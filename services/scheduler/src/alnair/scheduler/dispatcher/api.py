@@ -25,7 +25,8 @@ from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.dispatcher.controller import Dispatcher
 from alnair.scheduler.dispatcher.hub import Hub
-from alnair.scheduler.dispatcher.kinds import KINDS, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import KINDS
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 
 
 def add_workload_route(

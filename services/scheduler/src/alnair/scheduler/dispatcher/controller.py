@@ -44,7 +44,7 @@ from alnair.scheduler.dispatcher.core import (
     QueueCore,
 )
 from alnair.scheduler.dispatcher.explain import explanation, queue_descriptions
-from alnair.scheduler.dispatcher.kinds import KINDS, SERVING, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import KINDS, SERVING
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -71,6 +71,7 @@ from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas
 from alnair.scheduler.dispatcher.serving import ServingPods
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.trials import ColdStart
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import COMPONENT, JobState, WorkloadWriter, ran_s
 from alnair.scheduler.queueing import (
     Decisions,

@@ -34,12 +34,12 @@ from alnair.common.kube import (
     Resource,
 )
 from alnair.common.recorder import EventRecorder
-from alnair.scheduler.dispatcher.kinds import WorkloadKind
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import Workload, parse_cluster_queue
 from alnair.scheduler.dispatcher.predictions import JobPrediction, PredictionError, PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.queueing import ClusterQueueSpec, QueuePolicy, WaitReason
 
 log = logging.getLogger(__name__)

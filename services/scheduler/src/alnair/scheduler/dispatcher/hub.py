@@ -64,7 +64,7 @@ from alnair.common.kube import (
 from alnair.common.metrics import Metrics
 from alnair.common.tasks import spawn
 from alnair.scheduler.dispatcher.core import QueueCore, WorkloadState
-from alnair.scheduler.dispatcher.kinds import DELEGABLE, JOB, KINDS, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import DELEGABLE, JOB, KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.mirrors import (
     ANN_ABANDONED,
@@ -95,6 +95,7 @@ from alnair.scheduler.dispatcher.workers import (
     WorkerConfig,
     parse_worker_secret,
 )
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import CONDITION_ADMITTED
 from alnair.scheduler.multicluster.scoring import (
     Artifact,

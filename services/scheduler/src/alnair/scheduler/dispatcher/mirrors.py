@@ -13,7 +13,7 @@ from typing import Any
 
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
-from alnair.scheduler.dispatcher.kinds import JOB, KINDS, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import JOB, KINDS
 from alnair.scheduler.dispatcher.objects import (
     MANAGED_BY_HUB,
     QUEUE_LABELS,
@@ -22,6 +22,7 @@ from alnair.scheduler.dispatcher.objects import (
     queue_label,
 )
 from alnair.scheduler.dispatcher.workers import ANN_ORIGIN, LABEL_ORIGIN, Worker
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.multicluster.scoring import Artifact
 
 MANAGED_BY = MANAGED_BY_HUB

@@ -16,7 +16,6 @@ import math
 from collections.abc import Callable
 
 from alnair.common.kube import Obj
-from alnair.scheduler.dispatcher.kinds import WorkloadKind
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_NOT_READY_EVICTIONS,
@@ -25,6 +24,7 @@ from alnair.scheduler.dispatcher.objects import (
     Workload,
 )
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import WorkloadWriter
 
 

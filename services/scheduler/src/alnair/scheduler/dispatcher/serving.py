@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from alnair.common.informer import Informer, LabelIndex
 from alnair.common.kube import Obj
-from alnair.scheduler.dispatcher.kinds import WorkloadKind
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
@@ -21,6 +20,7 @@ from alnair.scheduler.dispatcher.objects import (
     gated,
     workload_label,
 )
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 
 ADMISSION_RECORD = frozenset({ANN_ADMITTED_TYPE, ANN_ADMITTED_AT, ANN_BORROWING})
 """What a serving workload's pods carry of its admission."""

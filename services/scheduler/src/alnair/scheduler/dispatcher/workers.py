@@ -40,8 +40,9 @@ from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
 from alnair.common.tasks import spawn
-from alnair.scheduler.dispatcher.kinds import JOB, WorkloadKind
+from alnair.scheduler.dispatcher.kinds import JOB
 from alnair.scheduler.dispatcher.objects import node_gpus
+from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from alnair.common.bus import Bus
 from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
 from alnair.common.kube import JOBS, PODS, ApiError, Conflict, KubeClient, NotFound, Obj
 from alnair.scheduler.dispatcher.core import WorkloadState, resource_version
-from alnair.scheduler.dispatcher.kinds import KINDS, ungated_spec
+from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.objects import (
     ANN_ADMITTED_AT,
@@ -39,6 +39,7 @@ from alnair.scheduler.dispatcher.objects import (
     gated,
 )
 from alnair.scheduler.dispatcher.serving import ADMISSION_RECORD, ServingPods
+from alnair.scheduler.dispatcher.workload_kind import ungated_spec
 from alnair.scheduler.queueing import JobSpec
 
 log = logging.getLogger(__name__)
