@@ -42,30 +42,32 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
-from alnair.common.errors import ConfigError, InvalidValueError
+from alnair.common.errors import InvalidValueError
 from alnair.common.events import JobPhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
-    JOBS,
-    NAMESPACES,
-    ApiError,
     Conflict,
     KubeClient,
     NotFound,
     Obj,
     Unavailable,
 )
-from alnair.common.metrics import Metrics
-from alnair.common.tasks import spawn
-from alnair.scheduler.dispatcher.core import QueueCore, WorkloadState
+from alnair.scheduler.dispatcher.core import QueueCore
+from alnair.scheduler.dispatcher.hub_report import (
+    HubJobState,
+    cluster_descriptions,
+    hub_explanation,
+    report_metrics,
+)
+from alnair.scheduler.dispatcher.hub_writing import HubWriter
 from alnair.scheduler.dispatcher.kinds import DELEGABLE, JOB, KINDS
-from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
+from alnair.scheduler.dispatcher.metrics import DispatcherMetrics, HubMetrics
 from alnair.scheduler.dispatcher.mirrors import (
     ANN_ABANDONED,
     ANN_DATA_SIZE_MB,
@@ -76,10 +78,11 @@ from alnair.scheduler.dispatcher.mirrors import (
     ANN_PLACED_AT,
     ANN_PLACED_CLUSTER,
     ANN_PLACED_TYPE,
+    CONDITION_LOST,
     MANAGED_BY,
+    condition,
     delegated,
     job_artifacts,
-    mirror_counts,
     mirror_of,
     started,
 )
@@ -91,15 +94,13 @@ from alnair.scheduler.dispatcher.workers import (
     LABEL_ORIGIN,
     LABEL_WORKER,
     SECRETS,
-    Worker,
     WorkerConfig,
-    parse_worker_secret,
+    WorkerSet,
 )
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import CONDITION_ADMITTED
 from alnair.scheduler.multicluster.scoring import (
     Artifact,
-    ClusterOption,
     WorkerView,
     hub_snapshot,
     pool_key,
@@ -118,49 +119,6 @@ from alnair.scheduler.queueing import (
 
 log = logging.getLogger(__name__)
 COMPONENT = "alnair-hub"
-CONDITION_LOST = "alnair.io/LostContact"
-_COPIED_STATUS = ("startTime", "active", "ready", "succeeded", "failed")
-_TERMINAL = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
-
-
-def _now_ts() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class HubJobState(WorkloadState):
-    """What the hub knows about one workload, beyond what the core keeps."""
-
-    options: list[ClusterOption] = field(default_factory=list)
-    mirrored_rv: str | None = None
-    lost_evented: str | None = None
-
-
-class HubMetrics:
-    def __init__(self, base: DispatcherMetrics) -> None:
-        m = Metrics("dispatcher", base.registry)
-        self.worker_up = m.gauge(
-            "worker_up", "1 while a worker cluster answers, 0 when it does not", ["cluster"]
-        )
-        self.worker_gpus = m.gauge(
-            "worker_gpus", "GPUs of a worker cluster, by state (total, free)", ["cluster", "state"]
-        )
-        self.worker_jobs = m.gauge(
-            "worker_jobs", "Mirrored jobs on a worker cluster, by state", ["cluster", "state"]
-        )
-        self.worker_problems = m.gauge(
-            "worker_problems",
-            "Worker Secrets or clusters with a problem, by kind (invalid, unreachable, "
-            "unauthorized)",
-            ["kind"],
-        )
-        self.placements = m.counter("placements_total", "Jobs placed, per cluster", ["cluster"])
-        self.redispatched = m.counter(
-            "redispatched_total", "Not-started jobs taken back from a lost cluster", ["cluster"]
-        )
-        self.lost_contact = m.gauge(
-            "lost_contact_jobs", "Running jobs on clusters that do not answer"
-        )
 
 
 class Hub(QueueCore):
@@ -208,12 +166,21 @@ class Hub(QueueCore):
             self.cohorts,
             *watching,
         )
-        self.workers: dict[str, Worker] = {}
-        self.invalid_workers: dict[str, str] = {}
+        self.fleet = WorkerSet(
+            self.wake,
+            grace_s=settings.worker_grace_s,
+            kinds=lambda: [self.kinds[k] for k in self.workload_watches],
+        )
+        self.workers = self.fleet.workers
+        self.invalid_workers = self.fleet.invalid
         self.states: dict[str, HubJobState] = {}
+        self.writer = HubWriter(
+            kube, settings.cluster, self.jobs,
+            event=self._event, publish=self._publish, wake=self._wake.set,
+        )  # fmt: skip
         for informer in (self.cluster_queues, self.local_queues, self.cohorts, *watching):
             informer.add_handler(self._poke)
-        self.secrets.add_handler(self._on_secret)
+        self.secrets.add_handler(self.fleet.on_secret)
 
     @property
     def jobs(self) -> Informer:
@@ -225,48 +192,10 @@ class Hub(QueueCore):
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         self._wake.set()
 
-    def _on_secret(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
-        secret = obj["metadata"]["name"]
-        for name, worker in list(self.workers.items()):
-            if worker.config.secret == secret:
-                if event is not WatchEvent.DELETED and worker.config.resource_version == str(
-                    obj["metadata"].get("resourceVersion", "")
-                ):
-                    return
-                del self.workers[name]
-                self._tasks = [task for task in self._tasks if not task.done()]
-                self._tasks.append(spawn(worker.stop(), name=f"hub.worker.{name}.stop"))
-        self.invalid_workers.pop(secret, None)
-        if event is not WatchEvent.DELETED:
-            try:
-                config = parse_worker_secret(obj)
-                if config.name in self.workers:
-                    raise InvalidValueError(
-                        "alnair.io/cluster-name", config.name, "another Secret names it"
-                    )
-                worker = Worker(
-                    config,
-                    self.wake,
-                    grace_s=self.settings.worker_grace_s,
-                    retry_max_s=min(5.0, max(0.5, self.settings.worker_grace_s)),
-                    kinds=[self.kinds[k] for k in self.workload_watches],
-                )
-            except (InvalidValueError, ConfigError, OSError, ValueError) as exc:
-                # A CA file that does not exist, a certificate that does not parse: reported,
-                # never fatal, as any other bad Secret.
-                log.warning("worker Secret refused", extra={"secret": secret, "error": str(exc)})
-                self.invalid_workers[secret] = str(exc)
-            else:
-                self.workers[config.name] = worker
-                worker.start()
-        self._wake.set()
-
     # --- lifecycle ----------------------------------------------------------------------
 
     async def stop(self) -> None:
-        for worker in list(self.workers.values()):
-            await worker.stop()
-        self.workers.clear()
+        await self.fleet.stop()
         await super().stop()
 
     # --- one reconcile ------------------------------------------------------------------
@@ -406,7 +335,7 @@ class Hub(QueueCore):
                     f"LocalQueue {wl.namespace}/{wl.local_queue} or its ClusterQueue "
                     "does not exist or is inactive",
                 )
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             pending.append((wl, cq))
             if "submitted" not in state.evented:
@@ -435,7 +364,7 @@ class Hub(QueueCore):
             state = self.states[wl.key]
             if state.prediction_error is not None:
                 state.reason = WaitReason("prediction", state.prediction_error)
-                await self._wait_event(wl, state)
+                await self.writer.wait_event(wl, state)
                 continue
             spec = self._spec(wl, cq, state, serving[wl.kind])
             artifacts = job_artifacts(wl.obj)
@@ -457,9 +386,11 @@ class Hub(QueueCore):
         for job_id, reason in decisions.waiting.items():
             state = self.states[job_id]
             state.reason = reason
-            await self._wait_event(by_id[job_id], state)
+            await self.writer.wait_event(by_id[job_id], state)
         await self._collect(abandoned, live)
-        self._report(views, lost_running)
+        report_metrics(
+            self.hub_metrics, self.workers, len(self.invalid_workers), views, lost_running
+        )
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
     # --- acting -------------------------------------------------------------------------
@@ -501,7 +432,7 @@ class Hub(QueueCore):
         self.hub_metrics.placements.labels(cluster).inc()
         self.metrics.decisions.labels(self.policy.name, "admitted").inc()
         await self._event(KINDS[wl.kind].ref(updated), "Placed", message)
-        await self._status(wl, {}, [self._cond(CONDITION_ADMITTED, "True", "Placed", message)])
+        await self.writer.status(wl, {}, [condition(CONDITION_ADMITTED, "True", "Placed", message)])
         await self._publish(
             wl,
             JobPhase.ADMITTED,
@@ -510,27 +441,7 @@ class Hub(QueueCore):
         )
         worker = self.workers.get(cluster)
         if worker is not None and worker.reachable:
-            await self._ensure_mirror(worker, updated, wl, gpu_type)
-
-    async def _ensure_mirror(
-        self, worker: Worker, hub_obj: Obj, wl: Workload, gpu_type: str
-    ) -> None:
-        kind = KINDS[wl.kind]
-        mirror = mirror_of(hub_obj, gpu_type, self.settings.cluster, wl)
-        ns = mirror["metadata"]["namespace"]
-        with contextlib.suppress(Conflict):
-            await worker.kube.create(
-                NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            )
-        try:
-            created = await worker.kube.create(kind.resource, mirror, ns)
-            worker.mirrors[kind.kind].store[f"{ns}/{mirror['metadata']['name']}"] = created
-        except Conflict:
-            pass  # already there: created by an earlier attempt
-        except (ApiError, Unavailable) as exc:
-            await self._event(
-                kind.ref(hub_obj), "MirrorFailed", f"on {worker.name}: {exc}", warning=True
-            )
+            await self.writer.ensure_mirror(worker, updated, wl, gpu_type)
 
     async def _follow(
         self, wl: Workload, kind: WorkloadKind, cluster: str, state: HubJobState
@@ -549,13 +460,13 @@ class Hub(QueueCore):
             if mirror is None:
                 if kind.finished(wl.obj) is None:
                     gpu_type = wl.annotations.get(ANN_PLACED_TYPE, "")
-                    await self._ensure_mirror(worker, wl.obj, wl, gpu_type)
+                    await self.writer.ensure_mirror(worker, wl.obj, wl, gpu_type)
                 return "ok"
             if state.lost_evented is not None:
                 state.lost_evented = None
                 await self._event(wl.ref(), "ContactRestored", f"cluster {cluster} answers again")
                 state.mirrored_rv = None
-            await self._mirror_status(wl, kind, mirror, cluster, state)
+            await self.writer.mirror_status(wl, kind, mirror, cluster, state)
             return "ok"
         if worker is not None and not worker.lost:
             return "ok"  # within the grace period: wait
@@ -582,8 +493,8 @@ class Hub(QueueCore):
             self.hub_metrics.redispatched.labels(cluster).inc()
             message = f"cluster {cluster} does not answer ({why}); the job had not started there"
             await self._event(kind.ref(updated), "Redispatched", message, warning=True)
-            await self._status(
-                wl, {}, [self._cond(CONDITION_ADMITTED, "False", "Redispatched", message)]
+            await self.writer.status(
+                wl, {}, [condition(CONDITION_ADMITTED, "False", "Redispatched", message)]
             )
             self._wake.set()
             return "redispatched"
@@ -594,92 +505,10 @@ class Hub(QueueCore):
                 "and is not started anywhere else"
             )
             await self._event(wl.ref(), "LostContact", message, warning=True)
-            await self._status(
-                wl, {}, [self._cond(CONDITION_LOST, "True", "ClusterUnreachable", message)]
+            await self.writer.status(
+                wl, {}, [condition(CONDITION_LOST, "True", "ClusterUnreachable", message)]
             )
         return "lost"
-
-    async def _mirror_status(
-        self, wl: Workload, kind: WorkloadKind, mirror: Obj, cluster: str, state: HubJobState
-    ) -> None:
-        rv = str(mirror["metadata"].get("resourceVersion"))
-        if state.mirrored_rv == rv:
-            return
-        status = mirror.get("status") or {}
-        finished = kind.finished(mirror)
-        if kind.kind == JOB.kind:
-            copied = self._job_status(wl, status, finished, cluster)
-            if copied is None:
-                return  # the worker's Job controller is finishing it: its final status follows
-        else:
-            # Another kind's status is its controller's, whole (what users and tools read).
-            copied = status
-        try:
-            await self.kube.patch(
-                wl.resource, wl.name, {"status": copied}, wl.namespace, sub="status"
-            )
-        except (Conflict, NotFound):
-            self._wake.set()
-            return
-        except ApiError as exc:
-            log.warning("hub status not written: %s", exc, extra={"job": wl.key, "error": str(exc)})
-            return
-        state.mirrored_rv = rv
-        if finished is not None:
-            runtime = None
-            start, end = status.get("startTime"), status.get("completionTime")
-            if start and end:
-                runtime = (
-                    datetime.fromisoformat(end.replace("Z", "+00:00"))
-                    - datetime.fromisoformat(start.replace("Z", "+00:00"))
-                ).total_seconds()
-            phase = JobPhase.FAILED if finished == "Failed" else JobPhase.COMPLETED
-            await self._publish(
-                wl,
-                phase,
-                {
-                    "cluster": cluster,
-                    "gpu_model": wl.annotations.get(ANN_PLACED_TYPE),
-                    "gpus": wl.request.gpus,
-                    "runtime_s": runtime,
-                    **wl.features,
-                },
-                seq="0",
-                cluster=cluster,
-            )
-
-    def _job_status(
-        self, wl: Workload, status: Obj, finished: str | None, cluster: str
-    ) -> Obj | None:
-        """What a mirrored Job's status puts on the hub Job: the counts and times users read,
-        not the worker controller's own bookkeeping (uncounted pods), which the API server
-        refuses on a finished Job; its conditions beside the hub's own. None while the worker
-        is finishing it."""
-        terminal = any(
-            c.get("type") in _TERMINAL and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        if terminal and finished is None:
-            return None
-        copied = {k: status[k] for k in _COPIED_STATUS if k in status}
-        if (wl.obj.get("status") or {}).get("startTime"):
-            # Immutable once set: a job taken back from a lost cluster keeps its first start.
-            copied.pop("startTime", None)
-        if finished is not None:
-            copied.update(active=0, ready=0)
-            if finished == "Complete" and status.get("completionTime"):
-                copied["completionTime"] = status["completionTime"]
-        ours = [
-            c
-            for c in ((wl.obj.get("status") or {}).get("conditions") or [])
-            if str(c.get("type", "")).startswith("alnair.io/") and c.get("type") != CONDITION_LOST
-        ]
-        copied["conditions"] = [
-            *(status.get("conditions") or []),
-            *ours,
-            self._cond(CONDITION_LOST, "False", "Reachable", f"cluster {cluster} answers"),
-        ]
-        return copied
 
     async def _collect(self, abandoned: dict[str, set[str]], live: set[str]) -> None:
         """Delete mirrors the hub took back (their cluster answers again) or whose hub
@@ -713,94 +542,12 @@ class Hub(QueueCore):
 
     # --- reporting ----------------------------------------------------------------------
 
-    def _cond(self, type_: str, status: str, reason: str, message: str) -> dict[str, str]:
-        ts = _now_ts()
-        return {
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message[:1024],
-            "lastTransitionTime": ts,
-            "lastProbeTime": ts,
-        }
-
-    async def _status(
-        self, wl: Workload, fields: dict[str, Any], conditions: list[dict[str, str]]
-    ) -> None:
-        """The hub's conditions on a Job's status (`kubectl describe job`); another kind's
-        status is its own controller's, copied from its mirror: Events say it there."""
-        if not KINDS[wl.kind].writes_conditions:
-            return
-        current = self.jobs.get(f"{wl.namespace}/{wl.name}") or {}
-        kept = [
-            c
-            for c in ((current.get("status") or {}).get("conditions") or [])
-            if c.get("type") not in {x["type"] for x in conditions}
-        ]
-        body = {"status": {**fields, "conditions": [*kept, *conditions]}}
-        with contextlib.suppress(NotFound, Conflict):
-            try:
-                await self.kube.patch(JOBS, wl.name, body, wl.namespace, sub="status")
-            except ApiError as exc:
-                log.warning("hub condition not written", extra={"job": wl.key, "error": str(exc)})
-
-    async def _wait_event(self, wl: Workload, state: HubJobState) -> None:
-        if state.reason is None or state.reason_evented == state.reason.kind:
-            return
-        state.reason_evented = state.reason.kind
-        text = f"{state.reason.kind}: {state.reason.message}"
-        await self._event(
-            wl.ref(),
-            "Waiting",
-            f"waiting ({text})",
-            warning=state.reason.kind in ("queue", "prediction"),
-        )
-
-    def _report(self, views: list[WorkerView], lost_running: int) -> None:
-        m = self.hub_metrics
-        by_name = {v.name: v for v in views}
-        problems: Counter[str] = Counter({"invalid": len(self.invalid_workers)})
-        for name, worker in self.workers.items():
-            m.worker_up.labels(name).set(1 if worker.reachable else 0)
-            problem = worker.problem
-            if problem:
-                problems[problem.split(":", 1)[0]] += 1
-            view = by_name.get(name)
-            if view is not None:
-                m.worker_gpus.labels(name, "total").set(sum(p.total for p in view.pools.values()))
-                m.worker_gpus.labels(name, "free").set(sum(p.free for p in view.pools.values()))
-            counts = mirror_counts(worker)
-            m.worker_jobs.labels(name, "queued").set(counts["queued"])
-            m.worker_jobs.labels(name, "running").set(counts["running"])
-        for kind in ("invalid", "unreachable", "unauthorized"):
-            m.worker_problems.labels(kind).set(problems[kind])
-        m.lost_contact.set(lost_running)
-
     def describe_clusters(self) -> dict[str, Any]:
         """`GET /v1/clusters`: every worker, whether it answers, its GPUs and jobs."""
         views = {v.name: v for v in self.views({})}
-        out: list[dict[str, Any]] = []
-        for name, worker in sorted(self.workers.items()):
-            view = views.get(name)
-            out.append(
-                {
-                    "name": name,
-                    "secret": worker.config.secret,
-                    "region": worker.config.region,
-                    "bandwidth_mbps": worker.config.bandwidth_mbps,
-                    "reachable": worker.reachable,
-                    "lost": worker.lost,
-                    "synced": worker.synced,
-                    "problem": worker.problem,
-                    "failing_for_s": round(worker.failing_for_s(), 1),
-                    "gpus": {m: p.total for m, p in view.pools.items()} if view else {},
-                    "artifacts": sorted(view.artifacts) if view else [],
-                    "jobs": mirror_counts(worker),
-                    "kinds": sorted(k for k in worker.mirrors if worker.serves(k)),
-                }
-            )
+        clusters = cluster_descriptions(self.workers, views)
         invalid = [{"secret": s, "problem": p} for s, p in sorted(self.invalid_workers.items())]
-        return {"policy": self.policy.name, "clusters": out, "invalid": invalid}
+        return {"policy": self.policy.name, "clusters": clusters, "invalid": invalid}
 
     def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
         adapter = KINDS[kind]
@@ -812,40 +559,7 @@ class Hub(QueueCore):
                 404, "NotFound", f"no hub {kind} {namespace}/{name} (managedBy {MANAGED_BY})", key
             )
         state = self.states.get(key) or HubJobState(key)
-        annotations = obj["metadata"].get("annotations") or {}
-        finished = adapter.finished(obj)
-        cluster = annotations.get(ANN_PLACED_CLUSTER)
-        status = finished.lower() if finished else ("placed" if cluster else "waiting")
-        if cluster and state.lost_evented:
-            status = "lost-contact"
-        return {
-            "job": f"{namespace}/{name}",
-            "kind": kind,
-            "status": status,
-            "cluster": cluster,
-            "gpu_model": annotations.get(ANN_PLACED_TYPE),
-            "abandoned": [c for c in (annotations.get(ANN_ABANDONED) or "").split(",") if c],
-            "reason": {"kind": state.reason.kind, "message": state.reason.message}
-            if state.reason and status == "waiting"
-            else None,
-            "options": [
-                {
-                    "cluster": o.cluster,
-                    "gpu_model": o.gpu_type,
-                    "wait_s": _finite(o.wait_s),
-                    "transfer_s": o.transfer_s,
-                    "transfer_mb": o.transfer_mb,
-                    "runtime_s": _finite(o.runtime_s),
-                    "completion_s": _finite(o.completion_s),
-                }
-                for o in state.options
-            ],
-            "prediction_error": state.prediction_error,
-        }
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+        return hub_explanation(kind, obj, state, adapter.finished(obj))
 
 
 __all__ = [

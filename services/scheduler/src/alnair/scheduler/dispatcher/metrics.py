@@ -58,3 +58,32 @@ class DispatcherMetrics:
             "Admission reviews answered, by outcome (held, ignored, refused, valid, invalid)",
             ["outcome"],
         )
+
+
+class HubMetrics:
+    """The hub's own metrics beside the dispatcher's (same registry and prefix)."""
+
+    def __init__(self, base: DispatcherMetrics) -> None:
+        m = Metrics("dispatcher", base.registry)
+        self.worker_up = m.gauge(
+            "worker_up", "1 while a worker cluster answers, 0 when it does not", ["cluster"]
+        )
+        self.worker_gpus = m.gauge(
+            "worker_gpus", "GPUs of a worker cluster, by state (total, free)", ["cluster", "state"]
+        )
+        self.worker_jobs = m.gauge(
+            "worker_jobs", "Mirrored jobs on a worker cluster, by state", ["cluster", "state"]
+        )
+        self.worker_problems = m.gauge(
+            "worker_problems",
+            "Worker Secrets or clusters with a problem, by kind (invalid, unreachable, "
+            "unauthorized)",
+            ["kind"],
+        )
+        self.placements = m.counter("placements_total", "Jobs placed, per cluster", ["cluster"])
+        self.redispatched = m.counter(
+            "redispatched_total", "Not-started jobs taken back from a lost cluster", ["cluster"]
+        )
+        self.lost_contact = m.gauge(
+            "lost_contact_jobs", "Running jobs on clusters that do not answer"
+        )

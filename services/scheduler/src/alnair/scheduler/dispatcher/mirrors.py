@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from alnair.common.errors import InvalidValueError
@@ -171,3 +172,53 @@ def mirror_counts(worker: Worker) -> dict[str, int]:
         else:
             counts["queued"] += 1
     return counts
+
+
+CONDITION_LOST = "alnair.io/LostContact"
+_COPIED_STATUS = ("startTime", "active", "ready", "succeeded", "failed")
+_TERMINAL = ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+
+
+def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
+    """A status condition as the hub writes it on its objects (both times now)."""
+    ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": ts,
+        "lastProbeTime": ts,
+    }
+
+
+def job_status(wl: Workload, status: Obj, finished: str | None, cluster: str) -> Obj | None:
+    """What a mirrored Job's status puts on the hub Job: the counts and times users read,
+    not the worker controller's own bookkeeping (uncounted pods), which the API server
+    refuses on a finished Job; its conditions beside the hub's own. None while the worker
+    is finishing it."""
+    terminal = any(
+        c.get("type") in _TERMINAL and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if terminal and finished is None:
+        return None
+    copied = {k: status[k] for k in _COPIED_STATUS if k in status}
+    if (wl.obj.get("status") or {}).get("startTime"):
+        # Immutable once set: a job taken back from a lost cluster keeps its first start.
+        copied.pop("startTime", None)
+    if finished is not None:
+        copied.update(active=0, ready=0)
+        if finished == "Complete" and status.get("completionTime"):
+            copied["completionTime"] = status["completionTime"]
+    ours = [
+        c
+        for c in ((wl.obj.get("status") or {}).get("conditions") or [])
+        if str(c.get("type", "")).startswith("alnair.io/") and c.get("type") != CONDITION_LOST
+    ]
+    copied["conditions"] = [
+        *(status.get("conditions") or []),
+        *ours,
+        condition(CONDITION_LOST, "False", "Reachable", f"cluster {cluster} answers"),
+    ]
+    return copied

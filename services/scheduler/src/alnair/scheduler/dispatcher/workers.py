@@ -22,6 +22,7 @@ the hub, so a loss is seen within one back-off of the grace period ending.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -283,3 +284,67 @@ class Worker:
                 return f"unauthorized: {exc}"
             return f"unreachable: {exc}"
         return None
+
+
+class WorkerSet:
+    """The worker clusters, one per labelled Secret in the hub's namespace: made when a Secret
+    appears, made again when it changes, stopped when it goes. A Secret that does not parse (a
+    CA file that does not exist, a certificate that does not parse, a name another Secret
+    gives) is kept in `invalid` with its reason: reported, never fatal."""
+
+    def __init__(
+        self,
+        on_change: Callable[[], None],
+        *,
+        grace_s: float,
+        kinds: Callable[[], Iterable[WorkloadKind]],
+    ) -> None:
+        self.on_change = on_change
+        self.grace_s = grace_s
+        self.kinds = kinds
+        self.workers: dict[str, Worker] = {}
+        self.invalid: dict[str, str] = {}
+        self._stopping: list[asyncio.Task[None]] = []
+
+    def on_secret(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        secret = obj["metadata"]["name"]
+        for name, worker in list(self.workers.items()):
+            if worker.config.secret == secret:
+                if event is not WatchEvent.DELETED and worker.config.resource_version == str(
+                    obj["metadata"].get("resourceVersion", "")
+                ):
+                    return
+                del self.workers[name]
+                self._stopping = [task for task in self._stopping if not task.done()]
+                self._stopping.append(spawn(worker.stop(), name=f"hub.worker.{name}.stop"))
+        self.invalid.pop(secret, None)
+        if event is not WatchEvent.DELETED:
+            try:
+                config = parse_worker_secret(obj)
+                if config.name in self.workers:
+                    raise InvalidValueError(
+                        "alnair.io/cluster-name", config.name, "another Secret names it"
+                    )
+                worker = Worker(
+                    config,
+                    self.on_change,
+                    grace_s=self.grace_s,
+                    retry_max_s=min(5.0, max(0.5, self.grace_s)),
+                    kinds=self.kinds(),
+                )
+            except (InvalidValueError, ConfigError, OSError, ValueError) as exc:
+                log.warning("worker Secret refused", extra={"secret": secret, "error": str(exc)})
+                self.invalid[secret] = str(exc)
+            else:
+                self.workers[config.name] = worker
+                worker.start()
+        self.on_change()
+
+    async def stop(self) -> None:
+        for worker in list(self.workers.values()):
+            await worker.stop()
+        self.workers.clear()
+        for task in self._stopping:
+            with contextlib.suppress(BaseException):
+                await task
+        self._stopping.clear()
