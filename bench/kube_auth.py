@@ -31,8 +31,9 @@ from typing import Any
 
 from aiohttp import web
 
-from alnair.common.kube import KubeClient, KubeConfig, _with
+from alnair.common.kube import KubeClient, _with
 from alnair.common.kubeauth import ExecPlugin
+from alnair.common.kubeconfig import KubeConfig
 
 TOKEN = "bench-token"
 PLUGIN = (

@@ -34,9 +34,9 @@ from alnair.common.kube import (
     VALIDATING_WEBHOOKS,
     ApiError,
     KubeClient,
-    KubeConfig,
     Resource,
 )
+from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.builders import pod_bound_token, token_client
 from alnair.dev.localstack import ControlPlane
 from alnair.profiler.aggregator import resolve_owner

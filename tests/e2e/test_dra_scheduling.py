@@ -26,7 +26,8 @@ import yaml
 
 from alnair.common import dra
 from alnair.common import resources as r
-from alnair.common.kube import NODES, PODS, SERVICEACCOUNTS, KubeClient, KubeConfig, Resource
+from alnair.common.kube import NODES, PODS, SERVICEACCOUNTS, KubeClient, Resource
+from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.builders import make_pod
 from alnair.dev.localstack import ControlPlane, ManagedProcess
 from alnair.dev.localstack.controlplane import (

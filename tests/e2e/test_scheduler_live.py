@@ -367,7 +367,8 @@ async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace
 async def test_the_shipped_rbac_is_enough_for_the_scheduler_and_no_more(
     control_plane: ControlPlane, kube: KubeClient, namespace: str
 ) -> None:
-    from alnair.common.kube import NAMESPACES, NODES, ApiError, KubeConfig
+    from alnair.common.kube import NAMESPACES, NODES, ApiError
+    from alnair.common.kubeconfig import KubeConfig
     from alnair.dev.localstack.controlplane import load_manifests
 
     with contextlib.suppress(Conflict):

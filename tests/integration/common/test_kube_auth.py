@@ -23,10 +23,10 @@ from alnair.common.kube import (
     SERVICEACCOUNTS,
     ApiError,
     KubeClient,
-    KubeConfig,
     NotFound,
 )
 from alnair.common.kubeauth import TokenFileAuth
+from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.localstack import ControlPlane
 from kube_auth_support import Plugin, write_kubeconfig
 

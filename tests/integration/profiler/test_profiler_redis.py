@@ -10,7 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from alnair.common.events import PodMetric
-from alnair.common.kube import KubeClient, KubeConfig
+from alnair.common.kube import KubeClient
+from alnair.common.kubeconfig import KubeConfig
 from alnair.common.records import RECORDS_INDEX, ExecutionRecord, record_key
 from alnair.profiler.aggregator import Aggregator, P
 from alnair.profiler.metrics import ProfilerMetrics

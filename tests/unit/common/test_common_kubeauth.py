@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from alnair.common import kube
+from alnair.common import kubeconfig
 from alnair.common.errors import ConfigError
-from alnair.common.kube import KubeClient, KubeConfig
+from alnair.common.kube import KubeClient
 from alnair.common.kubeauth import ExecAuth, ExecPlugin, TokenFileAuth, parse_exec_credential
+from alnair.common.kubeconfig import KubeConfig
 from kube_auth_support import Plugin, write_kubeconfig
 
 V1 = "client.authentication.k8s.io/v1"
@@ -119,7 +120,7 @@ def test_in_cluster_config_rereads_the_projected_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "token").write_text("projected-1")
-    monkeypatch.setattr(kube, "SA_DIR", tmp_path)
+    monkeypatch.setattr(kubeconfig, "SA_DIR", tmp_path)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     config = KubeConfig.load()

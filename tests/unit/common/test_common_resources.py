@@ -10,7 +10,8 @@ import yaml
 
 from alnair.common import resources as r
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.common.kube import CLUSTERQUEUES, LOCALQUEUES, PODS, KubeConfig, resource_for
+from alnair.common.kube import CLUSTERQUEUES, LOCALQUEUES, PODS, resource_for
+from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.localstack.controlplane import gpu_node_manifest, parse_node_specs
 
 

@@ -4,10 +4,11 @@ Why not the official `kubernetes` package: it is synchronous, and a scheduler th
 thousands of pods needs many requests in flight on one event loop. This client speaks the REST
 API directly: typed errors (`NotFound`, `Conflict`, `Gone`, ...), list and watch with
 resourceVersion (the building blocks of `alnair.common.informer`), the Binding subresource,
-patches (merge, strategic, JSON, server-side apply) and Events. It reads a kubeconfig (client
-certificates, a bearer token, a `tokenFile`, or an `exec` credential plugin) or the in-cluster
-service account, whose projected token is re-read when the kubelet rotates it; credentials that
-change are `alnair.common.kubeauth`'s, and a 401 renews them once and retries.
+patches (merge, strategic, JSON, server-side apply) and Events. Where the API server is and
+which credentials to present come from `alnair.common.kubeconfig` (a kubeconfig or the
+in-cluster service account, whose projected token is re-read when the kubelet rotates it);
+credentials that change are `alnair.common.kubeauth`'s, and a 401 renews them once and
+retries.
 
 The transport is aiohttp: a scheduler binding thousands of pods spends its time in the HTTP
 client, and a profile of the same workload on httpx showed two thirds of the CPU in its
@@ -16,29 +17,20 @@ connection-pool bookkeeping.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import ssl
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-import yaml
 
 from alnair.common.errors import ConfigError, PermanentError, TemporaryError
 from alnair.common.kubeauth import (
-    Authenticator,
     Credential,
-    ExecAuth,
-    ExecPlugin,
-    TokenFileAuth,
-    load_pem_cert_chain,
 )
+from alnair.common.kubeconfig import KubeConfig
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -48,15 +40,6 @@ _PATCH_CT = {
     "json": "application/json-patch+json",
     "apply": "application/apply-patch+yaml",
 }
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_NOT_WITH_EXEC = (
-    "token",
-    "tokenFile",
-    "client-certificate",
-    "client-key",
-    "client-certificate-data",
-    "client-key-data",
-)
 
 
 class ApiError(PermanentError):
@@ -202,101 +185,6 @@ KIND_RESOURCES: dict[str, Resource] = {
 }
 
 
-@dataclass(frozen=True)
-class KubeConfig:
-    server: str
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    token: str | None = None
-    insecure: bool = False
-    token_file: str | None = None
-    """A file holding the bearer token, re-read when it changes (wins over `token`)."""
-    exec_plugin: ExecPlugin | None = None
-    """A credential plugin run for a token or client certificate until it expires."""
-
-    @classmethod
-    def load(cls, path: str | None = None) -> KubeConfig:
-        """From `path`, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
-        if path is None and (SA_DIR / "token").exists() and "KUBERNETES_SERVICE_HOST" in os.environ:
-            host = os.environ["KUBERNETES_SERVICE_HOST"]
-            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-            # A projected token: the kubelet replaces it before it expires.
-            return cls(
-                server=f"https://{host}:{port}",
-                ca_file=str(SA_DIR / "ca.crt"),
-                token_file=str(SA_DIR / "token"),
-            )
-        path = path or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-        try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read kubeconfig {path}: {exc}", path=path) from exc
-        try:
-            ctx_name = doc["current-context"]
-            ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
-            cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-            user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
-        except (KeyError, StopIteration, TypeError) as exc:
-            raise ConfigError(
-                f"kubeconfig {path} has no usable current context", path=path
-            ) from exc
-        base = Path(path).parent
-        user = user or {}
-        token_file = user.get("tokenFile")
-        exec_plugin = None
-        if user.get("exec") is not None:
-            where = f"kubeconfig {path} user {ctx['user']!r}"
-            others = [k for k in _NOT_WITH_EXEC if user.get(k)]
-            if others:
-                # As client-go: the plugin's credential would silently compete with these.
-                raise ConfigError(
-                    f"{where} sets exec together with {', '.join(others)}; keep one",
-                    path=path,
-                    field="exec",
-                )
-            exec_plugin = ExecPlugin.from_kubeconfig(user["exec"], cluster, base=base, where=where)
-        return cls(
-            server=cluster["server"].rstrip("/"),
-            ca_file=_file_or_data(cluster, "certificate-authority", base),
-            cert_file=_file_or_data(user, "client-certificate", base),
-            key_file=_file_or_data(user, "client-key", base),
-            token=user.get("token"),
-            insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
-            token_file=str(base / token_file) if token_file else None,
-            exec_plugin=exec_plugin,
-        )
-
-    def ssl_context(
-        self, cert_pem: bytes | None = None, key_pem: bytes | None = None
-    ) -> ssl.SSLContext | bool:
-        """TLS for the API server; `cert_pem`/`key_pem`: a client certificate held in memory."""
-        if self.insecure and cert_pem is None:
-            return False
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        if self.insecure:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if cert_pem is not None and key_pem is not None:
-            load_pem_cert_chain(ctx, cert_pem, key_pem)
-        elif self.cert_file and self.key_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
-        return ctx
-
-    def _plugin_tls(self, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-        ctx = self.ssl_context(cert_pem, key_pem)
-        assert isinstance(ctx, ssl.SSLContext)  # with a certificate it is always a context
-        return ctx
-
-    def authenticator(self, token_recheck_s: float = 60.0) -> Authenticator | None:
-        """What renews this config's credentials; None when they are static."""
-        if self.exec_plugin is not None:
-            return ExecAuth(self.exec_plugin, self._plugin_tls)
-        if self.token_file is not None:
-            return TokenFileAuth(self.token_file, recheck_s=token_recheck_s)
-        return None
-
-
 def _with(cred: Credential | None, headers: dict[str, str] | None) -> dict[str, Any]:
     """Per-request aiohttp arguments for a renewable credential (none for a static one)."""
     if cred is None:
@@ -307,19 +195,6 @@ def _with(cred: Credential | None, headers: dict[str, str] | None) -> dict[str, 
         # certificate finish their requests and age out.
         extra["ssl"] = cred.ssl
     return extra
-
-
-def _file_or_data(section: Mapping[str, Any], key: str, base: Path) -> str | None:
-    if key in section:
-        p = Path(section[key])
-        return str(p if p.is_absolute() else base / p)
-    data = section.get(f"{key}-data")
-    if data is None:
-        return None
-    fd, name = tempfile.mkstemp(prefix="alnair-kube-", suffix=".pem")
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return name
 
 
 class KubeClient:

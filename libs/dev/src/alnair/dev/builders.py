@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import NAMESPACES, PODS, PRIORITYCLASSES, Conflict, KubeClient, KubeConfig
+from alnair.common.kube import NAMESPACES, PODS, PRIORITYCLASSES, Conflict, KubeClient
+from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import load_manifests, repo_root
 

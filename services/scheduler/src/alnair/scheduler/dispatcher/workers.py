@@ -39,7 +39,8 @@ import yaml
 
 from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import NODES, ApiError, KubeClient, KubeConfig, Obj, Resource
+from alnair.common.kube import NODES, ApiError, KubeClient, Obj, Resource
+from alnair.common.kubeconfig import KubeConfig
 from alnair.common.tasks import spawn
 from alnair.scheduler.dispatcher.kinds import JOB
 from alnair.scheduler.dispatcher.objects import node_gpus
