@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
-from alnair.elastic.controller import Controller, ScaleRequest
+from alnair.elastic.controller import Controller
 from alnair.elastic.metrics import ElasticMetrics
+from alnair.elastic.scaling import ScaleRequest
 
 
 class ScaleBody(BaseModel):

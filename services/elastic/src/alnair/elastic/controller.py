@@ -41,34 +41,49 @@ from alnair.common.events import ScaleEvent, ScalePhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CONFIGMAPS,
-    DEPLOYMENTS,
     ELASTICJOBS,
     NODES,
     PODGROUPS,
     PODS,
-    SERVICES,
     STATEFULSETS,
     ApiError,
     Conflict,
     KubeClient,
     NotFound,
     Obj,
-    Resource,
 )
 from alnair.common.recorder import EventRecorder
 from alnair.common.tasks import spawn
 from alnair.elastic import manifests as m
 from alnair.elastic.metrics import ElasticMetrics
+from alnair.elastic.scaling import Outcome, ScaleRequest
 from alnair.elastic.settings import ElasticSettings
-from alnair.elastic.sizing import FINISHED, Decision, capacity, decide, holds_gpus, shape_of
+from alnair.elastic.sizing import (
+    FINISHED,
+    Decision,
+    capacity,
+    decide,
+    holds_gpus,
+    node_facts,
+    shape_of,
+)
 from alnair.elastic.spec import (
     JOB_LABEL,
-    POD_INDEX_LABEL,
     ROLE_LABEL,
     ElasticSpec,
     Rendezvous,
     SpecError,
     parse,
+)
+from alnair.elastic.status import (
+    Resize,
+    WorkerView,
+    condition,
+    count_failures,
+    job_status,
+    ordinal,
+    parse_ts,
+    terminating,
 )
 
 log = logging.getLogger(__name__)
@@ -79,43 +94,6 @@ Publisher = Callable[[ScaleEvent, str], Awaitable[None]]
 COMPONENT = "alnair-elastic"
 LOST_SETTLE_S = 0.25
 """How long the victims of one preemption take to be deleted, so they make one shrink."""
-
-
-@dataclass(frozen=True)
-class ScaleRequest:
-    replicas: int
-    reason: str = ""
-    event_id: str = ""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a pass did for a scale request: the size now, or why it was refused."""
-
-    replicas: int | None
-    previous: int | None
-    refused: str = ""
-    reason: str = ""
-
-
-@dataclass
-class Resize:
-    time: datetime
-    previous: int
-    replicas: int
-    reason: str
-    event_id: str = ""
-
-    def as_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": _ts(self.time),
-            "from": self.previous,
-            "to": self.replicas,
-            "reason": self.reason,
-        }
-        if self.event_id:
-            out["eventId"] = self.event_id
-        return out
 
 
 @dataclass
@@ -137,61 +115,6 @@ class JobState:
     status: dict[str, Any] | None = None
     hosts: list[str] = field(default_factory=list)
     history: deque[Resize] = field(default_factory=lambda: deque(maxlen=50))
-
-
-def _ts(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_ts(raw: str | None) -> datetime | None:
-    if not raw:
-        return None
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def ordinal(pod: Obj) -> int:
-    """The StatefulSet ordinal of a worker (its pod-index label, else its name's suffix)."""
-    meta = pod["metadata"]
-    raw = (meta.get("labels") or {}).get(POD_INDEX_LABEL)
-    if raw is None:
-        raw = meta["name"].rpartition("-")[2]
-    try:
-        return int(raw)
-    except ValueError:
-        return -1
-
-
-def is_ready(pod: Obj) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return _phase(pod) == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-    )
-
-
-def _phase(pod: Obj) -> str:
-    return str((pod.get("status") or {}).get("phase") or "")
-
-
-def _terminating(pod: Obj) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
-
-
-def _node_facts(node: Obj | None) -> Any:
-    if node is None:
-        return None
-    status = node.get("status") or {}
-    spec = node.get("spec") or {}
-    ready = [c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    return (
-        (status.get("allocatable") or {}).get("nvidia.com/gpu"),
-        spec.get("unschedulable"),
-        repr(spec.get("taints")),
-        ready,
-        repr(sorted((node["metadata"].get("labels") or {}).items())),
-    )
 
 
 class Controller:
@@ -355,7 +278,7 @@ class Controller:
     def _note_worker_change(self, key: str, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
         """A bound worker deleted below the replicas we set was taken from us (preempted)."""
         going = event is WatchEvent.DELETED or (
-            _terminating(pod) and (old is None or not _terminating(old))
+            terminating(pod) and (old is None or not terminating(old))
         )
         if not going:
             return
@@ -381,7 +304,7 @@ class Controller:
     def _on_node(self, event: WatchEvent, node: Obj, old: Obj | None) -> None:
         if event is WatchEvent.DELETED:
             return
-        if old is None or _node_facts(old) != _node_facts(node):
+        if old is None or node_facts(old) != node_facts(node):
             self._kick_growable()
 
     # --- scale requests -------------------------------------------------------------------
@@ -458,11 +381,11 @@ class Controller:
             self.metrics.scale_requests.labels("duplicate").inc()
             return Outcome(st.target, status.get("lastResize", {}).get("from"), reason="duplicate")
         if st.ensured_uid != spec.uid:
-            await self._ensure_owned(spec)
+            await m.ensure_owned(self.kube, spec)
             st.ensured_uid = spec.uid
             st.status = None
             last = status.get("lastResize") or {}
-            when = _parse_ts(last.get("time"))
+            when = parse_ts(last.get("time"))
             if status.get("ceiling") is not None:
                 st.ceiling = int(status["ceiling"])
             if when is not None and st.last_resize is None:
@@ -485,12 +408,12 @@ class Controller:
         current = st.target
         workers = self.workers(spec)
 
-        restarts, counted = self._count_failures(workers, status)
+        restarts, counted = count_failures(workers, status)
         failed = restarts > spec.max_restarts
         live = [
             p
             for p in workers
-            if holds_gpus(p) and not _terminating(p) and (current is None or ordinal(p) < current)
+            if holds_gpus(p) and not terminating(p) and (current is None or ordinal(p) < current)
         ]
         forced = None
         if st.lost_workers:
@@ -606,32 +529,6 @@ class Controller:
             )
             await self.publish(event, str(uuid.uuid4()))
 
-    def _count_failures(self, workers: list[Obj], status: dict[str, Any]) -> tuple[int, list[str]]:
-        counted = list(status.get("countedFailures") or [])
-        restarts = int(status.get("restarts") or 0)
-        for pod in workers:
-            uid = pod["metadata"].get("uid", "")
-            if (pod.get("status") or {}).get("phase") == "Failed" and uid not in counted:
-                counted.append(uid)
-                restarts += 1
-        return restarts, counted[-64:]
-
-    async def _ensure_owned(self, spec: ElasticSpec) -> None:
-        wanted: list[tuple[Resource, Obj]] = [
-            (SERVICES, m.headless_service(spec)),
-            (PODGROUPS, m.pod_group(spec)),
-        ]
-        if spec.rendezvous is Rendezvous.TORCHRUN:
-            deployment, service = m.rdzv_objects(spec)
-            wanted += [(DEPLOYMENTS, deployment), (SERVICES, service)]
-        else:
-            wanted.append((CONFIGMAPS, m.discovery_config_map(spec, [])))
-        for res, body in wanted:
-            try:
-                await self.kube.create(res, body, spec.namespace)
-            except Conflict:
-                continue
-
     async def _invalid(self, obj: Obj, st: JobState, exc: SpecError) -> None:
         generation = int(obj["metadata"].get("generation") or 0)
         if st.invalid_generation == generation:
@@ -644,7 +541,7 @@ class Controller:
             "message": str(exc),
             "observedGeneration": generation,
             "conditions": [
-                _condition("Running", False, "InvalidSpec", str(exc), None),
+                condition("Running", False, "InvalidSpec", str(exc), None),
             ],
         }
         await self._patch_status(obj, status)
@@ -674,102 +571,20 @@ class Controller:
         failed: bool,
         decision: Decision,
     ) -> None:
-        mine = [p for p in workers if ordinal(p) < target and not _terminating(p)]
-        running = [p for p in mine if holds_gpus(p) and _phase(p) == "Running"]
-        ready = sorted((p for p in mine if is_ready(p)), key=ordinal)
-        hosts = [f"{m.host_of(spec, p['metadata']['name'])}:{spec.gpus_per_worker}" for p in ready]
-        if spec.rendezvous is Rendezvous.HOROVOD and hosts != st.hosts:
-            cm = m.discovery_config_map(spec, hosts)
+        view = WorkerView.of(spec, workers, target)
+        if spec.rendezvous is Rendezvous.HOROVOD and view.hosts != st.hosts:
+            cm = m.discovery_config_map(spec, view.hosts)
             await self.kube.patch(
                 CONFIGMAPS, cm["metadata"]["name"], {"data": cm["data"]}, spec.namespace
             )
-        st.hosts = hosts
-        n = len(running)
-        lo = spec.min_replicas
-        if failed:
-            phase = "Failed"
-        elif spec.succeeded:
-            phase = "Succeeded"
-        elif spec.suspend:
-            phase = "Suspended"
-        elif n >= lo:
-            phase = "Running"
-        elif n == 0 and target <= lo:
-            phase = "WaitingForMin"
-        else:
-            phase = "Pending"
-        resizing = len(ready) != target or len(workers) != len(mine) or len(mine) != target
-        shrunk = st.last_resize is not None and st.last_resize.replicas < st.last_resize.previous
-        shrunk = shrunk and target < spec.max_replicas
-        before = {c.get("type"): c for c in old.get("conditions") or []}
-        conditions = [
-            _condition(
-                "Running",
-                n >= lo and not failed,
-                "Running" if n >= lo else "BelowMinimum",
-                f"{n} of {target} worker(s) running (minimum {lo})",
-                before,
-            ),
-            _condition(
-                "Resizing",
-                resizing and not failed,
-                "Resizing" if resizing else "Stable",
-                f"{len(ready)} ready, target {target}",
-                before,
-            ),
-            _condition(
-                "Shrunk",
-                shrunk,
-                "Shrunk" if shrunk else "NotShrunk",
-                st.last_resize.reason if shrunk and st.last_resize else "",
-                before,
-            ),
-            _condition(
-                "WaitingForMin",
-                phase == "WaitingForMin",
-                "WaitingForMin" if phase == "WaitingForMin" else "MinimumMet",
-                decision.reason if phase == "WaitingForMin" else "",
-                before,
-            ),
-        ]
-        if failed:
-            why = decision.reason
-            conditions.append(_condition("Failed", True, "MaxRestartsExceeded", why, before))
-            if not st.failed_reported:
-                st.failed_reported = True
-                await self._event(obj, "Failed", decision.reason, warning=True)
-        status: dict[str, Any] = {
-            "phase": phase,
-            "currentReplicas": n,
-            "targetReplicas": target,
-            "readyReplicas": len(ready),
-            "guaranteedReplicas": min(n, lo),
-            "borrowedReplicas": max(0, n - lo),
-            "restarts": restarts,
-            "countedFailures": counted,
-            "hosts": hosts,
-            "conditions": conditions,
-            "message": decision.reason,
-            "observedGeneration": spec.generation,
-            "ceiling": st.ceiling,
-        }
-        if st.last_resize is not None:
-            status["lastResize"] = st.last_resize.as_status()
+        st.hosts = view.hosts
+        status = job_status(
+            spec, old, view, target=target, restarts=restarts, counted=counted, failed=failed,
+            reason=decision.reason, last_resize=st.last_resize, ceiling=st.ceiling,
+        )  # fmt: skip
+        if failed and not st.failed_reported:
+            st.failed_reported = True
+            await self._event(obj, "Failed", decision.reason, warning=True)
         if any(old.get(k) != v for k, v in status.items()):
             await self._patch_status(obj, status)
         st.status = {**old, **status}
-
-
-def _condition(
-    type_: str, on: bool, reason: str, message: str, before: dict[str, Any] | None
-) -> dict[str, Any]:
-    value = "True" if on else "False"
-    prev = (before or {}).get(type_) or {}
-    since = prev.get("lastTransitionTime") if prev.get("status") == value else None
-    return {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since or _ts(datetime.now(UTC)),
-    }

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import Envelope, ScaleEvent, ScalePhase
-from alnair.elastic.controller import Controller, ScaleRequest
+from alnair.elastic.controller import Controller
+from alnair.elastic.scaling import ScaleRequest
 
 
 async def subscribe(bus: Bus, controller: Controller, durable: str) -> list[Subscription]:

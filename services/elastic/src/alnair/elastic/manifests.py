@@ -23,7 +23,16 @@ import copy
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.common.kube import Obj
+from alnair.common.kube import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    PODGROUPS,
+    SERVICES,
+    Conflict,
+    KubeClient,
+    Obj,
+    Resource,
+)
 from alnair.elastic.spec import JOB_LABEL, RDZV_PORT, ROLE_LABEL, ElasticSpec, Rendezvous
 
 DISCOVERY_DIR = "/etc/alnair/elastic"
@@ -221,3 +230,22 @@ def discovery_config_map(spec: ElasticSpec, hosts: list[str]) -> Obj:
         "metadata": _meta(spec, discovery_name(spec)),
         "data": {"hosts": "".join(f"{h}\n" for h in hosts), "discover_hosts.sh": DISCOVERY_SCRIPT},
     }
+
+
+async def ensure_owned(kube: KubeClient, spec: ElasticSpec) -> None:
+    """Create what the job owns and misses (its headless Service, PodGroup, and the torchrun
+    rendezvous or the Horovod discovery ConfigMap); what exists is left as it is."""
+    wanted: list[tuple[Resource, Obj]] = [
+        (SERVICES, headless_service(spec)),
+        (PODGROUPS, pod_group(spec)),
+    ]
+    if spec.rendezvous is Rendezvous.TORCHRUN:
+        deployment, service = rdzv_objects(spec)
+        wanted += [(DEPLOYMENTS, deployment), (SERVICES, service)]
+    else:
+        wanted.append((CONFIGMAPS, discovery_config_map(spec, [])))
+    for res, body in wanted:
+        try:
+            await kube.create(res, body, spec.namespace)
+        except Conflict:
+            continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from alnair.common import resources as r
 from alnair.common.kube import Obj
@@ -239,3 +240,20 @@ def decide(
         wait = last_resize_s + spec.cooldown_s - now_s
         return Decision(current, f"grow to {best} waits {wait:.1f}s for the cooldown", defer_s=wait)
     return Decision(best, f"grow to {best}: {capacity_workers} worker(s) fit", clamped=clamped)
+
+
+def node_facts(node: Obj | None) -> Any:
+    """What of a node can change the GPUs a job may grow onto (allocatable GPUs, cordon,
+    taints, readiness, labels): a node event that changes none of it wakes nothing."""
+    if node is None:
+        return None
+    status = node.get("status") or {}
+    spec = node.get("spec") or {}
+    ready = [c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    return (
+        (status.get("allocatable") or {}).get("nvidia.com/gpu"),
+        spec.get("unschedulable"),
+        repr(spec.get("taints")),
+        ready,
+        repr(sorted((node["metadata"].get("labels") or {}).items())),
+    )
