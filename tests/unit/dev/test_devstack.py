@@ -15,13 +15,13 @@ import pytest
 
 from alnair.common.errors import ConfigError
 from alnair.common.settings import DEFAULT_HTTP_PORTS
-from alnair.dev import devstack
+from alnair.dev import devstack, stack_services
 
 
 def test_every_service_has_its_own_port() -> None:
     ports = list(DEFAULT_HTTP_PORTS.values())
     assert len(set(ports)) == len(ports)
-    assert set(devstack.SERVICE_NAMES) <= set(DEFAULT_HTTP_PORTS)
+    assert set(stack_services.SERVICE_NAMES) <= set(DEFAULT_HTTP_PORTS)
     assert DEFAULT_HTTP_PORTS["scheduler"] == 8081
     assert DEFAULT_HTTP_PORTS["deviceplugin"] == 8085
 
@@ -50,11 +50,13 @@ def test_default_services_skip_optional_and_missing_modules() -> None:
     assert "deviceplugin" not in names  # optional: KWOK nodes have no kubelet
     # the hooks (dispatcher, elastic controller) run exactly when their module can
     for hook in ("dispatcher", "elastic"):
-        spec = devstack.service(hook)
+        spec = stack_services.service(hook)
         assert (hook in names) == spec.available()
         assert (hook in [s.name for s in skipped]) != spec.available()
-    assert not devstack.ServiceSpec("x", ("alnair.not_built",), "P", "").available()
-    assert not devstack.ServiceSpec("x", ("alnair.common",), "P", "").available()  # no __main__
+    assert not stack_services.ServiceSpec("x", ("alnair.not_built",), "P", "").available()
+    assert not stack_services.ServiceSpec(
+        "x", ("alnair.common",), "P", ""
+    ).available()  # no __main__
     with_plugin, _ = devstack.wanted(devstack.UpOptions(extra=("deviceplugin",)))
     assert "deviceplugin" in [s.name for s in with_plugin]
     only, _ = devstack.wanted(devstack.UpOptions(only=("scheduler",)))
@@ -71,7 +73,7 @@ def test_busy_port_is_named_with_the_way_out() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        spec = devstack.service("scheduler")
+        spec = stack_services.service("scheduler")
         with pytest.raises(ConfigError, match=rf"{port} \(scheduler\).*FREE_PORTS=1"):
             devstack._check_free({"scheduler": port}, [spec])
 
@@ -124,7 +126,7 @@ def test_status_and_down_without_a_stack(tmp_path: Path) -> None:
 
 def test_a_service_that_dies_at_start_fails_with_its_log_tail(tmp_path: Path) -> None:
     # `python -m alnair.dev.devstack` without a command exits at once with its usage
-    broken = devstack.ServiceSpec("scheduler", ("alnair.dev.devstack",), "UNUSED_PORT", "x")
+    broken = stack_services.ServiceSpec("scheduler", ("alnair.dev.devstack",), "UNUSED_PORT", "x")
     state = devstack.State(tmp_path, "nats://n", "redis://r", "/k", "https://a", [])
     with pytest.raises(devstack.StartError, match=r"scheduler exited during start-up") as err:
         devstack._start_services(state, [broken], {"scheduler": 1}, devstack.UpOptions())
