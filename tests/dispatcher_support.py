@@ -42,7 +42,7 @@ from alnair.scheduler.dispatcher.workers import (
     ANN_REGION,
     LABEL_WORKER,
 )
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 POOL = "alnair.io/test-pool"

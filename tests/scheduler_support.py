@@ -12,7 +12,7 @@ from typing import Any
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODS, KubeClient, NotFound
 from alnair.dev.localstack import ControlPlane
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 

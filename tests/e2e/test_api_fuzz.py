@@ -29,7 +29,7 @@ from alnair.common.http import bound_port, start_http, stop_http
 from alnair.common.kube import KubeClient
 from alnair.dev.localstack import ControlPlane
 from alnair.scheduler.api import build_api
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 pytestmark = [

@@ -40,7 +40,7 @@ from alnair.dev.waiting import wait_for
 from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dra.live import unavailable
 from alnair.scheduler.framework.status import SKIP, Status, error
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from dra_support import (
     GPUS,
     KUSTOMIZE,

@@ -49,7 +49,7 @@ from alnair.scheduler.dispatcher.workers import (
     LABEL_ORIGIN,
     SECRETS,
 )
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from dispatcher_support import flattened, hub_settings, scheduler, worker_secret
 
 pytestmark = pytest.mark.e2e

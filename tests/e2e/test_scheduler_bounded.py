@@ -18,7 +18,7 @@ from alnair.common.kube import NODES, PODGROUPS, PODS, KubeClient
 from alnair.dev.builders import make_pod, pod_group
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.e2e

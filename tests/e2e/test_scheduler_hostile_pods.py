@@ -19,7 +19,7 @@ from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODS, KubeClient
 from alnair.dev.builders import make_pod
 from alnair.dev.localstack import ControlPlane
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.e2e

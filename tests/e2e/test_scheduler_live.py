@@ -29,7 +29,7 @@ from alnair.common.kube import (
 from alnair.dev.builders import make_pod, pod_group, priority_classes
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from scheduler_support import (
     Running,
     assert_no_overcommit,

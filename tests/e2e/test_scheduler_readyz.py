@@ -16,7 +16,7 @@ import pytest
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
 from alnair.common.tasks import cancel_all, spawn
 from alnair.scheduler.api import build_api
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.e2e

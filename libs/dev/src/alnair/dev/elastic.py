@@ -15,7 +15,7 @@ from alnair.elastic.app import Running as ElasticRunning
 from alnair.elastic.app import start as start_elastic
 from alnair.elastic.settings import ElasticSettings
 from alnair.elastic.spec import JOB_LABEL, ROLE_LABEL
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
 

@@ -20,7 +20,7 @@ from alnair.common.http import install_problem_handlers, problem
 from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 
 
 def build_api(scheduler: Scheduler, bus: Bus | None = None) -> FastAPI:

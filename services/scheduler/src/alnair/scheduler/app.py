@@ -21,7 +21,7 @@ from alnair.common.memtrace import install as trace_memory
 from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.settings import SchedulerSettings
 

@@ -25,7 +25,7 @@ from alnair.common.events import (
     PodMetric,
     subject_token,
 )
-from alnair.scheduler.live.binder import Scheduler
+from alnair.scheduler.live.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

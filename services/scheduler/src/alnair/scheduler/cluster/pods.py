@@ -294,7 +294,8 @@ def parse_bound_pod(
     return held, problem
 
 
-def _ts(value: str | None) -> float:
+def timestamp(value: str | None) -> float:
+    """An RFC 3339 time of the API (`creationTimestamp`) in epoch seconds; 0 when absent."""
     if not value:
         return 0.0
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
@@ -388,7 +389,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             pod_preferences=pod_preferences,
             pod_aversions=pod_aversions,
             spread=spread,
-            created=_ts(meta.get("creationTimestamp")),
+            created=timestamp(meta.get("creationTimestamp")),
             extra=tuple(
                 sorted(
                     (name, math.ceil(float(amount)))

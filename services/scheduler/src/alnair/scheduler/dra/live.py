@@ -1,6 +1,6 @@
 """DRA in the live scheduler: the informers, the claim cache and the plugin, as one part.
 
-`Scheduler` (live/binder.py) turns it on at start (`settings.dra`: `auto` asks the API server
+`Scheduler` (live/scheduler.py) turns it on at start (`settings.dra`: `auto` asks the API server
 with `unavailable`, so a cluster that does not serve `resource.k8s.io/v1`, or a scheduler
 without RBAC for it, keeps scheduling without DRA) and wires it in:
 - `informers()` join the scheduler's (crash-only, readiness checks them) and sync before the

@@ -122,6 +122,24 @@ class SchedulingQueue:
             uid=uid, obj=obj, request=None, last_message=f"waiting for gates: {', '.join(gates)}"
         )
 
+    def hold_invalid(self, uid: str, obj: Obj, message: str) -> None:
+        """A pod whose request cannot be read: listed with the reason, parked until it
+        changes (its next update comes through `add`)."""
+        self.remove(uid)
+        self.pods[uid] = QueuedPod(uid=uid, obj=obj, request=None, last_message=message)
+        self.unschedulable.add(uid)
+
+    def group_created(self, gang: str, ts: float | None) -> None:
+        """A gang's creation time, which orders its members together (None forgets it)."""
+        if ts is None:
+            self.gang_ts.pop(gang, None)
+        else:
+            self.gang_ts[gang] = ts
+
+    def binding(self, uid: str) -> None:
+        """The pod's binding cycle started: events leave it alone until `done` or `backoff`."""
+        self.in_flight.add(uid)
+
     def remove(self, uid: str) -> None:
         self.gated.pop(uid, None)
         self.pods.pop(uid, None)

@@ -1,4 +1,8 @@
-"""The live scheduler loop: watch, queue, place through the framework, bind, explain.
+"""The live scheduler: one scheduling cycle at a time and the binding cycles it starts.
+
+What it learns from the cluster is `watching`'s; what it tells users (Events, conditions,
+PodGroup status) goes through `reporting`; the victims of a preemption are deleted by
+`evictions`; `explain` answers why a pod waits.
 
 One scheduling cycle at a time (like upstream, so every cycle sees the previous one's
 reservation), many bindings in flight at once. A cycle:
@@ -36,39 +40,34 @@ from typing import Any
 import numpy as np
 
 from alnair.common import resources as r
-from alnair.common.errors import InvalidValueError
-from alnair.common.informer import Informer, WatchEvent
+from alnair.common.informer import Informer
 from alnair.common.kube import (
     NODES,
     PODDISRUPTIONBUDGETS,
     PODGROUPS,
     PODS,
-    ApiError,
     Conflict,
     KubeClient,
     NotFound,
     Obj,
 )
-from alnair.common.recorder import EventRecorder, EventType
 from alnair.common.tasks import spawn
-from alnair.common.topology import Topology
 from alnair.scheduler.cluster.pods import (
-    InvalidPodError,
     LivePod,
-    is_terminal,
-    parse_pod,
-    wants_us,
 )
 from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.claims import MalformedClaim
 from alnair.scheduler.dra.live import DraSupport, unavailable
-from alnair.scheduler.framework import Framework, Nomination, ScheduleResult
+from alnair.scheduler.framework import Framework, ScheduleResult
 from alnair.scheduler.framework.status import Code
 from alnair.scheduler.live.binding import KubeBinder
 from alnair.scheduler.live.cache import SchedulerCache
+from alnair.scheduler.live.evictions import Evictions
 from alnair.scheduler.live.explain import explain_pod
 from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.queue import QueuedPod, SchedulingQueue
+from alnair.scheduler.live.reporting import Reporter
+from alnair.scheduler.live.watching import ClusterWatch
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 from alnair.scheduler.settings import SchedulerSettings
@@ -89,19 +88,7 @@ def live_options(
     )
 
 
-def _scheduling_relevant_change(old: Obj | None, new: Obj) -> bool:
-    """Did anything but status and bookkeeping change (upstream's isPodUpdated)?"""
-    if old is None:
-        return True
-    if old.get("spec") != new.get("spec"):
-        return True
-    om, nm = old["metadata"], new["metadata"]
-    return bool(
-        om.get("labels") != nm.get("labels") or om.get("annotations") != nm.get("annotations")
-    )
-
-
-class Scheduler:
+class Scheduler(ClusterWatch):
     def __init__(
         self,
         kube: KubeClient,
@@ -131,9 +118,11 @@ class Scheduler:
         self.pdbs.add_handler(self._on_pdb)
         self._bind_slots = asyncio.Semaphore(settings.max_binds_in_flight)
         self._binds: set[asyncio.Task[None]] = set()
-        self.events = EventRecorder(
-            kube, "alnair-scheduler", on_drop=self.metrics.events_dropped.inc
-        )
+        self.reporter = Reporter(kube, self.metrics)
+        self.evictions = Evictions(
+            kube, self.cache, self.queue, self.reporter, self.metrics,
+            slots=self._bind_slots, track=self._track, pod_by_uid=self._pod_by_uid,
+        )  # fmt: skip
         self._workload: deque[LivePod] = deque(maxlen=settings.workload_window)
         """The latest pod shapes, for the fragmentation-aware policies (bounded: the window)."""
         self._workload_seen = 0
@@ -142,7 +131,6 @@ class Scheduler:
         self._framework: Framework | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.last_result: dict[str, ScheduleResult] = {}
-        self._pg_pending: dict[str, dict[str, Any]] = {}
         self.scheduling = asyncio.Event()
         self.died = asyncio.Event()
         """Set when one of the scheduler's long-lived tasks died: the process must exit."""
@@ -205,9 +193,8 @@ class Scheduler:
     async def run(self) -> None:
         """Schedule until cancelled (call `start_watching` first; only the leader runs this)."""
         for i in range(self.settings.event_writers):
-            self._tasks.append(
-                spawn(self.events.run(), name=f"scheduler.events.{i}", on_death=self._on_death)
-            )
+            writer = self.reporter.events.run()
+            self._tasks.append(spawn(writer, name=f"scheduler.events.{i}", on_death=self._on_death))
         self.scheduling.set()
         try:
             while True:
@@ -229,151 +216,12 @@ class Scheduler:
         for t in list(self._binds):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        await self.reporter.drain()
         if self.dra is not None:
             await self.dra.drain()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-
-    # --- watch handlers ------------------------------------------------------------------
-
-    def _on_node(self, event: WatchEvent, node: Obj, old: Obj | None) -> None:
-        if event is WatchEvent.DELETED:
-            self.cache.delete_node(node["metadata"]["name"])
-            self.cache.reservations.drop_node(node["metadata"]["name"])
-            return
-        if self.cache.upsert_node(node):
-            self.queue.move_all_to_active()
-
-    def _on_podgroup(self, event: WatchEvent, pg: Obj, old: Obj | None) -> None:
-        key = f"{pg['metadata']['namespace']}/{pg['metadata']['name']}"
-        if event is WatchEvent.DELETED:
-            self.gangs.delete_group(key)
-            self.queue.gang_ts.pop(key, None)
-            return
-        self.gangs.upsert_group(pg)
-        ts = pg["metadata"].get("creationTimestamp")
-        if ts:
-            from alnair.scheduler.cluster.pods import _ts
-
-            self.queue.gang_ts[key] = _ts(ts)
-        if old is None:
-            self.queue.move_all_to_active()
-
-    def _on_pdb(self, event: WatchEvent, pdb: Obj, old: Obj | None) -> None:
-        if event is WatchEvent.DELETED:
-            self.budgets.delete(pdb)
-        else:
-            self.budgets.upsert(pdb)
-
-    def _on_pod(self, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
-        meta, spec = pod["metadata"], pod.get("spec") or {}
-        uid = meta["uid"]
-        gang = (meta.get("labels") or {}).get(r.POD_GROUP_LABEL)
-        gang_key = f"{meta.get('namespace')}/{gang}" if gang else None
-        if event is WatchEvent.DELETED or is_terminal(pod):
-            known = self.cache.bound.get(uid)
-            victim = uid in self.cache.nominations.leaving
-            freed = self.cache.remove_pod(uid)
-            self.queue.remove(uid)
-            if self.dra is not None:
-                self.dra.forget_pod(uid)
-            self.last_result.pop(uid, None)  # bounded: nothing kept for pods that are gone
-            self._release_reservation(uid)
-            if gang_key:
-                phase = (pod.get("status") or {}).get("phase")
-                self.gangs.member_gone(gang_key, uid, phase)
-                self._podgroup_status(gang_key)
-            if freed:
-                self._room_freed(known[1] if known is not None and victim else None)
-            return
-        if spec.get("nodeName"):
-            problem = self.cache.add_bound(pod)
-            if problem is not None:
-                held = self.cache.bound[uid][0]
-                self._emit(
-                    pod, "Warning", "UnreadableRequest",
-                    f"bound to {spec['nodeName']}; Alnair counts it as holding {held.num_gpu} "
-                    f"GPU(s), {held.cpu_milli}m CPU, {held.memory_mib} MiB, the parts of its "
-                    f"request it can read: {problem}",
-                )  # fmt: skip
-            labels = meta.get("labels") or {}
-            if (
-                old is None
-                or not (old.get("spec") or {}).get("nodeName")
-                or (old["metadata"].get("labels") or {}) != labels
-            ):
-                namespace = meta.get("namespace", "default")
-                self.queue.move_to_active(lambda req: req.counts_pod(namespace, labels))
-            if uid in self.queue.pods:
-                self.queue.done(uid)
-            if self.cache.reservations.node_of(uid) is not None:  # bound by another replica
-                self._release_reservation(uid)
-            if gang_key:
-                self.gangs.mark_bound(gang_key, uid)
-                if old is None or (old.get("status") or {}).get("phase") != (
-                    pod.get("status") or {}
-                ).get("phase"):
-                    self._podgroup_status(gang_key)
-            return
-        if not wants_us(pod, self.settings.scheduler_name) or meta.get("deletionTimestamp"):
-            return
-        if spec.get("schedulingGates"):
-            # Gated (a queueing controller such as Kueue holds it; the API server has set
-            # PodScheduled=False/SchedulingGated): not ours to place until every gate is gone,
-            # which arrives as an update of the spec.
-            gates = [g.get("name", "") for g in spec["schedulingGates"]]
-            self.queue.hold_gated(uid, pod, gates)
-            return
-        try:
-            req: LivePod | None = parse_pod(pod, self.cache.gpu_memory_table())
-        except InvalidPodError as exc:
-            req = None
-            entry = self.queue.pods.get(uid)
-            if entry is None or entry.last_message != str(exc):
-                self._emit(pod, "Warning", "InvalidRequest", str(exc))
-                self._condition(pod, "InvalidRequest", str(exc))
-            self.queue.remove(uid)
-            self.queue.pods[uid] = QueuedPod(uid=uid, obj=pod, request=None, last_message=str(exc))
-            self.queue.unschedulable.add(uid)
-            return
-        if old is None and req is not None and not spec.get("resourceClaims"):
-            self._add_shape(req)  # a claim pod joins once its claims are read
-        self.queue.add(uid, pod, req, changed=_scheduling_relevant_change(old, pod))
-
-    def _room_freed(self, victim_node: str | None) -> None:
-        """A pod left: every parked pod may fit now. When it was a preemption victim (on
-        `victim_node`), preemptors nominated on other nodes stay parked: their own victims'
-        deletions wake them, and the room here goes to the pods nominated here first. Without
-        this, each victim of a wave of preemptions would send every waiting preemptor through
-        a cycle that only finds its nomination again."""
-        book = self.cache.nominations
-        if victim_node is None or not len(book):
-            self.queue.move_all_to_active()
-            return
-
-        def elsewhere(uid: str) -> bool:
-            nominated = book.by_pod.get(uid)
-            return nominated is not None and nominated.node != victim_node
-
-        self.queue.move_all_to_active(keep=elsewhere)
-
-    def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
-        if self.cache.set_gpu_health(node, gpu, healthy):
-            self.queue.move_all_to_active()
-
-    def on_gpu_util(self, node: str, gpu: int, pct: float, pod_uid: str = "") -> None:
-        self.cache.set_gpu_util(node, gpu, pct, pod_uid)
-
-    def on_inventory(self, node: str, topology: Topology) -> None:
-        """A node's GPU link matrix from the profiler (an empty one forgets it)."""
-        if topology:
-            self.cache.topology[node] = topology
-        else:
-            self.cache.topology.pop(node, None)
-
-    def on_job_finished(self) -> None:
-        self.queue.move_all_to_active()
 
     # --- the cycle -----------------------------------------------------------------------
 
@@ -415,12 +263,12 @@ class Scheduler:
             self.metrics.attempts.labels(result="unschedulable").inc()
             nomination = result.nomination
             if nomination is not None and (nomination.victims or nomination.awaiting):
-                await self._preempt(entry, req, result, nomination)
+                await self.evictions.preempt(entry, req, result, nomination)
                 return
             self.cache.nominations.clear(entry.uid)  # no longer waits for any room
             self._unschedulable(entry, result.message())
             if nomination is not None:  # a node held for a starving pod
-                self._emit(entry.obj, "Normal", "NodeReserved", nomination.message)
+                self.reporter.event(entry.obj, "Normal", "NodeReserved", nomination.message)
                 log.info("node reserved", extra={"pod": entry.key, "node": nomination.node_name})
             return
         self.cache.assume(req, result.placement)
@@ -471,8 +319,11 @@ class Scheduler:
     def _start_bind(
         self, entry: QueuedPod, req: LivePod, result: ScheduleResult, framework: Framework
     ) -> None:
-        self.queue.in_flight.add(entry.uid)
-        task = asyncio.create_task(self._bind(entry, req, result, framework))
+        self.queue.binding(entry.uid)
+        self._track(asyncio.create_task(self._bind(entry, req, result, framework)))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """A binding or an eviction in flight (`stop` waits for them)."""
         self._binds.add(task)
         task.add_done_callback(self._binds.discard)
 
@@ -522,7 +373,7 @@ class Scheduler:
         where = placement.node_name + (f" GPUs {gpus}" if gpus else "")
         if req.is_fractional:
             where += f" ({placement.gpu_milli} milli-GPU)"
-        self._emit(
+        self.reporter.event(
             entry.obj, "Normal", "Scheduled", f"Successfully assigned {entry.key} to {where}"
         )
 
@@ -537,164 +388,12 @@ class Scheduler:
             book = self.cache.nominations
             self.queue.move_all_to_active(keep=book.by_pod.__contains__ if len(book) else None)
 
-    def _release_reservation(self, uid: str) -> None:
-        self.cache.reservations.release(uid)
-
     def _unschedulable(self, entry: QueuedPod, message: str) -> None:
         if message != entry.last_message:
             entry.last_message = message
-            self._emit(entry.obj, "Warning", "FailedScheduling", message)
-            self._condition(entry.obj, "Unschedulable", message)
+            self.reporter.event(entry.obj, "Warning", "FailedScheduling", message)
+            self.reporter.condition(entry.obj, "Unschedulable", message)
         self.queue.unschedulable_now(entry)
-
-    async def _preempt(
-        self, entry: QueuedPod, req: LivePod, result: ScheduleResult, nomination: Nomination
-    ) -> None:
-        """Act on DefaultPreemption's nomination without waiting for the API server.
-
-        The cycle records the nomination (the victims' room is promised to the pod from now
-        on: `Nominations`), writes the events, parks the pod and hands the nominatedNodeName
-        patch and the victims' deletes to a background write; the next cycle starts at once.
-        The victims' DELETED events wake the pod, as its room frees. Background writes share
-        the Bindings' bound (`max_binds_in_flight`): when that many are in flight the cycle
-        waits for one to end instead of piling more up.
-        """
-        if nomination.gang is not None:
-            message = nomination.message
-            by = f"gang {nomination.gang}"
-            self.cache.nominations.evicting(nomination.victims, nomination.gang)
-        else:
-            if nomination.victims:
-                message = (
-                    f"{result.message()} Preempting {len(nomination.victims)} lower-priority "
-                    f"pod(s) on {nomination.node_name}"
-                    + (
-                        f", {nomination.budget_violations} against a PodDisruptionBudget."
-                        if nomination.budget_violations
-                        else "."
-                    )
-                )
-            else:  # the same words every cycle: one Event and condition, not one per cycle
-                message = (
-                    f"Waiting for {len(nomination.awaiting)} pod(s) being preempted on "
-                    f"{nomination.node_name}."
-                )
-            by = entry.key
-            self.cache.nominations.nominate(req, nomination.node_name, nomination.victims)
-        if message != entry.last_message:
-            self._emit(entry.obj, "Normal", "Preempting", message)
-            if nomination.gang is None:
-                self._condition(entry.obj, "Unschedulable", message)
-        entry.last_message = message
-        victims: list[tuple[str, Obj]] = []
-        for uid in nomination.victims:
-            victim = self._pod_by_uid(uid)
-            if victim is None:  # gone meanwhile: nothing to delete, nothing in flight
-                self.cache.nominations.stays(uid)
-                continue
-            victims.append((uid, victim))
-            self._emit(
-                victim, "Normal", "Preempted", f"Preempted by {by} (priority {req.priority})"
-            )
-        self.metrics.preemptions.inc(len(nomination.victims))
-        # The victims' deletion events move this pod back to active.
-        self.queue.unschedulable_now(entry)
-        status = entry.obj.get("status") or {}
-        patch = nomination.gang is None and status.get("nominatedNodeName") != nomination.node_name
-        if not victims and not patch:
-            return
-        await self._bind_slots.acquire()
-        task = spawn(
-            self._evict(entry, req, nomination, victims, patch),
-            name=f"scheduler.preempt.{entry.key}",
-        )
-        self._binds.add(task)
-        task.add_done_callback(self._binds.discard)
-
-    async def _evict(
-        self,
-        entry: QueuedPod,
-        req: LivePod,
-        nomination: Nomination,
-        victims: list[tuple[str, Obj]],
-        patch: bool,
-    ) -> None:
-        """The API side of a preemption: every victim's DELETE and the nominatedNodeName patch
-        at once (a 404 is success: the pod is gone). A failed delete ends the nomination, says
-        so in an Event on the preemptor and requeues it, so it is never left waiting for a pod
-        that stays."""
-        try:
-            deletes = [
-                self._delete_victim(uid, v, uid in nomination.graceful) for uid, v in victims
-            ]
-            outcomes = await asyncio.gather(
-                *deletes,
-                *([self._nominated(entry, nomination.node_name)] if patch else []),
-                return_exceptions=True,
-            )
-            outcomes = outcomes[: len(deletes)]
-        finally:
-            self._bind_slots.release()
-        failed = [
-            (victims[i][1]["metadata"]["name"], exc)
-            for i, exc in enumerate(outcomes)
-            if isinstance(exc, BaseException)
-        ]
-        if failed:
-            self._preemption_failed(entry, req, nomination, failed)
-
-    async def _nominated(self, entry: QueuedPod, node: str | None) -> None:
-        """Show the nominated node on the pod, or clear it (None); for users only: the deletes
-        never wait on it."""
-        meta = entry.obj["metadata"]
-        try:
-            await self.kube.patch(
-                PODS,
-                meta["name"],
-                {"status": {"nominatedNodeName": node}},
-                meta["namespace"],
-                sub="status",
-            )
-        except Exception as exc:
-            log.debug("nominatedNodeName not written", extra={"error": repr(exc)})
-
-    async def _delete_victim(self, uid: str, victim: Obj, graceful: bool) -> None:
-        vm = victim["metadata"]
-        try:
-            # Elastic surplus gets its own grace period (SIGTERM, time to checkpoint).
-            await self.kube.delete(
-                PODS, vm["name"], vm["namespace"], grace_period_s=None if graceful else 0
-            )
-        except NotFound:
-            return  # gone already: what the delete was for
-        except BaseException:
-            self.cache.nominations.stays(uid)
-            raise
-
-    def _preemption_failed(
-        self,
-        entry: QueuedPod,
-        req: LivePod,
-        nomination: Nomination,
-        failed: list[tuple[str, BaseException]],
-    ) -> None:
-        names = ", ".join(f"{name} ({exc})" for name, exc in failed)
-        message = (
-            f"Preemption on {nomination.node_name or 'several nodes'} failed: could not delete "
-            f"{names}; nomination cleared, the pod is scheduled again."
-        )
-        log.warning("preemption failed", extra={"pod": entry.key, "victims": names})
-        self.metrics.preemption_failures.inc()
-        waiting = [x.pod.key for x in self.cache.nominations.on_node(nomination.node_name)]
-        self.cache.nominations.clear(req.key)
-        self._release_reservation(req.key)
-        entry.last_message = message
-        self._emit(entry.obj, "Warning", "PreemptionFailed", message)
-        if nomination.gang is None:
-            self._writes(self._nominated(entry, None))
-        self.queue.requeue(entry.uid)
-        for uid in waiting:  # pods sharing the room that will not be freed: look again
-            self.queue.requeue(uid)
 
     def _pod_by_uid(self, uid: str) -> Obj | None:
         bound = self.cache.bound.get(uid)
@@ -728,37 +427,11 @@ class Scheduler:
             framework.unreserve(w_req, self.cache.snapshot(), w_result)
             self.cache.forget(w_entry.uid)
             w_entry.last_message = message
-            self._emit(w_entry.obj, "Warning", "GangTimeout", message)
-            self._condition(w_entry.obj, "Unschedulable", message)
+            self.reporter.event(w_entry.obj, "Warning", "GangTimeout", message)
+            self.reporter.condition(w_entry.obj, "Unschedulable", message)
             self.queue.backoff(w_entry)
         self.queue.move_all_to_active()
         self._podgroup_status(gang, message)
-
-    # --- writing back where users look -------------------------------------------------
-
-    def _emit(self, obj: Obj, type_: EventType, reason: str, message: str) -> None:
-        self.events.record(obj, reason, message, type_=type_)
-
-    def _condition(self, obj: Obj, reason: str, message: str) -> None:
-        meta = obj["metadata"]
-        patch = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": reason,
-                        "message": message,
-                        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    }
-                ]
-            }
-        }
-        self._writes(
-            self.kube.patch(
-                PODS, meta["name"], patch, meta["namespace"], patch_type="strategic", sub="status"
-            )
-        )
 
     def _podgroup_status(self, gang: str, message: str | None = None) -> None:
         if gang not in self.gangs.groups:
@@ -777,35 +450,7 @@ class Scheduler:
         if status == st.last_status:
             return
         st.last_status = dict(status)
-        # One writer per gang, always sending the latest status: concurrent patches could land
-        # out of order and leave an older phase behind.
-        first = gang not in self._pg_pending
-        self._pg_pending[gang] = status
-        if first:
-            self._writes(self._write_podgroup_status(gang, ns, name))
-
-    async def _write_podgroup_status(self, gang: str, ns: str, name: str) -> None:
-        try:
-            while gang in self._pg_pending:
-                status = self._pg_pending[gang]
-                await self.kube.patch(PODGROUPS, name, {"status": status}, ns, sub="status")
-                if self._pg_pending.get(gang) is status:
-                    del self._pg_pending[gang]
-        finally:
-            self._pg_pending.pop(gang, None)
-
-    def _writes(self, coro: Any) -> None:
-        async def guarded() -> None:
-            try:
-                await coro
-            except (ApiError, InvalidValueError) as exc:
-                log.debug("status write failed", extra={"error": str(exc)})
-            except Exception as exc:
-                log.warning("status write failed", extra={"error": repr(exc)})
-
-        task = asyncio.create_task(guarded())
-        self._binds.add(task)
-        task.add_done_callback(self._binds.discard)
+        self.reporter.podgroup(gang, status)
 
     # --- explanation ---------------------------------------------------------------------
 
