@@ -39,7 +39,7 @@ from alnair.common.kube import (
 from alnair.common.kubeconfig import KubeConfig
 from alnair.dev.builders import pod_bound_token, token_client
 from alnair.dev.localstack import ControlPlane
-from alnair.profiler.aggregator import resolve_owner
+from alnair.profiler.aggregator.owners import resolve_owner
 from alnair.scheduler.dra.live import unavailable
 from dra_support import node_slice
 

@@ -29,8 +29,8 @@ from alnair.common.events import (
 )
 from alnair.common.kube import ELASTICJOBS, NODES, STATEFULSETS, KubeClient
 from alnair.dev.localstack import ControlPlane
+from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.app import start_agent, start_aggregator
-from alnair.profiler.records import RecordStore
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e

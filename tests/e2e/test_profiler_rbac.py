@@ -20,8 +20,8 @@ from alnair.common.events import JobEvent, decode
 from alnair.common.kube import JOBS, NAMESPACES, NODES, TRIALJOBS, Conflict, KubeClient
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import load_manifests
+from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.app import start_agent, start_aggregator
-from alnair.profiler.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings
 from profiler_support import bind_pending_pods, profiler_settings
 

@@ -17,7 +17,8 @@ from alnair.common.bus import Bus
 from alnair.common.events import PodMetric
 from alnair.common.kube import JOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX, record_key
-from alnair.profiler.aggregator import Aggregator, P
+from alnair.profiler.aggregator.aggregator import Aggregator
+from alnair.profiler.aggregator.store import P
 from alnair.profiler.metrics import ProfilerMetrics
 
 pytestmark = pytest.mark.e2e

@@ -27,8 +27,8 @@ from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, Pod
 from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane
+from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.app import Running, start_agent, start_aggregator
-from alnair.profiler.records import RecordStore
 from profiler_support import bind_pending_pods, profiler_settings
 
 pytestmark = pytest.mark.e2e

@@ -34,10 +34,10 @@ from alnair.common.kube import JOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane, NatsServer
 from alnair.dev.waiting import wait_for
-from alnair.profiler.aggregator import P
+from alnair.profiler.agent.summaries import SPOOL_FILE
+from alnair.profiler.aggregator.records import RecordStore
+from alnair.profiler.aggregator.store import P
 from alnair.profiler.app import Running, start_agent, start_aggregator
-from alnair.profiler.records import RecordStore
-from alnair.profiler.summaries import SPOOL_FILE
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e

@@ -106,7 +106,7 @@ def test_acl_file_names_bad_users() -> None:
 async def test_aggregator_folds_samples_with_its_script(
     clients: dict[str, aioredis.Redis],
 ) -> None:
-    from alnair.profiler.aggregator import _FOLD  # the script the aggregator really runs
+    from alnair.profiler.aggregator.store import _FOLD  # the script the aggregator really runs
 
     fold = clients["aggregator"].register_script(_FOLD)
     keys = [

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from alnair.common.bus import Bus
 from alnair.common.events import GpuHealthChanged, GpuInventory, PodMetric, decode
-from alnair.profiler.agent import Agent
+from alnair.profiler.agent.node_agent import Agent
 from alnair.profiler.gpu import HealthSignal
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.nvml import NvmlBackend

@@ -13,9 +13,10 @@ from alnair.common.events import PodMetric
 from alnair.common.kube import KubeClient
 from alnair.common.kubeconfig import KubeConfig
 from alnair.common.records import RECORDS_INDEX, ExecutionRecord, record_key
-from alnair.profiler.aggregator import Aggregator, P
+from alnair.profiler.aggregator.aggregator import Aggregator
+from alnair.profiler.aggregator.records import RecordStore
+from alnair.profiler.aggregator.store import P
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.records import RecordStore
 
 pytestmark = pytest.mark.integration
 

@@ -8,14 +8,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from alnair.profiler.aggregation import (
-    Profile,
-    Stat,
-    attribute_device_util,
-    owner_annotations,
-    pod_shares,
-)
+from alnair.profiler.agent.attribution import attribute_device_util, pod_shares
 from alnair.profiler.gpu import GpuSample, ProcessUsage
+from alnair.profiler.statistics import Profile, Stat, owner_annotations
 
 utils = st.floats(min_value=0, max_value=100, allow_nan=False)
 values = st.floats(min_value=0, max_value=1e6, allow_nan=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from alnair.profiler.cgroups import (
+from alnair.profiler.agent.cgroups import (
     CgroupCounters,
     PodCgroupMeter,
     parse_cpu_stat,

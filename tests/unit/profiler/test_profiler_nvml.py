@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from alnair.profiler.agent import inventory_event
-from alnair.profiler.aggregation import pod_shares
+from alnair.profiler.agent.attribution import pod_shares
+from alnair.profiler.agent.node_agent import inventory_event
 from alnair.profiler.gpu import BackendUnavailableError, GpuBackend, GpuInfo, NodeInventory
 from alnair.profiler.nvml import APPLICATION_XIDS, NvmlBackend, load_nvml, pcie_root_from_sysfs
 

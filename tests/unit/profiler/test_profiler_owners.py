@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from alnair.common import resources as res
-from alnair.profiler.aggregator import controller_of, finished, profile_from_hash, template_gpus
+from alnair.profiler.aggregator.owners import controller_of, finished, template_gpus
+from alnair.profiler.aggregator.store import profile_from_hash
 
 
 def job(conditions: list[dict[str, Any]] | None = None, **status: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alnair.common import resources as res
-from alnair.profiler.agent import node_labels, pod_metrics
+from alnair.profiler.agent.node_agent import node_labels, pod_metrics
 from alnair.profiler.gpu import GpuBackend
 from alnair.profiler.sim import (
     ANN_SIM_MEM,

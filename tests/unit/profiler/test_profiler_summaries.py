@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from alnair.common.events import PodMetric
-from alnair.profiler.summaries import SPOOL_FILE, Spool, SummaryBook
+from alnair.profiler.agent.summaries import SPOOL_FILE, Spool, SummaryBook
 
 POD = {
     "metadata": {

@@ -29,7 +29,7 @@ from alnair.common.http import install_problem_handlers, problem
 from alnair.common.informer import Informer
 from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
-from alnair.profiler.aggregator import Aggregator
+from alnair.profiler.aggregator.aggregator import Aggregator
 from alnair.profiler.metrics import ProfilerMetrics
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")

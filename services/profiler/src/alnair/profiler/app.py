@@ -29,8 +29,9 @@ from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient, Obj, Resource
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn, until_stopped
-from alnair.profiler.agent import Agent
-from alnair.profiler.aggregator import Aggregator
+from alnair.profiler.agent.node_agent import Agent
+from alnair.profiler.agent.summaries import Spool
+from alnair.profiler.aggregator.aggregator import Aggregator
 from alnair.profiler.api import create_app
 from alnair.profiler.busauth import start_bus_auth
 from alnair.profiler.gpu import GpuBackend
@@ -38,7 +39,6 @@ from alnair.profiler.handlers import subscribe_pod_metrics, subscribe_pod_summar
 from alnair.profiler.metrics import ProfilerMetrics
 from alnair.profiler.settings import ProfilerSettings, parse_resource
 from alnair.profiler.sim import SimBackend
-from alnair.profiler.summaries import Spool
 from alnair.profiler.trialjob import LABEL_TRIALJOB, TrialController
 from alnair.profiler.workloads import ThroughputTable
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from alnair.common.errors import AlnairError
-from alnair.profiler.records import RecordStore
+from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings
 
 

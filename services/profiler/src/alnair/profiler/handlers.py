@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from alnair.common.bus import Bus, Subscription
 from alnair.common.events import PodMetric, PodSummary
-from alnair.profiler.aggregator import Aggregator
+from alnair.profiler.aggregator.aggregator import Aggregator
 
 
 async def subscribe_pod_metrics(bus: Bus, aggregator: Aggregator, durable: str) -> Subscription:

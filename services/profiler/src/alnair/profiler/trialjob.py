@@ -29,8 +29,8 @@ from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS
 from alnair.common.kube import JOBS, TRIALJOBS, Conflict, KubeClient, NotFound
 from alnair.common.records import ExecutionRecord
-from alnair.profiler.aggregator import finished
-from alnair.profiler.records import RecordStore
+from alnair.profiler.aggregator.owners import finished
+from alnair.profiler.aggregator.records import RecordStore
 
 log = logging.getLogger(__name__)
 

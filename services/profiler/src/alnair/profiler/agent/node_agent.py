@@ -42,11 +42,11 @@ from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuL
 from alnair.common.kube import NODES, PODS, ApiError, KubeClient, NotFound
 from alnair.common.records import ANN_THROUGHPUT
 from alnair.common.retry import Backoff
-from alnair.profiler.aggregation import pod_shares
-from alnair.profiler.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
+from alnair.profiler.agent.attribution import pod_shares
+from alnair.profiler.agent.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
+from alnair.profiler.agent.summaries import Spool, SummaryBook
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
 from alnair.profiler.metrics import ProfilerMetrics
-from alnair.profiler.summaries import Spool, SummaryBook
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from alnair.common.events import PodMetric, PodSummary, SeriesSummary
-from alnair.profiler.aggregation import GPU_SERIES, POD_SERIES, Stat
+from alnair.profiler.statistics import GPU_SERIES, POD_SERIES, Stat
 
 log = logging.getLogger(__name__)
 
