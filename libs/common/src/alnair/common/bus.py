@@ -5,16 +5,8 @@ Design:
   derives itself. Events of a JetStream stream (jobs, health, scale) carry `Nats-Msg-Id` = event
   id, so a publisher that retries after a lost ack does not store the event twice.
 - `subscribe` binds a durable pull consumer: a stopped service resumes exactly where it stopped.
-  One place turns a handler's outcome into the acknowledgement: success -> ack; `TemporaryError`
-  -> nak with its delay; anything undecodable, schema-invalid, a `PermanentError`, or a message
-  that exhausted its deliveries -> a `DeadLetter` on `alnair.dlq.<durable>` (stream DLQ), then
-  term. Nothing is dropped silently. A message whose subject is not the one its payload derives
-  (node A's agent publishing node B's health) is dead-lettered the same way: a publisher's
-  subject rights then bound what it may speak for. `export_metrics` counts dead letters.
-- Idempotence: an event id already handled by this durable is acknowledged without calling the
-  handler again. Handled ids live in a JetStream KV bucket (`alnair-handled`, one key per
-  durable+id, with a TTL), so this survives restarts; an in-memory LRU saves the round trip.
-  Only JetStream consumers keep them: core NATS delivers at most once, with nothing to repeat.
+  What happens to each delivered message (ack, nak with a delay, dead letter; handled once per
+  consumer, by event id) is `delivery`'s.
 - Concurrency per consumer is bounded by a semaphore; ordering per subject is the caller's
   choice (max_in_flight=1 gives strict order).
 - Request-reply (`request`/`serve`) for queries such as `alnair.predict`.
@@ -31,8 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
@@ -53,22 +44,23 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 from pydantic import BaseModel, ValidationError
 
+from alnair.common.delivery import (
+    DLQ_PREFIX,
+    DeadLetterCollector,
+    Delivery,
+    Handler,
+    Subscription,
+)
 from alnair.common.errors import PermanentError, TemporaryError
 from alnair.common.events import (
     STREAMS,
-    DeadLetter,
-    DecodeError,
     E,
     Envelope,
     Event,
     GpuInventory,
-    decode,
     encode,
-    subject_token,
     wrap,
 )
 from alnair.common.natsauth import NatsCredentials
@@ -78,7 +70,6 @@ from alnair.common.tasks import spawn
 log = logging.getLogger(__name__)
 
 DLQ_STREAM = "DLQ"
-DLQ_PREFIX = "alnair.dlq"
 HANDLED_BUCKET = "alnair-handled"
 STREAM_MAX_BYTES = 1 << 30
 """Each event stream keeps at most this much (oldest dropped first, so it stays writable
@@ -87,52 +78,12 @@ DLQ_MAX_BYTES = 256 << 20
 """The dead-letter stream's bound: garbage published to every subject a service may use
 cannot fill the server's store through it."""
 
-Handler = Callable[[E, Envelope[E]], Awaitable[None]]
 Req = TypeVar("Req", bound=BaseModel)
 Rep = TypeVar("Rep", bound=BaseModel)
 
 
 class RemoteError(PermanentError):
     """A request-reply server answered with an error."""
-
-
-class _Lru:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._d: OrderedDict[str, None] = OrderedDict()
-
-    def __contains__(self, key: str) -> bool:
-        if key in self._d:
-            self._d.move_to_end(key)
-            return True
-        return False
-
-    def add(self, key: str) -> None:
-        self._d[key] = None
-        self._d.move_to_end(key)
-        while len(self._d) > self.size:
-            self._d.popitem(last=False)
-
-
-class Subscription:
-    """A running consumer; `stop()` ends it without acknowledging anything in flight."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.tasks: list[asyncio.Task[Any]] = []
-        self._subs: list[Any] = []
-        self.handled = 0
-        self.dead_lettered = 0
-
-    async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for s in self._subs:
-            with contextlib.suppress(Exception):
-                await s.unsubscribe()
 
 
 def not_ready(bus: Bus | None) -> str | None:
@@ -144,21 +95,6 @@ def not_ready(bus: Bus | None) -> str | None:
     return "the bus is making its streams and consumers again after a reconnect"
 
 
-class _DeadLetterCollector(Collector):
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-
-    def collect(self) -> Iterable[Metric]:
-        family = CounterMetricFamily(
-            "alnair_bus_dead_letters",
-            "Messages dead-lettered by this service's consumers, by consumer and cause",
-            labels=["consumer", "cause"],
-        )
-        for (consumer, cause), count in sorted(self.bus.dead_letters.items()):
-            family.add_metric([consumer, cause], count)
-        yield family
-
-
 class Bus:
     """A connected NATS client with Alnair's event conventions."""
 
@@ -166,9 +102,7 @@ class Bus:
         self.nc = nc
         self.js = js
         self.name = name
-        self._handled_kv: KeyValue | None = None
-        self._lru = _Lru(65536)
-        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self.delivery = Delivery(self._js_publish)
         self._subs: list[Subscription] = []
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
         self._ensures_streams = True
@@ -178,13 +112,11 @@ class Bus:
         self.recovered.set()
         self.recoveries = 0
         """Reconnects after which streams and consumers were made again (or found)."""
-        self.dead_letters: Counter[tuple[str, str]] = Counter()
-        """Messages dead-lettered, by (consumer, cause): `alnair_bus_dead_letters_total`."""
 
     def export_metrics(self, registry: CollectorRegistry) -> None:
         """Show this bus's dead letters in a service's registry, by consumer and cause
         (undecodable, wrong_subject, refused, gave_up, handler_error)."""
-        registry.register(_DeadLetterCollector(self))
+        registry.register(DeadLetterCollector(self.delivery))
 
     @property
     def connected(self) -> bool:
@@ -313,7 +245,7 @@ class Bus:
         """Use the handled-event bucket the services that ensure streams made (a node
         component may look it up, not create it)."""
         try:
-            self._handled_kv = await self.js.key_value(HANDLED_BUCKET)
+            self.delivery.handled_kv = await self.js.key_value(HANDLED_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             log.warning("no handled-event bucket yet: idempotence is in memory only")
 
@@ -338,7 +270,7 @@ class Bus:
                 await self.js.add_stream(cfg)
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(cfg)
-        self._handled_kv = await self.kv(HANDLED_BUCKET, ttl_s=7 * 24 * 3600.0)
+        self.delivery.handled_kv = await self.kv(HANDLED_BUCKET, ttl_s=7 * 24 * 3600.0)
         # Written by node components, which may not create it themselves (busauth).
         await self.kv(GpuInventory.BUCKET)
 
@@ -443,7 +375,9 @@ class Bus:
         sem = asyncio.Semaphore(max_in_flight)
         self._subs.append(sub)
         if event_type.STREAM is None:
-            await self._subscribe_core(event_type, handler, durable, subject, sub, sem)
+            await self.delivery.subscribe_core(
+                event_type, handler, durable, subject, sub, sem, self.nc
+            )
             return sub
         cfg = ConsumerConfig(
             durable_name=durable,
@@ -467,218 +401,13 @@ class Bus:
         sub._subs.append(psub)
         sub.tasks.append(
             spawn(
-                self._pull_loop(psub, event_type, handler, durable, sub, sem, batch, max_deliver),
+                self.delivery.pull_loop(
+                    psub, event_type, handler, durable, sub, sem, batch, max_deliver
+                ),
                 name=f"bus.consume.{durable}",
             )
         )
         return sub
-
-    async def _pull_loop(
-        self,
-        psub: JetStreamContext.PullSubscription,
-        event_type: type[E],
-        handler: Handler[E],
-        durable: str,
-        sub: Subscription,
-        sem: asyncio.Semaphore,
-        batch: int,
-        max_deliver: int,
-    ) -> None:
-        inflight: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                free = max(1, batch - len(inflight))
-                try:
-                    # A long poll: the server answers as soon as a message arrives.
-                    msgs = await psub.fetch(free, timeout=5.0)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    # nats-py raises its own TimeoutError or asyncio's, depending on where the
-                    # wait ended; both mean "nothing yet".
-                    continue
-                except (
-                    nats.errors.ConnectionClosedError,
-                    nats.errors.ConnectionReconnectingError,
-                    nats.js.errors.ServiceUnavailableError,
-                    nats.js.errors.APIError,
-                ) as exc:
-                    log.warning("fetch failed", extra={"durable": durable, "error": repr(exc)})
-                    await asyncio.sleep(0.5)
-                    continue
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # Crash-only: a consumer that stops quietly loses every later event; a
-                    # surprise from the client is logged and the loop goes on after a pause.
-                    log.exception("fetch failed unexpectedly", extra={"durable": durable})
-                    await asyncio.sleep(1.0)
-                    continue
-                for msg in msgs:
-                    await sem.acquire()
-                    task = asyncio.create_task(
-                        self._dispatch(msg, event_type, handler, durable, sub, max_deliver)
-                    )
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
-                    task.add_done_callback(lambda _t: sem.release())
-                    task.add_done_callback(_log_dispatch_failure)
-        finally:
-            # Cancelled: let in-flight handlers finish so nothing is handled twice needlessly.
-            if inflight:
-                await asyncio.wait(inflight, timeout=10.0)
-
-    async def _subscribe_core(
-        self,
-        event_type: type[E],
-        handler: Handler[E],
-        durable: str,
-        subject: str,
-        sub: Subscription,
-        sem: asyncio.Semaphore,
-    ) -> None:
-        async def on_msg(msg: Msg) -> None:
-            async with sem:
-                await self._dispatch(msg, event_type, handler, durable, sub, max_deliver=1)
-
-        nsub = await self.nc.subscribe(subject, queue=durable, cb=on_msg)
-        sub._subs.append(nsub)
-
-    async def _dispatch(
-        self,
-        msg: Msg,
-        event_type: type[E],
-        handler: Handler[E],
-        durable: str,
-        sub: Subscription,
-        max_deliver: int,
-    ) -> None:
-        """The one place that turns a handler outcome into ack / nak(delay) / dead-letter."""
-        jetstream = bool(msg.reply) and msg.reply.startswith("$JS.ACK")
-        try:
-            env = decode(msg.data, expected=event_type)
-        except DecodeError as exc:
-            await self._dead_letter(msg, durable, str(exc), sub, jetstream, "undecodable")
-            return
-        named = env.data.subject()
-        if msg.subject != named:
-            # Each event names its subject from its own fields (a node's samples under that
-            # node): a message on another subject was sent by someone allowed that subject
-            # speaking for what the payload names (node A's agent writing node B's health).
-            await self._dead_letter(
-                msg, durable, f"sent on {msg.subject!r}, but its payload belongs on {named!r}",
-                sub, jetstream, "wrong_subject",
-            )  # fmt: skip
-            return
-        if not jetstream:
-            # Core NATS delivers at most once and nothing redelivers, so there is no copy to
-            # recognise: keeping every sample's id (a KV entry per sample, kept a week) only
-            # grew the handled-id bucket without bound (found by the soak, issue 16).
-            await self._handle(msg, env, handler, durable, sub, max_deliver, "", jetstream)
-            return
-        key = f"{subject_token(durable)}.{subject_token(env.id)}"
-        # A copy of an event still being handled waits for that outcome instead of racing it.
-        while (running := self._inflight.get(key)) is not None:
-            await asyncio.shield(running)
-        # Claimed before the first await, so a copy dispatched meanwhile sees the claim.
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = done
-        try:
-            if await self._already_handled(key):
-                if jetstream:
-                    await msg.ack()
-                return
-            await self._handle(msg, env, handler, durable, sub, max_deliver, key, jetstream)
-        finally:
-            self._inflight.pop(key, None)
-            done.set_result(None)
-
-    async def _handle(
-        self,
-        msg: Msg,
-        env: Envelope[E],
-        handler: Handler[E],
-        durable: str,
-        sub: Subscription,
-        max_deliver: int,
-        key: str,
-        jetstream: bool,
-    ) -> None:
-        try:
-            await handler(env.data, env)
-        except TemporaryError as exc:
-            delivered = msg.metadata.num_delivered if jetstream else 1
-            if jetstream and delivered < max_deliver:
-                log.info(
-                    "handler asked for retry",
-                    extra={"durable": durable, "id": env.id, "delay_s": exc.delay_s},
-                )
-                await msg.nak(delay=exc.delay_s)
-                return
-            await self._dead_letter(
-                msg, durable, f"gave up after {delivered} deliveries: {exc}", sub, jetstream,
-                "gave_up",
-            )  # fmt: skip
-            return
-        except (PermanentError, ValidationError) as exc:
-            await self._dead_letter(
-                msg, durable, f"{type(exc).__name__}: {exc}", sub, jetstream, "refused"
-            )
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # An unexpected bug: keep the message (redelivered after a delay) and say so loudly.
-            log.exception("handler failed", extra={"durable": durable, "id": env.id})
-            if jetstream and msg.metadata.num_delivered < max_deliver:
-                await msg.nak(delay=2.0)
-            else:
-                await self._dead_letter(
-                    msg, durable, f"handler error: {exc!r}", sub, jetstream, "handler_error"
-                )
-            return
-        if jetstream:
-            await self._mark_handled(key)
-        sub.handled += 1
-        if jetstream:
-            await msg.ack()
-
-    async def _already_handled(self, key: str) -> bool:
-        if key in self._lru:
-            return True
-        if self._handled_kv is None:
-            return False
-        try:
-            await self._handled_kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return False
-        self._lru.add(key)
-        return True
-
-    async def _mark_handled(self, key: str) -> None:
-        self._lru.add(key)
-        if self._handled_kv is not None:
-            await self._handled_kv.put(key, b"1")
-
-    async def _dead_letter(
-        self, msg: Msg, durable: str, reason: str, sub: Subscription, jetstream: bool,
-        cause: str,
-    ) -> None:  # fmt: skip
-        dl = DeadLetter(
-            subject=msg.subject,
-            consumer=durable,
-            reason=reason,
-            payload=msg.data.decode("utf-8", errors="replace"),
-            headers={k: str(v) for k, v in (msg.headers or {}).items()},
-        )
-        subject = f"{DLQ_PREFIX}.{subject_token(durable)}"
-        await self._js_publish(subject, dl.model_dump_json().encode(), {}, 30.0)
-        sub.dead_lettered += 1
-        self.dead_letters[(durable, cause)] += 1
-        log.warning(
-            "message dead-lettered",
-            extra={"durable": durable, "subject": msg.subject, "reason": reason},
-        )
-        if jetstream:
-            await msg.term()
 
     # --- request-reply --------------------------------------------------------------------
 
@@ -721,12 +450,6 @@ class Bus:
         sub._subs.append(nsub)
         self._subs.append(sub)
         return sub
-
-
-def _log_dispatch_failure(task: asyncio.Task[None]) -> None:
-    # The message stays unacknowledged, so JetStream redelivers it after ack_wait; say why.
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("dispatch failed, message left for redelivery", exc_info=exc)
 
 
 def _validation_text(exc: ValidationError) -> str:

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable
 
 from nats.js.kv import KeyValue
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
 from alnair.common.busauth import deviceplugin_durable
+from alnair.common.delivery import Subscription
 from alnair.common.events import (
     DecodeError,
     Envelope,

@@ -23,7 +23,8 @@ import uvicorn
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.events import ScaleEvent
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.httpauth import Access, install_token_auth, reviewer_for

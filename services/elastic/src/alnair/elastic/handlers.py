@@ -10,7 +10,8 @@ Consumption is durable and deduplicated by event id (`alnair.common.bus`).
 
 from __future__ import annotations
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.events import Envelope, ScaleEvent, ScalePhase
 from alnair.elastic.controller import Controller
 from alnair.elastic.scaling import ScaleRequest

@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import cancel_all, spawn, until_stopped

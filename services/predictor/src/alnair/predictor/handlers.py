@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.errors import TemporaryError
 from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.predictor.metrics import PredictorMetrics

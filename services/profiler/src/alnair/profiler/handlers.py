@@ -12,7 +12,8 @@ aggregator that is down when it is published must still get it.
 
 from __future__ import annotations
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.events import PodMetric, PodSummary
 from alnair.profiler.aggregator.aggregator import Aggregator
 

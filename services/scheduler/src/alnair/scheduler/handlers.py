@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from alnair.common.bus import Bus, Subscription
+from alnair.common.bus import Bus
+from alnair.common.delivery import Subscription
 from alnair.common.events import (
     DecodeError,
     Envelope,
