@@ -34,9 +34,9 @@ from alnair.dev.localstack.controlplane import load_manifests
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, LABEL_QUEUE
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
-from alnair.scheduler.dispatcher.workers import (
+from alnair.scheduler.dispatcher.worker_clusters import (
     ANN_BANDWIDTH,
     ANN_CLUSTER_NAME,
     ANN_REGION,

@@ -34,7 +34,7 @@ from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
     ANN_PREEMPTIONS,

@@ -44,7 +44,7 @@ from alnair.dev.elastic import elastic_job, start_controller, workers
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ADMISSION_GATE,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,

@@ -19,7 +19,7 @@ from alnair.common.kube import CLUSTERQUEUES, JOBS, PODGROUPS, PODS, KubeClient
 from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
 from dispatcher_support import (
     POOL,
     admitted_type,

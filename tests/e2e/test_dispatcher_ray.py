@@ -39,7 +39,7 @@ from alnair.common.kube import (
 from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
     admitted_type,

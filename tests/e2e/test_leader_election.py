@@ -42,7 +42,7 @@ from alnair.dev.waiting import wait_for
 from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE
 from alnair.scheduler.framework.interface import CycleState
 from alnair.scheduler.live.binding import KubeBinder
 from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job

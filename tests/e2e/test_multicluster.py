@@ -43,8 +43,8 @@ from alnair.scheduler.dispatcher.hub import (
     ANN_PLACED_CLUSTER,
     MANAGED_BY,
 )
-from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
-from alnair.scheduler.dispatcher.workers import (
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
+from alnair.scheduler.dispatcher.worker_clusters import (
     ANN_BANDWIDTH,
     LABEL_ORIGIN,
     SECRETS,

@@ -33,7 +33,7 @@ from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.hub import ANN_PLACED_CLUSTER, ANN_PLACED_TYPE, MANAGED_BY
-from alnair.scheduler.dispatcher.workers import LABEL_ORIGIN, SECRETS
+from alnair.scheduler.dispatcher.worker_clusters import LABEL_ORIGIN, SECRETS
 from dispatcher_support import POOL, flattened, hub_settings, jobset, scheduler, worker_secret
 from peers_support import JOBSET, install_crds, peer_controller
 

@@ -9,7 +9,7 @@ import pytest
 
 from alnair.common.errors import InvalidValueError
 from alnair.scheduler.dispatcher.kinds import ELASTIC, JOB, JOBSET, KINDS, POD
-from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 from alnair.scheduler.dispatcher.webhook import hold_patch
 
 

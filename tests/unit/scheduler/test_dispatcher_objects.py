@@ -8,7 +8,7 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_SELECTED_TYPE,
     gpu_model_constraint,
     gpu_request,
@@ -147,7 +147,7 @@ def test_the_time_a_preempted_job_ran_is_read_from_its_annotation(
 ) -> None:
     """`alnair.io/ran-s` (written at each preemption) is what the policy subtracts to age a job
     by the time it waited; an edited, unreadable or negative value counts as nothing run."""
-    from alnair.scheduler.dispatcher.objects import ANN_RAN
+    from alnair.scheduler.dispatcher.parsing import ANN_RAN
     from alnair.scheduler.dispatcher.writing import ran_s
 
     annotations = {} if raw is None else {ANN_RAN: raw}

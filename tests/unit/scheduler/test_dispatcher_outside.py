@@ -9,8 +9,8 @@ from typing import Any
 from alnair.common import resources as r
 from alnair.common.informer import WatchEvent
 from alnair.common.kube import ApiError, NotFound, Resource
-from alnair.scheduler.dispatcher.objects import LABEL_WORKLOAD
 from alnair.scheduler.dispatcher.outside import Held, Inside, OutsidePods, held_by
+from alnair.scheduler.dispatcher.parsing import LABEL_WORKLOAD
 
 
 def owner(kind: str, name: str, uid: str, api: str = "batch/v1") -> dict[str, Any]:

@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from alnair.common import resources as r
-from alnair.scheduler.dispatcher.objects import LABEL_QUEUE, parse_workload
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE, parse_workload
 from alnair.scheduler.dispatcher.resource_quota import (
     NamespaceQuotas,
     pod_amounts,

@@ -9,7 +9,7 @@ from typing import Any
 from alnair.common import resources as r
 from alnair.scheduler.dispatcher.core import QueueState
 from alnair.scheduler.dispatcher.explain import explanation, queue_descriptions
-from alnair.scheduler.dispatcher.objects import parse_cluster_queue, parse_workload
+from alnair.scheduler.dispatcher.parsing import parse_cluster_queue, parse_workload
 from alnair.scheduler.dispatcher.queue_status import (
     cluster_queue_statuses,
     local_queue_statuses,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import ANN_ADMITTED_TYPE, ANN_RAN, LABEL_QUEUE
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_RAN, LABEL_QUEUE
 from alnair.scheduler.dispatcher.webhook import build_webhook_api, hold_patch, review, validation
 
 

@@ -19,8 +19,8 @@ from alnair.scheduler.dispatcher.hub import (
     job_artifacts,
     mirror_of,
 )
-from alnair.scheduler.dispatcher.objects import LABEL_QUEUE
-from alnair.scheduler.dispatcher.workers import (
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
+from alnair.scheduler.dispatcher.worker_clusters import (
     ANN_BANDWIDTH,
     ANN_CLUSTER_NAME,
     ANN_ORIGIN,

@@ -46,7 +46,8 @@ from alnair.scheduler.dispatcher.core import (
 from alnair.scheduler.dispatcher.explain import explanation, queue_descriptions
 from alnair.scheduler.dispatcher.kinds import KINDS, SERVING
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_BORROWING,
     ANN_PREEMPTIONS,
@@ -57,7 +58,6 @@ from alnair.scheduler.dispatcher.objects import (
     parse_cluster_queue,
     workload_label,
 )
-from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
 from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
     PredictorClient,

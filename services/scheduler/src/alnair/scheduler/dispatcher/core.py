@@ -36,7 +36,7 @@ from alnair.common.kube import (
 from alnair.common.recorder import EventRecorder
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import Workload, parse_cluster_queue
+from alnair.scheduler.dispatcher.parsing import Workload, parse_cluster_queue
 from alnair.scheduler.dispatcher.predictions import JobPrediction, PredictionError, PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind

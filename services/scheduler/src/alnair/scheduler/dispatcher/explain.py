@@ -10,7 +10,7 @@ from typing import Any
 
 from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher.core import QueueState
-from alnair.scheduler.dispatcher.objects import queue_label
+from alnair.scheduler.dispatcher.parsing import queue_label
 from alnair.scheduler.dispatcher.writing import JobState
 
 

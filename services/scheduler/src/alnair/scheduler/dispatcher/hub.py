@@ -8,9 +8,9 @@ TrainJob) with `spec.managedBy: alnair.io/multicluster` (so the hub's own contro
 alone) and a queue label. The hub:
 
 1. watches its queues (ClusterQueue, LocalQueue, Cohort, as the single-cluster dispatcher), its
-   managed workloads of each kind it serves, and the worker Secrets (`workers`); for each worker
-   it watches GPU nodes and, per kind, the copies it made there (a worker that does not serve a
-   kind gets none of that kind);
+   managed workloads of each kind it serves, and the worker Secrets (`worker_clusters`); for
+   each worker it watches GPU nodes and, per kind, the copies it made there (a worker that
+   does not serve a kind gets none of that kind);
 2. on every change builds one `QueueSnapshot` over every reachable worker's GPUs (capacity keys
    `<cluster>/<type>`, runtimes from the predictor plus the transfer of the job's image, model
    and data over the worker's link, zero for what the worker already holds:
@@ -86,10 +86,10 @@ from alnair.scheduler.dispatcher.mirrors import (
     mirror_of,
     started,
 )
-from alnair.scheduler.dispatcher.objects import Workload, node_gpus
+from alnair.scheduler.dispatcher.parsing import Workload, node_gpus
 from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
-from alnair.scheduler.dispatcher.workers import (
+from alnair.scheduler.dispatcher.worker_clusters import (
     ANN_ORIGIN,
     LABEL_ORIGIN,
     LABEL_WORKER,

@@ -20,7 +20,7 @@ from alnair.scheduler.dispatcher.mirrors import (
     ANN_PLACED_TYPE,
     mirror_counts,
 )
-from alnair.scheduler.dispatcher.workers import Worker
+from alnair.scheduler.dispatcher.worker_clusters import Worker
 from alnair.scheduler.multicluster.scoring import ClusterOption, WorkerView
 
 

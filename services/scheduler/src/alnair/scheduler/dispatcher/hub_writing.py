@@ -27,8 +27,8 @@ from alnair.common.kube import (
 from alnair.scheduler.dispatcher.hub_report import HubJobState
 from alnair.scheduler.dispatcher.kinds import JOB, KINDS
 from alnair.scheduler.dispatcher.mirrors import ANN_PLACED_TYPE, job_status, mirror_of
-from alnair.scheduler.dispatcher.objects import Workload
-from alnair.scheduler.dispatcher.workers import Worker
+from alnair.scheduler.dispatcher.parsing import Workload
+from alnair.scheduler.dispatcher.worker_clusters import Worker
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import PostEvent
 

@@ -43,7 +43,7 @@ from alnair.scheduler.dispatcher.inference import (
     parse_leaderworkerset,
     parse_statefulset,
 )
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     LABEL_WORKLOAD,
     QUEUE_LABELS,
     Workload,

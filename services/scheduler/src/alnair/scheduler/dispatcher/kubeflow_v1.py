@@ -16,7 +16,7 @@ from typing import Any
 from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj, Resource
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     GPU,
     PodSet,
     Workload,

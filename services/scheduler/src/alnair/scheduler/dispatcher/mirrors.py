@@ -15,14 +15,14 @@ from typing import Any
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher.kinds import JOB, KINDS
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     MANAGED_BY_HUB,
     QUEUE_LABELS,
     GpuRequest,
     Workload,
     queue_label,
 )
-from alnair.scheduler.dispatcher.workers import ANN_ORIGIN, LABEL_ORIGIN, Worker
+from alnair.scheduler.dispatcher.worker_clusters import ANN_ORIGIN, LABEL_ORIGIN, Worker
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.multicluster.scoring import Artifact
 

@@ -47,7 +47,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.scheduler.cluster.pods import parse_bound_pod
-from alnair.scheduler.dispatcher.objects import LABEL_WORKLOAD, controller_ref
+from alnair.scheduler.dispatcher.parsing import LABEL_WORKLOAD, controller_ref
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from alnair.common.kube import (
     Resource,
 )
 from alnair.scheduler.dispatcher import kubeflow_v1
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     QUEUE_LABELS,
     Workload,
     gpus_asked,

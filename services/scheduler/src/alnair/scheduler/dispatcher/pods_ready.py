@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_NOT_READY_EVICTIONS,
     ANN_PODS_READY_AT,
     ANN_REQUEUE_AT,

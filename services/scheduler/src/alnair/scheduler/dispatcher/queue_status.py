@@ -14,7 +14,7 @@ from typing import Any
 
 from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher.core import QueueState
-from alnair.scheduler.dispatcher.objects import Workload
+from alnair.scheduler.dispatcher.parsing import Workload
 from alnair.scheduler.dispatcher.writing import JobState
 from alnair.scheduler.queueing import Decisions, QueueSnapshot
 

@@ -27,7 +27,7 @@ from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer
 from alnair.common.kube import RESOURCEQUOTAS, KubeClient, Obj
-from alnair.scheduler.dispatcher.objects import PodSet, Workload
+from alnair.scheduler.dispatcher.parsing import PodSet, Workload
 
 log = logging.getLogger(__name__)
 

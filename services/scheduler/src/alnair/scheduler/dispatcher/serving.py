@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from alnair.common.informer import Informer, LabelIndex
 from alnair.common.kube import Obj
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,

@@ -20,7 +20,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_TYPE,
     GPU,
     GpuRequest,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from alnair.common.informer import Informer
 from alnair.common.kube import TRIALJOBS, ApiError, Conflict, KubeClient, Obj
 from alnair.scheduler.dispatcher.kinds import KINDS
-from alnair.scheduler.dispatcher.objects import ANN_TRIAL, Workload, trial_phase, trialjob_manifest
+from alnair.scheduler.dispatcher.parsing import ANN_TRIAL, Workload, trial_phase, trialjob_manifest
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.writing import JobState, PostEvent, WorkloadWriter
 from alnair.scheduler.queueing import WaitReason

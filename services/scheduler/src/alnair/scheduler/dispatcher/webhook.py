@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from alnair.common.http import install_problem_handlers, problem
 from alnair.scheduler.dispatcher.kinds import KINDS, member_pod
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,

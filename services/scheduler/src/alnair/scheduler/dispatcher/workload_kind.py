@@ -16,7 +16,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ADMISSION_GATE,
     LABEL_WORKLOAD,
     Workload,

@@ -26,7 +26,7 @@ from alnair.common.kube import JOBS, PODS, ApiError, Conflict, KubeClient, NotFo
 from alnair.scheduler.dispatcher.core import WorkloadState, resource_version
 from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
-from alnair.scheduler.dispatcher.objects import (
+from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,

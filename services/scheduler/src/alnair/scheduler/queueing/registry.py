@@ -14,9 +14,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from alnair.common.errors import InvalidValueError
-from alnair.scheduler.queueing.alnair import Alnair
 from alnair.scheduler.queueing.baselines import Drf, Fifo, Sjf
 from alnair.scheduler.queueing.model import Decisions, QueueSnapshot
+from alnair.scheduler.queueing.planner import Alnair
 
 
 class QueuePolicy(Protocol):

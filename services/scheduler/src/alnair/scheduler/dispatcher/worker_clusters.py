@@ -43,7 +43,7 @@ from alnair.common.kube import NODES, ApiError, KubeClient, Obj, Resource
 from alnair.common.kubeconfig import KubeConfig
 from alnair.common.tasks import spawn
 from alnair.scheduler.dispatcher.kinds import JOB
-from alnair.scheduler.dispatcher.objects import node_gpus
+from alnair.scheduler.dispatcher.parsing import node_gpus
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 
 log = logging.getLogger(__name__)
