@@ -8,7 +8,7 @@ import base64
 import contextlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.tls import issue, write_folder
-from alnair.dev.builders import BASE
+from alnair.dev.builders import BASE, shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import load_manifests
 from alnair.dev.waiting import wait_for
@@ -270,6 +270,40 @@ async def webhooked_dispatcher(
         await running.stop()
         with contextlib.suppress(NotFound):
             await kube.delete(MUTATING_WEBHOOKS, WEBHOOK_CONFIG)
+
+
+@contextlib.asynccontextmanager
+async def queued_pool(
+    cp: ControlPlane,
+    kube: KubeClient,
+    ns: str,
+    workdir: Path,
+    *,
+    cohort: str,
+    queues: dict[str, tuple[int, int | None]],
+    peers: Sequence[contextlib.AbstractAsyncContextManager[Any]] = (),
+    gpus: str = "1x V100M32:4",
+) -> AsyncIterator[RunningDispatcher]:
+    """What the kinds' tests stand on: a pool of `gpus` for `ns`, `queues` in `cohort` (see
+    `cohort_queues`), Alnair's scheduler, the other projects' controllers in `peers`, and the
+    dispatcher under its shipped account behind its webhook (see `webhooked_dispatcher`),
+    which this yields. Everything stops on exit, and the ClusterQueues are deleted."""
+    account = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    await cp.create_gpu_nodes(gpus, kube=kube, prefix=ns, labels={POOL: ns})
+    await cohort_queues(kube, ns, cohort, queues)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(KubeClient(account))
+            await stack.enter_async_context(scheduler(kube))
+            for peer in peers:
+                await stack.enter_async_context(peer)
+            yield await stack.enter_async_context(
+                webhooked_dispatcher(cp, kube, ns, workdir, client)
+            )
+    finally:
+        for name in queues:
+            with contextlib.suppress(NotFound):
+                await kube.delete(CLUSTERQUEUES, f"{name}-{ns}")
 
 
 async def queue_used(kube: KubeClient, cq: str) -> int:

@@ -46,6 +46,7 @@ from alnair.common.kube import KubeClient
 from alnair.common.natsauth import ADMIN_USER, NatsCredentials, new_password
 from alnair.dev.builders import pod_bound_token, shipped_account
 from alnair.dev.localstack import ControlPlane, NatsServer
+from alnair.dev.waiting import wait_for
 from alnair.profiler.busauth import BusAuthRunning, start_bus_auth
 from profiler_support import profiler_settings
 
@@ -98,7 +99,8 @@ async def _refusals(url: str, creds: NatsCredentials, attempts: list[Any]) -> li
         for subject, payload in attempts:
             await nc.publish(subject, payload)
         await nc.flush()
-        await asyncio.sleep(0.5)
+        # The server answers each refused publish with its own error, in order.
+        await wait_for(lambda: len(said) >= len(attempts), 10, 0.05, what="one refusal each")
     finally:
         await nc.close()
     return said

@@ -7,7 +7,6 @@ own node pool (a label the dispatcher selects on) and its own queues.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -121,13 +120,18 @@ async def test_quota_borrowing_preemption_completion_and_restart(
         before = {n: await admitted_type(kube, ns, n) for n in ("a1", "a2", "b2")}
         running = await start_dispatcher(dispatcher_settings(control_plane, ns))
         try:
-            await asyncio.sleep(1.0)
+            # Its first reconcile over the synced Jobs has ended: what it would admit, it has.
+            await wait_for(lambda: running.dispatcher.reconciled >= 1, 10)
             after = {n: await admitted_type(kube, ns, n) for n in ("a1", "a2", "b2")}
             assert after == before
             for name in ("a1", "b1", "b2"):
                 assert len(await events(kube, ns, name, "Admitted")) == 1, name
         finally:
             await running.stop()
+
+
+def _reason(doc: dict[str, Any]) -> str | None:
+    return (doc.get("reason") or {}).get("kind")
 
 
 async def _condition(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
@@ -267,7 +271,11 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=2), ns)
             # s1 ends first: its 4 GPUs stay free for the big job rather than going to s3.
             await wait_for(lambda: _completed(kube, ns, "s1"), 30)
-            await asyncio.sleep(0.5)
+            # The dispatcher saw the room free and kept s3 out of it: it says so.
+            held = await wait_for(
+                lambda: explain(running, ns, "s3", lambda d: _reason(d) == "reservation"), 10
+            )
+            assert "big" in held["reason"]["message"], held
             assert await admitted_type(kube, ns, "s3") is None
             assert await admitted_type(kube, ns, "big") is None
             # s2 ends: the big job starts, and only then the small ones.

@@ -18,7 +18,6 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    CLUSTERQUEUES,
     JOBS,
     JOBSETS,
     PODS,
@@ -26,19 +25,15 @@ from alnair.common.kube import (
     KubeClient,
     Unavailable,
 )
-from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_BORROWING
 from dispatcher_support import (
-    POOL,
     admitted_type,
-    cohort_queues,
     gpu_job,
     jobset,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 from peers_support import JOBSET, install_crds, peer_controller
 
@@ -72,61 +67,55 @@ async def test_jobsets_queue_admit_run_complete_and_are_reclaimed(
     ns = namespace
     cp = control_plane
     await install_crds(kube, JOBSET)
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "jc", {"train": (2, 2), "lender": (2, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        peer_controller(JOBSET, cp, kube, tmp_path, ns),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
+    async with queued_pool(
+        cp,
+        kube,
+        ns,
+        tmp_path,
+        cohort="jc",
+        queues={"train": (2, 2), "lender": (2, 0)},
+        peers=[peer_controller(JOBSET, cp, kube, tmp_path, ns)],
     ):
-        try:
-            # Both projects' webhooks answer before anything is created (a dry run).
-            await wait_for(lambda: _defaulted_and_held(kube, ns), 30, 0.2)
-            # Held at creation; admitted within the queue's quota; every pod gets the model.
-            first = await kube.create(JOBSETS, jobset("js1", ns, "train", 2, 5), ns)
-            assert first["spec"]["suspend"] is True
-            await wait_for(lambda: _admitted(kube, ns, "js1"), 20)
+        # Both projects' webhooks answer before anything is created (a dry run).
+        await wait_for(lambda: _defaulted_and_held(kube, ns), 30, 0.2)
+        # Held at creation; admitted within the queue's quota; every pod gets the model.
+        first = await kube.create(JOBSETS, jobset("js1", ns, "train", 2, 5), ns)
+        assert first["spec"]["suspend"] is True
+        await wait_for(lambda: _admitted(kube, ns, "js1"), 20)
 
-            async def bound_with_model(name: str, n: int) -> list[dict[str, Any]] | None:
-                pods = await _pods(kube, ns, name)
-                ok = [p for p in pods if p["spec"].get("nodeName")]
-                return ok if len(ok) == n else None
+        async def bound_with_model(name: str, n: int) -> list[dict[str, Any]] | None:
+            pods = await _pods(kube, ns, name)
+            ok = [p for p in pods if p["spec"].get("nodeName")]
+            return ok if len(ok) == n else None
 
-            pods = await wait_for(lambda: bound_with_model("js1", 3), 30)
-            for pod in pods:  # two workers and the driver
-                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-            # Counted: the workers' two GPUs, nothing for the driver.
-            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
+        pods = await wait_for(lambda: bound_with_model("js1", 3), 30)
+        for pod in pods:  # two workers and the driver
+            assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
+        # Counted: the workers' two GPUs, nothing for the driver.
+        assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
-            # On quota borrowed from the idle lender; then one more waits for quota.
-            await kube.create(JOBSETS, jobset("js2", ns, "train", 2, 600), ns)
-            js2 = await wait_for(lambda: _admitted(kube, ns, "js2"), 20)
-            assert js2["metadata"]["annotations"][ANN_BORROWING] == "true"
-            await kube.create(JOBSETS, jobset("js3", ns, "train", 2, 600), ns)
-            if not await _finished(kube, ns, "js1"):
-                assert await _admitted(kube, ns, "js3") is None
-            # js1 completes (its Jobs, then the JobSet, by JobSet's controller): js3 admitted.
-            await wait_for(lambda: _finished(kube, ns, "js1"), 60, 0.1)
-            await wait_for(lambda: _admitted(kube, ns, "js3"), 20)
+        # On quota borrowed from the idle lender; then one more waits for quota.
+        await kube.create(JOBSETS, jobset("js2", ns, "train", 2, 600), ns)
+        js2 = await wait_for(lambda: _admitted(kube, ns, "js2"), 20)
+        assert js2["metadata"]["annotations"][ANN_BORROWING] == "true"
+        await kube.create(JOBSETS, jobset("js3", ns, "train", 2, 600), ns)
+        if not await _finished(kube, ns, "js1"):
+            assert await _admitted(kube, ns, "js3") is None
+        # js1 completes (its Jobs, then the JobSet, by JobSet's controller): js3 admitted.
+        await wait_for(lambda: _finished(kube, ns, "js1"), 60, 0.1)
+        await wait_for(lambda: _admitted(kube, ns, "js3"), 20)
 
-            # The lender needs its quota back: a borrowing JobSet is suspended again, and its
-            # controller removes its pods.
-            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
-            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 30) == "V100M32"
+        # The lender needs its quota back: a borrowing JobSet is suspended again, and its
+        # controller removes its pods.
+        await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 30) == "V100M32"
 
-            async def one_suspended() -> str | None:
-                held = [
-                    n for n in ("js2", "js3") if (await _jobset(kube, ns, n))["spec"]["suspend"]
-                ]
-                return held[0] if len(held) == 1 else None
+        async def one_suspended() -> str | None:
+            held = [n for n in ("js2", "js3") if (await _jobset(kube, ns, n))["spec"]["suspend"]]
+            return held[0] if len(held) == 1 else None
 
-            victim = await wait_for(one_suspended, 20)
-            await wait_for(lambda: _no_pods(kube, ns, victim), 30)
-        finally:
-            for cq in (f"train-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
+        victim = await wait_for(one_suspended, 20)
+        await wait_for(lambda: _no_pods(kube, ns, victim), 30)
 
 
 async def _defaulted_and_held(kube: KubeClient, ns: str) -> bool:

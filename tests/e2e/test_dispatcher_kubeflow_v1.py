@@ -21,7 +21,6 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    CLUSTERQUEUES,
     JOBS,
     MPIJOBS,
     NAMESPACES,
@@ -33,18 +32,15 @@ from alnair.common.kube import (
     KubeClient,
     Resource,
 )
-from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cohort_queues,
     events,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 from dispatcher_support import gpu_job as lender_job
 from peers_support import TRAINING_OPERATOR, install_crds, peer_controller
@@ -150,61 +146,57 @@ async def test_pytorch_and_mpi_jobs_queue_admit_complete_and_are_reclaimed(
     cp = control_plane
     await install_crds(kube, TRAINING_OPERATOR)
     await _operator_prerequisites(kube)
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
     # `train` lends nothing and borrows all it runs, from `lender`: every admission of ours
     # borrows, and the lender's Job takes all of it back.
-    await cohort_queues(kube, ns, "kf", {"train": (0, 4), "lender": (4, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        peer_controller(TRAINING_OPERATOR, cp, kube, tmp_path, ns),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
+    async with queued_pool(
+        cp,
+        kube,
+        ns,
+        tmp_path,
+        cohort="kf",
+        queues={"train": (0, 4), "lender": (4, 0)},
+        peers=[peer_controller(TRAINING_OPERATOR, cp, kube, tmp_path, ns)],
     ):
-        try:
-            # Held at creation; admitted; the operator's pods carry the model.
-            made = await kube.create(PYTORCHJOBS, pytorch_job("pt1", ns, "train", 5), ns)
-            assert made["spec"]["runPolicy"]["suspend"] is True
-            await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt1"), 20)
-            pods = await wait_for(lambda: _bound(kube, ns, "pt1", 2), 60)
-            for pod in pods:
-                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-            # An MPIJob: its workers get the model, its launcher (no GPU) does not need it.
-            made = await kube.create(MPIJOBS, mpi_job("mj1", ns, "train", 5), ns)
-            assert made["spec"]["runPolicy"]["suspend"] is True
-            mj1 = await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj1"), 20)
-            assert mj1["metadata"]["annotations"][ANN_BORROWING] == "true"
-            mpi_pods = await wait_for(lambda: _bound(kube, ns, "mj1", 3), 60)
-            by_role = {p["metadata"]["labels"][REPLICA_TYPE]: p for p in mpi_pods}
-            assert by_role["worker"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
-            assert r.LABEL_GPU_MODEL not in by_role["launcher"]["spec"]["nodeSelector"]
-            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 4
+        # Held at creation; admitted; the operator's pods carry the model.
+        made = await kube.create(PYTORCHJOBS, pytorch_job("pt1", ns, "train", 5), ns)
+        assert made["spec"]["runPolicy"]["suspend"] is True
+        await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt1"), 20)
+        pods = await wait_for(lambda: _bound(kube, ns, "pt1", 2), 60)
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
+        # An MPIJob: its workers get the model, its launcher (no GPU) does not need it.
+        made = await kube.create(MPIJOBS, mpi_job("mj1", ns, "train", 5), ns)
+        assert made["spec"]["runPolicy"]["suspend"] is True
+        mj1 = await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj1"), 20)
+        assert mj1["metadata"]["annotations"][ANN_BORROWING] == "true"
+        mpi_pods = await wait_for(lambda: _bound(kube, ns, "mj1", 3), 60)
+        by_role = {p["metadata"]["labels"][REPLICA_TYPE]: p for p in mpi_pods}
+        assert by_role["worker"]["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32"
+        assert r.LABEL_GPU_MODEL not in by_role["launcher"]["spec"]["nodeSelector"]
+        assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 4
 
-            # One of each kind more waits for quota until the first two complete.
-            await kube.create(PYTORCHJOBS, pytorch_job("pt2", ns, "train", 600), ns)
-            await kube.create(MPIJOBS, mpi_job("mj2", ns, "train", 600), ns)
-            done = [await _succeeded(kube, PYTORCHJOBS, ns, "pt1"),
-                    await _succeeded(kube, MPIJOBS, ns, "mj1")]  # fmt: skip
-            if not any(done):
-                assert await _admitted(kube, PYTORCHJOBS, ns, "pt2") is None
-                assert await _admitted(kube, MPIJOBS, ns, "mj2") is None
-            await wait_for(lambda: _succeeded(kube, PYTORCHJOBS, ns, "pt1"), 90, 0.2)
-            await wait_for(lambda: _succeeded(kube, MPIJOBS, ns, "mj1"), 90, 0.2)
-            await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt2"), 30)
-            await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj2"), 30)
+        # One of each kind more waits for quota until the first two complete.
+        await kube.create(PYTORCHJOBS, pytorch_job("pt2", ns, "train", 600), ns)
+        await kube.create(MPIJOBS, mpi_job("mj2", ns, "train", 600), ns)
+        done = [await _succeeded(kube, PYTORCHJOBS, ns, "pt1"),
+                await _succeeded(kube, MPIJOBS, ns, "mj1")]  # fmt: skip
+        if not any(done):
+            assert await _admitted(kube, PYTORCHJOBS, ns, "pt2") is None
+            assert await _admitted(kube, MPIJOBS, ns, "mj2") is None
+        await wait_for(lambda: _succeeded(kube, PYTORCHJOBS, ns, "pt1"), 90, 0.2)
+        await wait_for(lambda: _succeeded(kube, MPIJOBS, ns, "mj1"), 90, 0.2)
+        await wait_for(lambda: _admitted(kube, PYTORCHJOBS, ns, "pt2"), 30)
+        await wait_for(lambda: _admitted(kube, MPIJOBS, ns, "mj2"), 30)
 
-            # The lender needs its quota: both are suspended again through their run policy,
-            # and the operator deletes their pods.
-            await kube.create(JOBS, lender_job("l1", ns, "lender", 4), ns)
-            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
-            for res, name in ((PYTORCHJOBS, "pt2"), (MPIJOBS, "mj2")):
-                job = await kube.get(res, name, ns)
-                assert job["spec"]["runPolicy"]["suspend"] is True, name
-                await wait_for(lambda name=name: _no_pods(kube, ns, name), 60)
-                assert await events(kube, ns, name, "Preempted"), name
-        finally:
-            for cq in (f"train-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
+        # The lender needs its quota: both are suspended again through their run policy,
+        # and the operator deletes their pods.
+        await kube.create(JOBS, lender_job("l1", ns, "lender", 4), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+        for res, name in ((PYTORCHJOBS, "pt2"), (MPIJOBS, "mj2")):
+            job = await kube.get(res, name, ns)
+            assert job["spec"]["runPolicy"]["suspend"] is True, name
+            await wait_for(lambda name=name: _no_pods(kube, ns, name), 60)
+            assert await events(kube, ns, name, "Preempted"), name
 
 
 async def _no_pods(kube: KubeClient, ns: str, name: str) -> bool:

@@ -19,7 +19,6 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    CLUSTERQUEUES,
     JOBS,
     LEADERWORKERSETS,
     PODS,
@@ -27,20 +26,17 @@ from alnair.common.kube import (
     KubeClient,
     Unavailable,
 )
-from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cohort_queues,
     events,
     explain,
     gpu_job,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 from peers_support import LWS, install_crds, peer_controller
 
@@ -100,58 +96,54 @@ async def test_leaderworkersets_are_admitted_whole_counted_and_evicted_whole(
     ns = namespace
     cp = control_plane
     await install_crds(kube, LWS)
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "lc", {"serve": (2, 2), "lender": (2, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        peer_controller(LWS, cp, kube, tmp_path, ns),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher) as running,
-    ):
-        try:
-            await wait_for(lambda: _labelled_on_dry_run(kube, ns), 30, 0.2)
-            # Both templates are labelled at creation, so all three pods come gated; admitted
-            # within quota, each is ungated with the model (the leader's too: it asks none).
-            made = await kube.create(LEADERWORKERSETS, lws("a", ns, "serve", 3, gpu_leader=False))
-            lwt = made["spec"]["leaderWorkerTemplate"]
-            for t in ("leaderTemplate", "workerTemplate"):
-                assert lwt[t]["metadata"]["labels"][LABEL_WORKLOAD] == "leaderworkerset.a"
-            pods = await wait_for(lambda: _all_running(kube, ns, "a", 3), 40)
-            for pod in pods:
-                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-                assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
-            admitted = await wait_for(lambda: events(kube, ns, "a", "Admitted"), 10)
-            assert "2 x V100M32" in admitted[0]["message"]
-            # Counted: the two workers' GPUs, nothing for the leader.
-            assert await wait_for(lambda: queue_used(kube, f"serve-{ns}"), 10) == 2
+    async with queued_pool(
+        cp,
+        kube,
+        ns,
+        tmp_path,
+        cohort="lc",
+        queues={"serve": (2, 2), "lender": (2, 0)},
+        peers=[peer_controller(LWS, cp, kube, tmp_path, ns)],
+    ) as running:
+        await wait_for(lambda: _labelled_on_dry_run(kube, ns), 30, 0.2)
+        # Both templates are labelled at creation, so all three pods come gated; admitted
+        # within quota, each is ungated with the model (the leader's too: it asks none).
+        made = await kube.create(LEADERWORKERSETS, lws("a", ns, "serve", 3, gpu_leader=False))
+        lwt = made["spec"]["leaderWorkerTemplate"]
+        for t in ("leaderTemplate", "workerTemplate"):
+            assert lwt[t]["metadata"]["labels"][LABEL_WORKLOAD] == "leaderworkerset.a"
+        pods = await wait_for(lambda: _all_running(kube, ns, "a", 3), 40)
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
+            assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
+        admitted = await wait_for(lambda: events(kube, ns, "a", "Admitted"), 10)
+        assert "2 x V100M32" in admitted[0]["message"]
+        # Counted: the two workers' GPUs, nothing for the leader.
+        assert await wait_for(lambda: queue_used(kube, f"serve-{ns}"), 10) == 2
 
-            # The next borrows the idle lender's quota; a third (a GPU leader and one worker)
-            # waits with both its pods gated.
-            await kube.create(LEADERWORKERSETS, lws("b", ns, "serve", 3, gpu_leader=False))
-            await wait_for(lambda: _all_running(kube, ns, "b", 3), 40)
-            await kube.create(LEADERWORKERSETS, lws("c", ns, "serve", 2, gpu_leader=True))
-            waiting = await wait_for(
-                lambda: explain(running, ns, "c", lambda d: d["reason"] is not None,
-                                kind="leaderworkersets"), 20,
-            )  # fmt: skip
-            assert waiting["status"] == "waiting"
-            await wait_for(lambda: _all_gated(kube, ns, "c", 2), 20)
+        # The next borrows the idle lender's quota; a third (a GPU leader and one worker)
+        # waits with both its pods gated.
+        await kube.create(LEADERWORKERSETS, lws("b", ns, "serve", 3, gpu_leader=False))
+        await wait_for(lambda: _all_running(kube, ns, "b", 3), 40)
+        await kube.create(LEADERWORKERSETS, lws("c", ns, "serve", 2, gpu_leader=True))
+        waiting = await wait_for(
+            lambda: explain(running, ns, "c", lambda d: d["reason"] is not None,
+                            kind="leaderworkersets"), 20,
+        )  # fmt: skip
+        assert waiting["status"] == "waiting"
+        await wait_for(lambda: _all_gated(kube, ns, "c", 2), 20)
 
-            # Deleting a gives its quota back: c is admitted, both its pods ungated.
-            await kube.delete(LEADERWORKERSETS, "a", ns, propagation="Foreground")
-            await wait_for(lambda: _all_running(kube, ns, "c", 2), 40)
+        # Deleting a gives its quota back: c is admitted, both its pods ungated.
+        await kube.delete(LEADERWORKERSETS, "a", ns, propagation="Foreground")
+        await wait_for(lambda: _all_running(kube, ns, "c", 2), 40)
 
-            # The lender needs its quota: a borrowing LeaderWorkerSet is evicted whole, and
-            # the pods its controller makes again wait gated.
-            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
-            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
-            evicted = await wait_for(lambda: _evicted_one(kube, ns), 30)
-            reasons = await events(kube, ns, evicted, "Preempted")
-            assert "evicted whole" in reasons[0]["message"]
-        finally:
-            for cq in (f"serve-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
+        # The lender needs its quota: a borrowing LeaderWorkerSet is evicted whole, and
+        # the pods its controller makes again wait gated.
+        await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+        evicted = await wait_for(lambda: _evicted_one(kube, ns), 30)
+        reasons = await events(kube, ns, evicted, "Preempted")
+        assert "evicted whole" in reasons[0]["message"]
 
 
 async def _evicted_one(kube: KubeClient, ns: str) -> str | None:

@@ -15,21 +15,18 @@ from typing import Any
 import pytest
 
 from alnair.common import resources as r
-from alnair.common.kube import CLUSTERQUEUES, JOBS, PODGROUPS, PODS, KubeClient
-from alnair.dev.builders import shipped_account
+from alnair.common.kube import JOBS, PODGROUPS, PODS, KubeClient
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, LABEL_QUEUE, LABEL_WORKLOAD
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cohort_queues,
     events,
     explain,
     gpu_job,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 
 pytestmark = pytest.mark.e2e
@@ -83,68 +80,64 @@ async def test_pod_groups_queue_admit_whole_complete_and_are_reclaimed(
 ) -> None:
     ns = namespace
     cp = control_plane
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "gc", {"train": (2, 2), "lender": (2, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher) as running,
-    ):
-        try:
-            # The group and the first of its pods: gated, and the group waits for the rest
-            # (nothing is ungated with one member of two).
-            await kube.create(PODGROUPS, group("g1", ns, "train", 2, 2), ns)
-            first = await kube.create(PODS, member("g1", 0, ns, "train", 5), ns)
-            assert first["spec"]["schedulingGates"] == [{"name": "alnair.io/admission"}]
-            assert first["metadata"]["labels"][LABEL_WORKLOAD] == "podgroup.g1"
-            waiting = await wait_for(
-                lambda: explain(running, ns, "g1", lambda d: d["reason"] is not None,
-                                kind="podgroups"), 20,
-            )  # fmt: skip
-            assert "1 of its 2 pods exist" in waiting["reason"]["message"], waiting
-            assert (await kube.get(PODS, "g1-0", ns))["spec"]["schedulingGates"]
-            await kube.create(PODS, member("g1", 1, ns, "train", 5), ns)
-            pods = await wait_for(lambda: _all_bound(kube, ns, "g1", 2), 30)
-            for pod in pods:
-                assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
-                assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
-            admitted = await wait_for(lambda: events(kube, ns, "g1", "Admitted"), 10)
-            assert "2 x V100M32" in admitted[0]["message"]
-            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
+    async with queued_pool(
+        cp,
+        kube,
+        ns,
+        tmp_path,
+        cohort="gc",
+        queues={"train": (2, 2), "lender": (2, 0)},
+    ) as running:
+        # The group and the first of its pods: gated, and the group waits for the rest
+        # (nothing is ungated with one member of two).
+        await kube.create(PODGROUPS, group("g1", ns, "train", 2, 2), ns)
+        first = await kube.create(PODS, member("g1", 0, ns, "train", 5), ns)
+        assert first["spec"]["schedulingGates"] == [{"name": "alnair.io/admission"}]
+        assert first["metadata"]["labels"][LABEL_WORKLOAD] == "podgroup.g1"
+        waiting = await wait_for(
+            lambda: explain(running, ns, "g1", lambda d: d["reason"] is not None,
+                            kind="podgroups"), 20,
+        )  # fmt: skip
+        assert "1 of its 2 pods exist" in waiting["reason"]["message"], waiting
+        assert (await kube.get(PODS, "g1-0", ns))["spec"]["schedulingGates"]
+        await kube.create(PODS, member("g1", 1, ns, "train", 5), ns)
+        pods = await wait_for(lambda: _all_bound(kube, ns, "g1", 2), 30)
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"][r.LABEL_GPU_MODEL] == "V100M32", pod
+            assert pod["metadata"]["annotations"][ANN_ADMITTED_TYPE] == "V100M32"
+        admitted = await wait_for(lambda: events(kube, ns, "g1", "Admitted"), 10)
+        assert "2 x V100M32" in admitted[0]["message"]
+        assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
-            # A second borrows the idle lender's quota; a third waits, its pods gated.
-            await kube.create(PODGROUPS, group("g2", ns, "train", 2, 2), ns)
-            for i in range(2):
-                await kube.create(PODS, member("g2", i, ns, "train", 600), ns)
-            await wait_for(lambda: _all_bound(kube, ns, "g2", 2), 30)
-            await kube.create(PODGROUPS, group("g3", ns, "train", 2, 2), ns)
-            for i in range(2):
-                await kube.create(PODS, member("g3", i, ns, "train", 600), ns)
-            waiting = await wait_for(
-                lambda: explain(running, ns, "g3", lambda d: d["status"] == "waiting",
-                                kind="podgroups"), 20,
-            )  # fmt: skip
-            assert waiting["kind"] == "PodGroup"
-            if not await _done(running, ns, "g1"):
-                assert all(p["spec"].get("schedulingGates") for p in await _members(kube, ns, "g3"))
+        # A second borrows the idle lender's quota; a third waits, its pods gated.
+        await kube.create(PODGROUPS, group("g2", ns, "train", 2, 2), ns)
+        for i in range(2):
+            await kube.create(PODS, member("g2", i, ns, "train", 600), ns)
+        await wait_for(lambda: _all_bound(kube, ns, "g2", 2), 30)
+        await kube.create(PODGROUPS, group("g3", ns, "train", 2, 2), ns)
+        for i in range(2):
+            await kube.create(PODS, member("g3", i, ns, "train", 600), ns)
+        waiting = await wait_for(
+            lambda: explain(running, ns, "g3", lambda d: d["status"] == "waiting",
+                            kind="podgroups"), 20,
+        )  # fmt: skip
+        assert waiting["kind"] == "PodGroup"
+        if not await _done(running, ns, "g1"):
+            assert all(p["spec"].get("schedulingGates") for p in await _members(kube, ns, "g3"))
 
-            # g1's pods finish (KWOK, 5 s): the group is done, and g3 is admitted.
-            await wait_for(lambda: _done(running, ns, "g1"), 60, 0.2)
-            await wait_for(lambda: _all_bound(kube, ns, "g3", 2), 30)
-            # Alnair's scheduler says so on the group too (it used to count no ended member).
-            status = await wait_for(lambda: _phase(kube, ns, "g1", "Finished"), 20)
-            assert (status["succeeded"], status["failed"], status["scheduled"]) == (2, 0, 2)
+        # g1's pods finish (KWOK, 5 s): the group is done, and g3 is admitted.
+        await wait_for(lambda: _done(running, ns, "g1"), 60, 0.2)
+        await wait_for(lambda: _all_bound(kube, ns, "g3", 2), 30)
+        # Alnair's scheduler says so on the group too (it used to count no ended member).
+        status = await wait_for(lambda: _phase(kube, ns, "g1", "Finished"), 20)
+        assert (status["succeeded"], status["failed"], status["scheduled"]) == (2, 0, 2)
 
-            # The lender needs its quota: a borrowing group is reclaimed whole.
-            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
-            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
-            evicted = await wait_for(lambda: _reclaimed_one(kube, ns), 30)
-            reasons = await events(kube, ns, evicted, "Preempted")
-            assert "evicted whole" in reasons[0]["message"]
-        finally:
-            for cq in (f"train-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
+        # The lender needs its quota: a borrowing group is reclaimed whole.
+        await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+        evicted = await wait_for(lambda: _reclaimed_one(kube, ns), 30)
+        reasons = await events(kube, ns, evicted, "Preempted")
+        assert "evicted whole" in reasons[0]["message"]
 
 
 async def _done(running: Any, ns: str, name: str) -> bool:

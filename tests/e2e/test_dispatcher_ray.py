@@ -25,7 +25,6 @@ import pytest
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    CLUSTERQUEUES,
     EVENTS,
     JOBS,
     PODS,
@@ -36,18 +35,15 @@ from alnair.common.kube import (
     NotFound,
     Resource,
 )
-from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cohort_queues,
     gpu_job,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 from peers_support import KUBERAY, install_crds, peer_controller
 
@@ -150,71 +146,65 @@ async def test_ray_clusters_and_jobs_queue_admit_complete_and_are_reclaimed(
     ns = namespace
     cp = control_plane
     await install_crds(kube, KUBERAY)
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "rc", {"train": (2, 2), "lender": (2, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        peer_controller(KUBERAY, cp, kube, tmp_path, ns),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
+    async with queued_pool(
+        cp,
+        kube,
+        ns,
+        tmp_path,
+        cohort="rc",
+        queues={"train": (2, 2), "lender": (2, 0)},
+        peers=[peer_controller(KUBERAY, cp, kube, tmp_path, ns)],
     ):
-        try:
-            # A RayCluster: held at creation, admitted within quota; KubeRay makes its head
-            # and two workers, the workers with the model.
-            made = await kube.create(RAYCLUSTERS, ray_cluster("rc1", ns, "train", 2), ns)
-            assert made["spec"]["suspend"] is True
-            await wait_for(lambda: _admitted(kube, RAYCLUSTERS, ns, "rc1"), 20)
-            _check_model(await wait_for(lambda: _bound(kube, ns, "rc1", 3), 40))
-            assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
+        # A RayCluster: held at creation, admitted within quota; KubeRay makes its head
+        # and two workers, the workers with the model.
+        made = await kube.create(RAYCLUSTERS, ray_cluster("rc1", ns, "train", 2), ns)
+        assert made["spec"]["suspend"] is True
+        await wait_for(lambda: _admitted(kube, RAYCLUSTERS, ns, "rc1"), 20)
+        _check_model(await wait_for(lambda: _bound(kube, ns, "rc1", 3), 40))
+        assert await wait_for(lambda: queue_used(kube, f"train-{ns}"), 10) == 2
 
-            # A RayJob borrows the idle lender's quota; its own RayCluster (owned by it) is
-            # not held again, and its workers carry the model.
-            await kube.create(RAYJOBS, ray_job("rj1", ns, "train", 2), ns)
-            rj1 = await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj1"), 20)
-            assert rj1["metadata"]["annotations"][ANN_BORROWING] == "true"
-            cluster = await wait_for(lambda: _job_cluster(kube, ns, "rj1"), 30)
-            # (KubeRay names the cluster in the RayJob's status before it creates it)
-            made = await wait_for(lambda: _existing(kube, RAYCLUSTERS, ns, cluster), 30)
-            assert not made["spec"].get("suspend")
-            _check_model(await wait_for(lambda: _bound(kube, ns, cluster, 3), 40))
+        # A RayJob borrows the idle lender's quota; its own RayCluster (owned by it) is
+        # not held again, and its workers carry the model.
+        await kube.create(RAYJOBS, ray_job("rj1", ns, "train", 2), ns)
+        rj1 = await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj1"), 20)
+        assert rj1["metadata"]["annotations"][ANN_BORROWING] == "true"
+        cluster = await wait_for(lambda: _job_cluster(kube, ns, "rj1"), 30)
+        # (KubeRay names the cluster in the RayJob's status before it creates it)
+        made = await wait_for(lambda: _existing(kube, RAYCLUSTERS, ns, cluster), 30)
+        assert not made["spec"].get("suspend")
+        _check_model(await wait_for(lambda: _bound(kube, ns, cluster, 3), 40))
 
-            # One KubeRay would not let be suspended is refused at creation, the reason named.
-            keeps = ray_job("keeps", ns, "train", 1)
-            keeps["spec"]["shutdownAfterJobFinishes"] = False
-            with pytest.raises(ApiError) as refused:
-                await kube.create(RAYJOBS, keeps, ns)
-            assert "spec.shutdownAfterJobFinishes must be true" in str(refused.value)
+        # One KubeRay would not let be suspended is refused at creation, the reason named.
+        keeps = ray_job("keeps", ns, "train", 1)
+        keeps["spec"]["shutdownAfterJobFinishes"] = False
+        with pytest.raises(ApiError) as refused:
+            await kube.create(RAYJOBS, keeps, ns)
+        assert "spec.shutdownAfterJobFinishes must be true" in str(refused.value)
 
-            # A second RayJob waits for quota until the first ends.
-            await kube.create(RAYJOBS, ray_job("rj2", ns, "train", 2), ns)
-            assert (await kube.get(RAYJOBS, "rj2", ns))["spec"]["suspend"] is True
-            assert await _admitted(kube, RAYJOBS, ns, "rj2") is None
-            await _ray_reports_complete(kube, ns, "rj1")
-            # Admitted once KubeRay has deleted rj1's cluster: its pods held the GPUs till then.
-            await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj2"), 40)
-            assert await _no_pods(kube, ns, cluster)
+        # A second RayJob waits for quota until the first ends.
+        await kube.create(RAYJOBS, ray_job("rj2", ns, "train", 2), ns)
+        assert (await kube.get(RAYJOBS, "rj2", ns))["spec"]["suspend"] is True
+        assert await _admitted(kube, RAYJOBS, ns, "rj2") is None
+        await _ray_reports_complete(kube, ns, "rj1")
+        # Admitted once KubeRay has deleted rj1's cluster: its pods held the GPUs till then.
+        await wait_for(lambda: _admitted(kube, RAYJOBS, ns, "rj2"), 40)
+        assert await _no_pods(kube, ns, cluster)
 
-            # The lender needs its quota back: the borrowing RayJob is suspended again, and
-            # KubeRay deletes its cluster.
-            rj2_cluster = await wait_for(lambda: _job_cluster(kube, ns, "rj2"), 30)
-            await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
-            assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
+        # The lender needs its quota back: the borrowing RayJob is suspended again, and
+        # KubeRay deletes its cluster.
+        rj2_cluster = await wait_for(lambda: _job_cluster(kube, ns, "rj2"), 30)
+        await kube.create(JOBS, gpu_job("l1", ns, "lender", 2), ns)
+        assert await wait_for(lambda: admitted_type(kube, ns, "l1"), 40) == "V100M32"
 
-            async def rj2_suspended() -> bool:
-                return bool((await kube.get(RAYJOBS, "rj2", ns))["spec"].get("suspend"))
+        async def rj2_suspended() -> bool:
+            return bool((await kube.get(RAYJOBS, "rj2", ns))["spec"].get("suspend"))
 
-            await wait_for(rj2_suspended, 30)
-            await wait_for(lambda: _no_pods(kube, ns, rj2_cluster), 40)
-            events = (await kube.list(EVENTS, ns, field_selector="involvedObject.name=rj2"))[
-                "items"
-            ]
-            assert any(e["reason"] == "Preempted" for e in events)
-            # The RayCluster, admitted on its own quota, kept running throughout.
-            assert await _admitted(kube, RAYCLUSTERS, ns, "rc1") is not None
-        finally:
-            for cq in (f"train-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
+        await wait_for(rj2_suspended, 30)
+        await wait_for(lambda: _no_pods(kube, ns, rj2_cluster), 40)
+        events = (await kube.list(EVENTS, ns, field_selector="involvedObject.name=rj2"))["items"]
+        assert any(e["reason"] == "Preempted" for e in events)
+        # The RayCluster, admitted on its own quota, kept running throughout.
+        assert await _admitted(kube, RAYCLUSTERS, ns, "rc1") is not None
 
 
 async def _ray_reports_complete(kube: KubeClient, ns: str, name: str) -> None:

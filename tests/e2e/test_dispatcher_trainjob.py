@@ -25,7 +25,6 @@ import yaml
 
 from alnair.common import resources as r
 from alnair.common.kube import (
-    CLUSTERQUEUES,
     CLUSTERTRAININGRUNTIMES,
     EVENTS,
     JOBS,
@@ -36,17 +35,14 @@ from alnair.common.kube import (
     VALIDATING_WEBHOOKS,
     KubeClient,
 )
-from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_BORROWING, LABEL_QUEUE
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cohort_queues,
     queue_used,
-    scheduler,
-    webhooked_dispatcher,
+    queued_pool,
 )
 from dispatcher_support import gpu_job as lender_job
 from peers_support import JOBSET, TRAINER, install_crds, peer_controller
@@ -139,17 +135,19 @@ async def test_train_jobs_queue_by_their_runtime_admit_complete_and_are_reclaime
     await _trainer_prerequisites(kube)
     for name, seconds in ((f"torch-{ns}", 5), (f"torch-long-{ns}", 600)):
         await kube.create(CLUSTERTRAININGRUNTIMES, runtime(name, ns, seconds))
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
-    await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
-    await cohort_queues(kube, ns, "tc", {"train": (2, 2), "lender": (2, 0)})
-    async with (
-        KubeClient(dispatcher_cfg) as as_dispatcher,
-        scheduler(kube),
-        peer_controller(JOBSET, cp, kube, tmp_path, ns),
-        peer_controller(TRAINER, cp, kube, tmp_path / "trainer", ns),
-        webhooked_dispatcher(cp, kube, ns, tmp_path, as_dispatcher),
-    ):
-        try:
+    try:
+        async with queued_pool(
+            cp,
+            kube,
+            ns,
+            tmp_path,
+            cohort="tc",
+            queues={"train": (2, 2), "lender": (2, 0)},
+            peers=[
+                peer_controller(JOBSET, cp, kube, tmp_path, ns),
+                peer_controller(TRAINER, cp, kube, tmp_path / "trainer", ns),
+            ],
+        ):
             # Held at creation; admitted within quota; Trainer's JobSet's pods get the model.
             made = await kube.create(TRAINJOBS, train_job("tj1", ns, "train", f"torch-{ns}", 2), ns)
             assert made["spec"]["suspend"] is True
@@ -189,11 +187,9 @@ async def test_train_jobs_queue_by_their_runtime_admit_complete_and_are_reclaime
                 "items"
             ]
             assert any(e["reason"] == "Preempted" for e in events)
-        finally:
-            for cq in (f"train-{ns}", f"lender-{ns}"):
-                await kube.delete(CLUSTERQUEUES, cq)
-            for name in (f"torch-{ns}", f"torch-long-{ns}"):
-                await kube.delete(CLUSTERTRAININGRUNTIMES, name)
+    finally:
+        for name in (f"torch-{ns}", f"torch-long-{ns}"):
+            await kube.delete(CLUSTERTRAININGRUNTIMES, name)
 
 
 async def _no_pods(kube: KubeClient, ns: str, name: str) -> bool:

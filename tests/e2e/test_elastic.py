@@ -22,11 +22,12 @@ from alnair.common.kube import (
     STATEFULSETS,
     ApiError,
     KubeClient,
+    Obj,
 )
 from alnair.dev.builders import make_pod, pod_group, priority_classes
 from alnair.dev.elastic import InProcessScheduler, bound, elastic_job, start_controller, workers
 from alnair.dev.localstack import ControlPlane
-from alnair.dev.waiting import wait_for
+from alnair.dev.waiting import consumed, wait_for
 from alnair.elastic.app import Running as Controller
 
 pytestmark = pytest.mark.e2e
@@ -96,9 +97,15 @@ async def test_below_min_waits_then_starts_at_the_largest_allowed_size_and_grows
         return st.get("phase") == "WaitingForMin" and condition(st, "WaitingForMin") == "True"
 
     await wait_for(waiting, 20)
-    await asyncio.sleep(1.0)
-    pods = await workers(kube, namespace, "hvd")
-    assert len(pods) == 5 and bound(pods) == []
+
+    # The scheduler looked at every worker and placed none (the gang cannot be whole).
+    async def refused() -> list[Obj] | None:
+        pods = await workers(kube, namespace, "hvd")
+        considered = [p for p in pods if _unschedulable(p)]
+        return pods if len(pods) == 5 and len(considered) == 5 else None
+
+    pods = await wait_for(refused, 20)
+    assert bound(pods) == []
     pg = await kube.get(PODGROUPS, "hvd", namespace)
     assert pg["spec"]["minMember"] == 5
     sts = await kube.get(STATEFULSETS, "hvd-workers", namespace)
@@ -118,10 +125,17 @@ async def test_below_min_waits_then_starts_at_the_largest_allowed_size_and_grows
     assert hosts == [f"hvd-workers-{i}.hvd-workers.{namespace}.svc:1" for i in range(6)]
     assert st["hosts"] == hosts
 
-    # Nothing resizes without an event.
+    # Nothing resizes without room changing: a pass over a new generation (a spec change
+    # unrelated to size) keeps the job as it is.
     resized_at = st["lastResize"]["time"] if "lastResize" in st else None
-    await asyncio.sleep(2.0)
-    st = await status(kube, namespace, "hvd")
+    changed = await kube.patch(ELASTICJOBS, "hvd", {"spec": {"scaleCooldownSeconds": 1}}, namespace)
+    generation = changed["metadata"]["generation"]
+
+    async def seen() -> dict[str, Any] | None:
+        st = await status(kube, namespace, "hvd")
+        return st if st.get("observedGeneration") == generation else None
+
+    st = await wait_for(seen, 20)
     assert (st["lastResize"]["time"] if "lastResize" in st else None) == resized_at
     assert st["targetReplicas"] == 6
 
@@ -137,6 +151,11 @@ async def test_below_min_waits_then_starts_at_the_largest_allowed_size_and_grows
     sts = await kube.get(STATEFULSETS, "hvd-workers", namespace)
     assert sts["spec"]["template"] == template_before  # only replicas ever change
     assert grow_s < 10
+
+
+def _unschedulable(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
 
 
 async def _bound(kube: KubeClient, ns: str, name: str) -> str | None:
@@ -287,7 +306,8 @@ async def test_controller_killed_mid_resize_converges_and_consumes_each_request_
     second = await start_controller(control_plane, namespace, nats_url)
     try:
         await wait_for(lambda: settled(kube, namespace, "ck", 4), 30)
-        await asyncio.sleep(1.0)
+        # Every scale request stored so far, redeliveries included, has been handled.
+        await consumed(bus, ScaleEvent, second.settings.durable)
         answers = await _scale_events(bus, namespace, "ck")
         applied = [
             a for a in answers if a[0].phase is ScalePhase.APPLIED and a[1].startswith(env.id)

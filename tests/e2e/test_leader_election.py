@@ -76,12 +76,22 @@ async def test_a_follower_whose_clock_runs_30s_ahead_does_not_take_the_lease(
     async with campaigning(a):
         await asyncio.wait_for(a.is_leader.wait(), 5)
         async with campaigning(ahead) as follower:
-            # Three lease durations: by its wall clock the holder's renewTime is always 30 s
-            # old (what the scheduler's elector used to compare), yet the Lease keeps changing.
-            await asyncio.sleep(3 * FAST["lease_duration_s"])
+            # By its wall clock the holder's renewTime is always 30 s old (what the scheduler's
+            # elector used to compare), yet the Lease keeps changing: the follower waits through
+            # renewals spanning three lease durations.
+            renewals: set[str] = set()
+            first = time.monotonic()
+
+            async def waited_out() -> bool:
+                assert not ahead.is_leader.is_set()
+                lease = await kube.get(LEASES, "skew", namespace)
+                assert lease["spec"]["holderIdentity"] == "a"
+                renewals.add(lease["spec"]["renewTime"])
+                spanned = time.monotonic() - first > 3 * FAST["lease_duration_s"]
+                return spanned and len(renewals) > 3 and ahead.holder() == "a"
+
+            await wait_for(waited_out, 20, 0.2)
             assert not ahead.is_leader.is_set() and a.leading()
-            lease = await kube.get(LEASES, "skew", namespace)
-            assert lease["spec"]["holderIdentity"] == "a"
             # The holder dies without handing the Lease back: now the follower takes it, within
             # the lease duration of the last change it saw (plus its retry period).
             stopped = time.monotonic()

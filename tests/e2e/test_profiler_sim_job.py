@@ -18,16 +18,17 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from nats.aio.msg import Msg
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.data import gavel_throughputs
-from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric, decode
+from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
 from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import consumed, wait_for
 from alnair.profiler.aggregator.records import RecordStore
+from alnair.profiler.aggregator.store import P
 from alnair.profiler.app import Running, start_agent, start_aggregator
 from profiler_support import bind_pending_pods, profiler_settings
 
@@ -96,8 +97,8 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
     ours: list[PodMetric] = []
     enough_samples = asyncio.Event()
 
-    async def on_job(msg: Msg) -> None:
-        completed.append(decode(msg.data, JobEvent).data)
+    async def on_job(event: JobEvent, _env: Envelope[JobEvent]) -> None:
+        completed.append(event)
         done.set()
 
     async def on_metric(event: PodMetric, _env: Envelope[PodMetric]) -> None:
@@ -107,8 +108,11 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
                 enough_samples.set()
 
     try:
-        # A plain subscriber on the JOBS subjects: it sees what any durable consumer would.
-        await watcher.nc.subscribe(f"alnair.jobs.*.{namespace}.>", cb=on_job)
+        # A durable consumer of this namespace's job events, as any subscriber would have.
+        jobs_durable = f"e2e-jobs-{namespace}"
+        await watcher.subscribe(
+            JobEvent, on_job, durable=jobs_durable, subject=f"alnair.jobs.*.{namespace}.>"
+        )
         await watcher.subscribe(PodMetric, on_metric, durable=f"e2e-metrics-{namespace}")
 
         # The agent published the node's inventory and labelled it.
@@ -157,8 +161,10 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
         )
 
         await asyncio.wait_for(done.wait(), timeout=JOB_SECONDS + 60)
-        # Give a duplicate every chance to show up before counting.
-        await asyncio.sleep(1.0)
+        # The job is marked done (after its event was stored: nothing publishes it again)
+        # and every stored job event has reached the consumer: a duplicate would be here.
+        await wait_for(lambda: redis.exists(f"{P}done:{uid}"), 20)
+        await consumed(watcher, JobEvent, jobs_durable)
         assert [(e.phase, e.uid, e.kind, e.name) for e in completed] == [
             (JobPhase.COMPLETED, uid, "Job", "train")
         ]

@@ -33,11 +33,12 @@ from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, Pod
 from alnair.common.kube import JOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane, NatsServer
-from alnair.dev.waiting import wait_for
+from alnair.dev.waiting import consumed, wait_for
 from alnair.profiler.agent.summaries import SPOOL_FILE
 from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.aggregator.store import P
 from alnair.profiler.app import Running, start_agent, start_aggregator
+from alnair.profiler.settings import ProfilerSettings
 from profiler_support import profiler_settings
 
 pytestmark = pytest.mark.e2e
@@ -171,7 +172,8 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
             return _folded(aggregator) >= folded_before + 1
 
         await wait_for(folded_again, 20, 0.5, what="the copy to be folded")
-        await asyncio.sleep(1.0)
+        async with _bus(nats_url) as bus:  # both copies met the aggregator's consumer
+            await consumed(bus, PodSummary, f"{AGGREGATOR_DURABLE}-summaries")
         assert _folded(aggregator) == folded_before + 1
         assert await redis.hgetall(f"{P}pod:{pod_uid}:stats") == stats_before
         keys = [k.decode() for k in await redis.zrange(RECORDS_INDEX, 0, -1)]
@@ -182,6 +184,9 @@ async def test_run_inside_a_nats_outage_is_recorded_once(
     finally:
         await aggregator.stop()
         await agent.stop()
+
+
+AGGREGATOR_DURABLE = ProfilerSettings.model_fields["durable"].default
 
 
 def _folded(running: Running) -> float:

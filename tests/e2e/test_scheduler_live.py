@@ -340,6 +340,7 @@ async def test_explain_and_queue_api_and_metrics(
 
 
 async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace: str) -> None:
+    from alnair.common.kube import LEASES
     from alnair.common.leader import LeaderElector
 
     def elector(identity: str) -> LeaderElector:
@@ -352,8 +353,17 @@ async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace
     ta = asyncio.create_task(a.run())
     await asyncio.wait_for(a.is_leader.wait(), 5)
     tb = asyncio.create_task(b.run())
-    await asyncio.sleep(1.0)
-    assert not b.is_leader.is_set()  # a renews; b keeps waiting
+    # a renews; b looks, sees a holding the Lease, and keeps waiting through three renewals.
+    renewals: set[str] = set()
+
+    async def renewed_thrice() -> bool:
+        assert not b.is_leader.is_set()
+        lease = await kube.get(LEASES, "alnair-test", namespace)
+        renewals.add(lease["spec"]["renewTime"])
+        return len(renewals) > 3 and b.holder() == "a"
+
+    await wait_for(renewed_thrice, 10, 0.1)
+    assert not b.is_leader.is_set()
     ta.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ta

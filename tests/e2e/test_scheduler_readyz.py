@@ -15,6 +15,7 @@ import pytest
 
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
 from alnair.common.tasks import cancel_all, spawn
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.api import build_api
 from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
@@ -87,7 +88,8 @@ async def test_readyz_names_the_failing_watch_and_recovers(
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as http:
             await asyncio.wait_for(scheduler.pods.synced.wait(), 15)
-            await asyncio.sleep(0.3)
+            # The PDB watch has failed long enough to be unhealthy (stale after 0.2 s).
+            await wait_for(lambda: not scheduler.pdbs.healthy, 10)
             reply = await http.get("/readyz")
             assert reply.status_code == 503
             assert reply.headers["content-type"] == "application/problem+json"
@@ -105,12 +107,12 @@ async def test_readyz_names_the_failing_watch_and_recovers(
                     "rules": [*RULES, PDB_RULE],
                 }
             )
-            for _ in range(100):
+
+            async def ready() -> httpx.Response | None:
                 reply = await http.get("/readyz")
-                if reply.status_code == 200:
-                    break
-                await asyncio.sleep(0.1)
-            assert reply.status_code == 200, reply.text
+                return reply if reply.status_code == 200 else None
+
+            reply = await wait_for(ready, 10, 0.1, what="/readyz to answer 200")
             assert reply.json()["status"] == "ready"
     finally:
         await cancel_all(tasks)

@@ -8,7 +8,9 @@ AssertionError that says what it waited for and the last answer it had, not a ba
 Checks that something did *not* happen do not sleep a fixed time and look: they wait for the
 event that proves the system considered it (a FailedScheduling Event, later pods bound, a
 decision logged) and then assert, so they are as fast as the system and never pass because
-the machine was slow.
+the machine was slow. `consumed` is that event for a bus consumer: every message stored before
+the call has been delivered to it and acknowledged, so a duplicate it would act on has been
+acted on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from alnair.common.bus import Bus
+from alnair.common.events import Event
 
 
 async def wait_for(
@@ -44,3 +49,17 @@ async def wait_for(
             raise
         name = what or getattr(probe, "__qualname__", repr(probe))
         raise AssertionError(f"{name}: not within {timeout_s}s (last answer {last!r})") from exc
+
+
+async def consumed(bus: Bus, event_type: type[Event], durable: str, timeout_s: float = 60) -> None:
+    """Until the durable consumer `durable` of `event_type`'s stream has nothing left to
+    deliver and nothing awaiting an acknowledgement (a redelivery after its ack wait included)."""
+    stream = event_type.STREAM
+    if stream is None:
+        raise ValueError(f"{event_type.__name__} travels on core NATS: nothing is stored")
+
+    async def caught_up() -> bool:
+        info = await bus.js.consumer_info(stream, durable)
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+    await wait_for(caught_up, timeout_s, 0.1, what=f"consumer {durable} of {stream} to catch up")

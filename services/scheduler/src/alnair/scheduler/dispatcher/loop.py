@@ -34,6 +34,8 @@ class ReconcileLoop:
     def __init__(self) -> None:
         self.informers: Sequence[Informer] = ()
         self.reconciles = 0
+        self.reconciled = 0
+        """Reconciles that ended (a test's proof that the state it set up was considered)."""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.leading: Callable[[], bool] = lambda: True
@@ -79,6 +81,7 @@ class ReconcileLoop:
             self.fence("reconcile")
             try:
                 await self.reconcile()
+                self.reconciled += 1
             except Unavailable as exc:
                 log.warning(
                     "API server unavailable; retrying", extra={"loop": self.name, "error": str(exc)}
