@@ -25,6 +25,7 @@ from alnair.common.events import (
     wrap,
 )
 from alnair.dev.localstack import NatsServer
+from alnair.dev.waiting import consumed, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +43,10 @@ async def dead_letters(bus: Bus, durable: str, n: int, timeout_s: float = 10) ->
                 got.append(DeadLetter.model_validate_json(msg.data))
                 await msg.ack()
     return got
+
+
+async def _gone(bus: Bus, durable: str) -> bool:
+    return durable not in await _consumers(bus, JobEvent.STREAM or "")
 
 
 async def test_durable_consumer_restart_gets_every_event_exactly_once(nats_url: str) -> None:
@@ -73,7 +78,7 @@ async def test_durable_consumer_restart_gets_every_event_exactly_once(nats_url: 
     bus2 = await Bus.connect(nats_url, name="test-restarted")
     await bus2.subscribe(JobEvent, handler, durable="predictor")
     await asyncio.wait_for(seen_all.wait(), 10)
-    await asyncio.sleep(0.5)  # anything duplicated would arrive now
+    await consumed(bus2, JobEvent, "predictor")  # a duplicate would have been handled now
     assert set(handled) == {f"job-{i}" for i in range(30)}
     assert handled["job-5"] == 2  # the original and the one fixed-id copy, never three
     assert all(count == 1 for name, count in handled.items() if name != "job-5")
@@ -93,7 +98,7 @@ async def test_redelivered_event_id_is_not_handled_again(nats_url: str) -> None:
     # The same event id published again after the duplicate window would normally be handled
     # twice; the consumer's handled-id record stops that, even across a new connection.
     await bus.js.publish(env.subject or "", env.model_dump_json().encode())
-    await asyncio.sleep(1.0)
+    await consumed(bus, JobEvent, "dedupe")
     assert calls == [env.id]
     await bus.close()
 
@@ -239,14 +244,15 @@ async def test_replica_durables_are_reused_across_restarts_and_dropped_when_the_
         assert await _consumers(bus, JobEvent.STREAM or "") - before == {"sched-jobs-pod-a"}
         info = await bus.js.consumer_info(JobEvent.STREAM or "", "sched-jobs-pod-a")
         assert info.config.inactive_threshold == pytest.approx(2.0)
-        # Its pod replaced for good: the server deletes the durable once it sat idle that long.
-        async with asyncio.timeout(20):
-            while "sched-jobs-pod-a" in await _consumers(bus, JobEvent.STREAM or ""):
-                await asyncio.sleep(0.5)
-        # A shared durable (no inactive_s) stays for the service's next start.
+        # A shared durable (no inactive_s), stopped at the same time, stays for the service's
+        # next start.
         sub = await bus.subscribe(JobEvent, ignore, durable="dispatcher-shared")
         await sub.stop()
-        await asyncio.sleep(3)
+        # Its pod replaced for good: the server deletes the per-replica durable once it sat
+        # idle that long, and only that one.
+        await wait_for(
+            lambda: _gone(bus, "sched-jobs-pod-a"), 20, 0.5, what="the idle durable deleted"
+        )
         assert "dispatcher-shared" in await _consumers(bus, JobEvent.STREAM or "")
     finally:
         await bus.close()
@@ -324,8 +330,7 @@ async def test_a_thousand_health_flips_of_one_gpu_always_end_as_the_last_one_sai
         )  # fmt: skip
         late = late.model_copy(update={"time": late.time - timedelta(minutes=5)})
         await bus.js.publish(late.subject or "", encode(late), headers={"Nats-Msg-Id": late.id})
-        await bus.publish(job(7), source="test")  # something after it, to know it was seen
-        await asyncio.sleep(1.0)
+        await consumed(bus, GpuHealthChanged, subs[0].name)  # the health durable
         assert recorder.healthy[("n1", 0)] is True and recorder.applied == 2000
         for sub in subs:
             await sub.stop()
