@@ -8,6 +8,7 @@ namespace. nats and redis are cheap, so each test gets fresh ones.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,16 @@ from alnair.dev.localstack import ControlPlane, NatsServer, RedisServer
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("thorough", max_examples=2000)
 settings.load_profile(os.environ.get("ALNAIR_HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def collect_after_e2e(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each e2e test, collect garbage: an object it leaked (an unclosed socket, file or
+    transport) warns now, and fails that test, instead of whichever test runs when the
+    collector next passes."""
+    yield
+    if request.node.get_closest_marker("e2e") is not None:
+        gc.collect()
 
 
 @pytest.fixture
