@@ -88,6 +88,12 @@ _TITLES = {
 }
 
 
+# How long an idle client connection stays open. It must outlast the clients' own idle
+# expiry (httpx: 5 s, Go's http.Transport: 90 s): a server that closes first races the
+# client's next request on that connection, which then fails with a read error.
+KEEP_ALIVE_S = 120
+
+
 async def start_http(
     app: Any,
     host: str,
@@ -105,7 +111,7 @@ async def start_http(
         tls_options = {"ssl_context_factory": lambda _config, _default: context}
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, lifespan="off", access_log=False,
-        **tls_options,
+        timeout_keep_alive=KEEP_ALIVE_S, **tls_options,
     )  # fmt: skip
     server = uvicorn.Server(config)
     task = spawn(server.serve(), name=name, on_death=on_death)
