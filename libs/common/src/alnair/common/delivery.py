@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from alnair.common.errors import PermanentError, TemporaryError
 from alnair.common.events import DeadLetter, DecodeError, E, Envelope, decode, subject_token
+from alnair.common.tasks import in_flight
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +149,13 @@ class Delivery:
                     continue
                 for msg in msgs:
                     await sem.acquire()
-                    task = asyncio.create_task(
-                        self._dispatch(msg, event_type, handler, durable, sub, max_deliver)
+                    # A dispatch that fails leaves its message unacknowledged: JetStream
+                    # redelivers it after ack_wait (`in_flight` logs why).
+                    dispatching = self._dispatch(
+                        msg, event_type, handler, durable, sub, max_deliver
                     )
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
+                    task = in_flight(dispatching, name=f"bus.dispatch.{durable}", into=inflight)
                     task.add_done_callback(lambda _t: sem.release())
-                    task.add_done_callback(_log_dispatch_failure)
         finally:
             # Cancelled: let in-flight handlers finish so nothing is handled twice needlessly.
             if inflight:
@@ -316,9 +317,3 @@ class Delivery:
         )
         if jetstream:
             await msg.term()
-
-
-def _log_dispatch_failure(task: asyncio.Task[None]) -> None:
-    # The message stays unacknowledged, so JetStream redelivers it after ack_wait; say why.
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("dispatch failed, message left for redelivery", exc_info=exc)

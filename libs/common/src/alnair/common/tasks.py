@@ -1,9 +1,12 @@
-"""Long-lived asyncio tasks, always started through one guard that names them and logs their end.
+"""Every asyncio task of a service starts here, named, referenced and with its end logged.
 
 A background task that dies silently is the worst kind of outage: the service looks alive and
-does nothing. `spawn` names every task, logs its exit (normal, cancelled, or with the traceback),
-keeps a strong reference so the event loop cannot garbage-collect it, and can call `on_death` so
-the owner may stop the service (crash-only) instead of running half-broken.
+does nothing. `spawn` starts a long-lived task: it names it, logs its exit (normal, cancelled,
+or with the traceback), keeps a strong reference so the event loop cannot garbage-collect it,
+and can call `on_death` so the owner may stop the service (crash-only) instead of running
+half-broken. `in_flight` starts a short one (a binding, a write, one message) in its owner's
+set, so the owner can wait for what is in flight at stop, and logs a failure by name.
+`tests/unit/common/test_task_starts.py` fails on a task started any other way.
 """
 
 from __future__ import annotations
@@ -42,6 +45,23 @@ def spawn(
         log.error("task died", extra={"task": name}, exc_info=exc)
         if on_death is not None:
             on_death(exc)
+
+    task.add_done_callback(_done)
+    return task
+
+
+def in_flight(
+    coro: Coroutine[Any, Any, Any], *, name: str, into: set[asyncio.Task[Any]]
+) -> asyncio.Task[Any]:
+    """Start `coro` as a short task held in `into` until it ends; an exception it ends with is
+    logged with its name (an owner awaiting it sees it too)."""
+    task = asyncio.create_task(coro, name=name)
+    into.add(task)
+
+    def _done(t: asyncio.Task[Any]) -> None:
+        into.discard(t)
+        if not t.cancelled() and (exc := t.exception()) is not None:
+            log.error("task failed", extra={"task": name}, exc_info=exc)
 
     task.add_done_callback(_done)
     return task

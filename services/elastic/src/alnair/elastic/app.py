@@ -129,7 +129,7 @@ async def _lead(elector: LeaderElector, controller: Controller, died: asyncio.Ev
     """Campaign; once leading, reconcile every job (a follower did nothing); when the Lease is
     lost, end the service (crash-only: it comes back as a follower)."""
     campaign = spawn(elector.run(), name="elastic.campaign")
-    leading = asyncio.ensure_future(elector.is_leader.wait())
+    leading = spawn(elector.is_leader.wait(), name="elastic.leading")
     try:
         await asyncio.wait({campaign, leading}, return_when=asyncio.FIRST_COMPLETED)
         if elector.is_leader.is_set():

@@ -44,6 +44,7 @@ import numpy as np
 from alnair.common import dra
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import ApiError, Conflict, KubeClient, NotFound
+from alnair.common.tasks import in_flight
 from alnair.scheduler.cluster.requests import IntArray, Placement, PodRequest
 from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.dra.allocator import (
@@ -349,9 +350,7 @@ class DynamicResources:
         undo = [w for w in written if w.written]
         if undo and self.kube is not None:
             self.taking_back.update(w.claim["metadata"]["uid"] for w in undo)
-            task = asyncio.get_running_loop().create_task(self._take_back(self.kube, undo))
-            self.undoing.add(task)
-            task.add_done_callback(self.undoing.discard)
+            in_flight(self._take_back(self.kube, undo), name="dra.take-back", into=self.undoing)
 
     async def drain(self) -> None:
         """Wait for the `unbind` writes Unreserve started (shutdown, tests)."""

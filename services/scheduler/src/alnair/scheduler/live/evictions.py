@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from alnair.common.kube import PODS, KubeClient, NotFound, Obj
-from alnair.common.tasks import spawn
+from alnair.common.tasks import in_flight
 from alnair.scheduler.cluster.pods import LivePod
 from alnair.scheduler.framework import Nomination, ScheduleResult
 from alnair.scheduler.live.cache import SchedulerCache
@@ -38,7 +39,7 @@ class Evictions:
         metrics: SchedulerMetrics,
         *,
         slots: asyncio.Semaphore,
-        track: Callable[[asyncio.Task[None]], None],
+        in_flight: set[asyncio.Task[Any]],
         pod_by_uid: Callable[[str], Obj | None],
     ) -> None:
         self.kube = kube
@@ -49,7 +50,8 @@ class Evictions:
         self._slots = slots
         """Shared with the Bindings (`max_binds_in_flight`): when that many writes are in
         flight the cycle waits for one to end instead of piling more up."""
-        self._track = track
+        self._in_flight = in_flight
+        """Shared with the Bindings: `stop` waits for both."""
         self._pod_by_uid = pod_by_uid
 
     async def preempt(
@@ -88,12 +90,8 @@ class Evictions:
         if not victims and not patch:
             return
         await self._slots.acquire()
-        self._track(
-            spawn(
-                self._evict(entry, req, nomination, victims, patch),
-                name=f"scheduler.preempt.{entry.key}",
-            )
-        )
+        evicting = self._evict(entry, req, nomination, victims, patch)
+        in_flight(evicting, name=f"scheduler.preempt.{entry.key}", into=self._in_flight)
 
     async def _evict(
         self,

@@ -18,6 +18,7 @@ from typing import Any
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import PODGROUPS, PODS, ApiError, KubeClient, Obj
 from alnair.common.recorder import EventRecorder, EventType
+from alnair.common.tasks import in_flight
 from alnair.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,7 @@ class Reporter:
             except Exception as exc:
                 log.warning("status write failed", extra={"error": repr(exc)})
 
-        task = asyncio.create_task(guarded())
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        in_flight(guarded(), name="scheduler.status-write", into=self._writes)
 
     async def drain(self) -> None:
         """Wait for the writes in flight (at stop)."""

@@ -51,7 +51,7 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
-from alnair.common.tasks import spawn
+from alnair.common.tasks import in_flight, spawn
 from alnair.scheduler.cluster.pods import (
     LivePod,
 )
@@ -121,7 +121,7 @@ class Scheduler(ClusterWatch):
         self.reporter = Reporter(kube, self.metrics)
         self.evictions = Evictions(
             kube, self.cache, self.queue, self.reporter, self.metrics,
-            slots=self._bind_slots, track=self._track, pod_by_uid=self._pod_by_uid,
+            slots=self._bind_slots, in_flight=self._binds, pod_by_uid=self._pod_by_uid,
         )  # fmt: skip
         self._workload: deque[LivePod] = deque(maxlen=settings.workload_window)
         """The latest pod shapes, for the fragmentation-aware policies (bounded: the window)."""
@@ -320,12 +320,8 @@ class Scheduler(ClusterWatch):
         self, entry: QueuedPod, req: LivePod, result: ScheduleResult, framework: Framework
     ) -> None:
         self.queue.binding(entry.uid)
-        self._track(asyncio.create_task(self._bind(entry, req, result, framework)))
-
-    def _track(self, task: asyncio.Task[None]) -> None:
-        """A binding or an eviction in flight (`stop` waits for them)."""
-        self._binds.add(task)
-        task.add_done_callback(self._binds.discard)
+        binding = self._bind(entry, req, result, framework)
+        in_flight(binding, name=f"scheduler.bind.{entry.key}", into=self._binds)
 
     async def _bind(
         self, entry: QueuedPod, req: LivePod, result: ScheduleResult, framework: Framework
