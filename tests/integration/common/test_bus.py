@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from alnair.common.bus import Bus, RemoteError
+from alnair.common.bus import Bus, RemoteError, not_ready
 from alnair.common.errors import PermanentError, TemporaryError
 from alnair.common.events import (
     DeadLetter,
@@ -434,3 +434,27 @@ async def test_a_bus_that_cannot_be_reached_at_start_fails_clearly_in_time() -> 
     assert asyncio.get_running_loop().time() - started < 5
     await asyncio.sleep(0.3)
     assert asyncio.all_tasks() - before == set()
+
+
+async def test_a_consumer_whose_pull_loop_ended_makes_the_bus_not_ready(nats_url: str) -> None:
+    bus = await Bus.connect(nats_url, name="stopped-consumer")
+    handled: list[str] = []
+
+    async def handler(ev: JobEvent, env: Envelope[JobEvent]) -> None:
+        handled.append(ev.name)
+
+    try:
+        kept = await bus.subscribe(JobEvent, handler, durable="kept")
+        left = await bus.subscribe(JobEvent, handler, durable="left")
+        assert bus.ready and not_ready(bus) is None
+        # Stopped on purpose: still ready.
+        await left.stop()
+        assert bus.ready and not_ready(bus) is None
+        # The pull loop ends without a stop (what a bug in it would do): not ready, named.
+        (loop,) = kept.tasks
+        loop.cancel()
+        await asyncio.wait({loop})
+        assert not bus.ready
+        assert not_ready(bus) == "the bus consumer kept stopped consuming"
+    finally:
+        await bus.close()

@@ -92,6 +92,8 @@ def not_ready(bus: Bus | None) -> str | None:
         return None
     if not bus.nc.is_connected:
         return "the bus is not connected"
+    if (stopped := bus.stopped_consumer()) is not None:
+        return f"the bus consumer {stopped} stopped consuming"
     return "the bus is making its streams and consumers again after a reconnect"
 
 
@@ -217,8 +219,17 @@ class Bus:
     def ready(self) -> bool:
         """Connected, and every stream and consumer this client relies on exists again since
         the last reconnect (readiness probes use it: a consumer whose durable vanished with
-        the server's store consumes nothing, and must not look ready)."""
-        return bool(self.nc.is_connected) and self.recovered.is_set()
+        the server's store consumes nothing, and must not look ready), and no consumer's pull
+        loop has ended without being stopped."""
+        return (
+            bool(self.nc.is_connected)
+            and self.recovered.is_set()
+            and self.stopped_consumer() is None
+        )
+
+    def stopped_consumer(self) -> str | None:
+        """A consumer whose pull loop ended though nobody stopped it (None: every one runs)."""
+        return next((sub.name for sub in self._subs if sub.dead), None)
 
     async def _recover(self) -> None:
         """Make again what this client made: the streams and buckets (or look them up, for a

@@ -69,8 +69,15 @@ class Subscription:
         self._subs: list[Any] = []
         self.handled = 0
         self.dead_lettered = 0
+        self._stopped = False
+
+    @property
+    def dead(self) -> bool:
+        """Its pull loop ended without `stop`: nothing more reaches its handler."""
+        return not self._stopped and any(t.done() for t in self.tasks)
 
     async def stop(self) -> None:
+        self._stopped = True
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:
