@@ -53,7 +53,7 @@ from alnair.common.kube import (
     Obj,
 )
 from alnair.common.recorder import EventRecorder
-from alnair.common.tasks import spawn
+from alnair.common.tasks import in_flight, spawn
 from alnair.elastic import manifests as m
 from alnair.elastic.metrics import ElasticMetrics
 from alnair.elastic.scaling import Outcome, ScaleRequest
@@ -201,9 +201,7 @@ class Controller:
         if key in self._kicked:
             return
         self._kicked.add(key)
-        task = spawn(self._kicked_pass(key), name=f"elastic.reconcile.{key}")
-        self._passes.add(task)
-        task.add_done_callback(self._passes.discard)
+        in_flight(self._kicked_pass(key), name=f"elastic.reconcile.{key}", into=self._passes)
 
     async def _kicked_pass(self, key: str) -> None:
         st = self.st(key)

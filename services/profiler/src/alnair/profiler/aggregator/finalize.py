@@ -37,7 +37,7 @@ from alnair.common.events import JobEvent, JobPhase
 from alnair.common.kube import PODS, KubeClient, NotFound, Resource
 from alnair.common.records import ANN_STEPS, ANN_THROUGHPUT, ExecutionRecord, Outcome, record_key
 from alnair.common.retry import Backoff
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, in_flight
 from alnair.profiler.aggregator.owners import annotation, kind_of, number, template_gpus, timestamp
 from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.aggregator.store import ProfileStore
@@ -132,12 +132,11 @@ class Finalizer:
         delay_s: float,
     ) -> None:
         uid = str(obj.get("metadata", {}).get("uid", ""))
-        task = spawn(
+        in_flight(
             self._retry_later(obj, resource, outcome, end_ts, attempt, delay_s),
             name=f"profiler.aggregator.retry-{uid}",
+            into=self._retries,
         )
-        self._retries.add(task)
-        task.add_done_callback(self._retries.discard)
 
     async def _retry_later(
         self,
