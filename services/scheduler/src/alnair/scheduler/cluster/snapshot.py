@@ -37,6 +37,18 @@ from alnair.scheduler.cluster.requests import (
     Placement,
     PodRequest,
 )
+from alnair.scheduler.cluster.terms import PodAffinityTerm
+
+LabelGroup = tuple[str, tuple[tuple[str, str], ...]]
+"""(namespace, labels): placed pods that every selector sees alike."""
+TermGroup = tuple[
+    tuple[PodAffinityTerm, ...],
+    tuple[PodAffinityTerm, ...],
+    tuple[tuple[int, PodAffinityTerm], ...],
+    tuple[tuple[int, PodAffinityTerm], ...],
+]
+"""A placed pod's inter-pod terms: required affinity, required anti-affinity, preferred
+affinity and preferred anti-affinity (namespaces resolved, so the terms alone decide)."""
 
 if TYPE_CHECKING:
     from alnair.scheduler.cluster.books import GangBook, Nominations, Reservations
@@ -74,6 +86,7 @@ class ClusterSnapshot:
     # What a live cluster has, and a trace may: `build` fills neutral values (no labels, no
     # taints, healthy idle GPUs, unlimited pod count), so the plugins reading them skip at once.
     labels: list[dict[str, str]] = field(default_factory=list)
+    """Per node; change one with `set_labels` (the domain codes derived from them follow)."""
     taints: list[tuple[Obj, ...]] = field(default_factory=list)
     """Blocking (NoSchedule/NoExecute) taints per node."""
     tainted: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
@@ -94,6 +107,16 @@ class ClusterSnapshot:
     extra_used: dict[str, IntArray] = field(default_factory=dict)
     pod_termed: dict[str, PodRequest] = field(default_factory=dict)
     """Placed pods with inter-pod terms, by key, so pods without terms cost nothing."""
+    label_groups: dict[LabelGroup, dict[int, int]] = field(default_factory=dict)
+    """Placed pods per (namespace, labels), counted per node: a selector is matched once per
+    group, not once per pod (thousands of replicas share a handful of label sets)."""
+    term_groups: dict[TermGroup, tuple[PodRequest, dict[int, int]]] = field(default_factory=dict)
+    """Placed pods with inter-pod terms per set of terms: one holder speaks for its group,
+    with the group's pods counted per node."""
+    domain_codes: dict[str, tuple[IntArray, list[str]]] = field(default_factory=dict)
+    """Label key -> per node the index of its value in the list (-1: no such label), made on
+    first use by `domains` and dropped when a node's labels change (shared by copies, as the
+    labels are)."""
     gang_placed: dict[str, int] = field(default_factory=dict)
     """Gang -> how many of its members are placed (assumed or bound)."""
     reservations: Reservations | None = None
@@ -177,6 +200,7 @@ class ClusterSnapshot:
             placed=dict(self.placed),
             _index=self._index,
             labels=self.labels,
+            domain_codes=self.domain_codes,
             taints=self.taints,
             tainted=self.tainted,
             unhealthy=self.unhealthy,
@@ -188,12 +212,35 @@ class ClusterSnapshot:
             extra_cap=self.extra_cap,
             extra_used={name: used.copy() for name, used in self.extra_used.items()},
             pod_termed=dict(self.pod_termed),
+            label_groups={k: dict(v) for k, v in self.label_groups.items()},
+            term_groups={k: (h, dict(v)) for k, (h, v) in self.term_groups.items()},
             gang_placed=dict(self.gang_placed),
             reservations=self.reservations,
             gangs=self.gangs,
             budgets=self.budgets,
             nominations=self.nominations,
         )
+
+    def domains(self, key: str) -> tuple[IntArray, list[str]]:
+        """The topology domains of label `key`: per node the index of its value in the list
+        returned beside it, -1 where the node lacks the label."""
+        found = self.domain_codes.get(key)
+        if found is None:
+            values: dict[str, int] = {}
+            codes = np.array(
+                [
+                    -1 if (v := labels.get(key)) is None else values.setdefault(v, len(values))
+                    for labels in self.labels
+                ],
+                dtype=np.int64,
+            )
+            found = self.domain_codes[key] = (codes, list(values))
+        return found
+
+    def set_labels(self, n: int, labels: dict[str, str]) -> None:
+        """Node `n` now carries `labels`."""
+        self.labels[n] = labels
+        self.domain_codes.clear()
 
     def model_mask(self, allowed: frozenset[str]) -> BoolArray:
         """Nodes whose GPU model is in `allowed` (every node when `allowed` is empty)."""
@@ -271,12 +318,38 @@ class ClusterSnapshot:
                 self.pod_termed[pod.key] = pod
             else:
                 self.pod_termed.pop(pod.key, None)
+        self._group(pod, n, sign)
         if pod.gang:
             left = self.gang_placed.get(pod.gang, 0) + sign
             if left > 0:
                 self.gang_placed[pod.gang] = left
             else:
                 self.gang_placed.pop(pod.gang, None)
+
+    def _group(self, pod: PodRequest, n: int, sign: int) -> None:
+        """Count `pod` in (1) or out of (-1) its label group and, with terms, its term group."""
+        group = (pod.namespace, pod.labels)
+        nodes = self.label_groups.get(group) or {}
+        if _tally(nodes, n, sign):
+            self.label_groups[group] = nodes
+        else:
+            self.label_groups.pop(group, None)
+        if pod.has_pod_terms:
+            terms = term_group(pod)
+            holder, held = self.term_groups.get(terms) or (pod, {})
+            if _tally(held, n, sign):
+                self.term_groups[terms] = (holder, held)
+            else:
+                self.term_groups.pop(terms, None)
+
+    def relabel(self, pod: PodRequest) -> None:
+        """Replace a placed pod's request by `pod` (same key and placement, new labels)."""
+        old, placement = self.placed[pod.key]
+        self._group(old, placement.node, -1)
+        self.placed[pod.key] = (pod, placement)
+        if pod.key in self.pod_termed:
+            self.pod_termed[pod.key] = pod
+        self._group(pod, placement.node, 1)
 
     def assume(self, pod: PodRequest, placement: Placement) -> None:
         """Account `pod` on its placement (before the bind completes, as upstream does)."""
@@ -316,3 +389,19 @@ class ClusterSnapshot:
         self.generation[n] += 1
         self.count(pod, n, -1)
         return pod, placement
+
+
+def term_group(pod: PodRequest) -> TermGroup:
+    """The key of `pod`'s term group (see `ClusterSnapshot.term_groups`)."""
+    return (pod.pod_affinity, pod.pod_anti_affinity, pod.pod_preferences, pod.pod_aversions)
+
+
+def _tally(nodes: dict[int, int], n: int, sign: int) -> int:
+    """Add `sign` to node `n`'s count in `nodes` (dropping a count that reaches 0); returns
+    how many nodes still count."""
+    left = nodes.get(n, 0) + sign
+    if left > 0:
+        nodes[n] = left
+    else:
+        nodes.pop(n, None)
+    return len(nodes)

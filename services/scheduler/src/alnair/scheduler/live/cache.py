@@ -197,7 +197,7 @@ class SchedulerCache:
                 i = self._snap.node_index(info.spec.name)
                 self._snap.taints[i] = info.taints
                 self._snap.tainted[i] = bool(info.taints)
-                self._snap.labels[i] = info.labels
+                self._snap.set_labels(i, info.labels)
                 self._snap.generation[i] += 1
             return len(info.taints) < len(old.taints) or old.labels != info.labels
         return False
@@ -254,9 +254,7 @@ class SchedulerCache:
             if labels != req.labels:  # relabelled: selectors must see the new labels
                 req = replace(req, labels=labels)
                 if self._snap is not None and uid in self._snap.placed:
-                    self._snap.placed[uid] = (req, self._snap.placed[uid][1])
-                    if uid in self._snap.pod_termed:
-                        self._snap.pod_termed[uid] = req
+                    self._snap.relabel(req)
             self.bound[uid] = (req, known[1], pod)  # keep the latest status (phase)
             return None
         # Bound by whoever: what it holds counts, even where its request cannot be read.

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from alnair.scheduler.cluster.requests import BoolArray, FloatArray, IntArray, PodRequest
-from alnair.scheduler.cluster.snapshot import ClusterSnapshot
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot, term_group
 from alnair.scheduler.cluster.terms import (
     PodAffinityTerm,
     SpreadConstraint,
@@ -185,11 +185,15 @@ class InterPodAffinity:
                 unmet |= ~_in_domains(live, term.topology_key, domains)
             for term in pod.pod_anti_affinity:
                 repelled |= _in_domains(live, term.topology_key, _domains(live, term, others))
-        for holder, node in _placed_with_terms(live, pod):
+        held_off: dict[str, set[str]] = {}
+        for holder, holding in _placed_with_terms(live, pod):
             for term in holder.pod_anti_affinity:
-                value = live.labels[node].get(term.topology_key)
-                if value is not None and term.covers(pod.namespace, own):
-                    repelled |= _in_domains(live, term.topology_key, {value})
+                if term.covers(pod.namespace, own):
+                    held_off.setdefault(term.topology_key, set()).update(
+                        _values(live, term.topology_key, holding)
+                    )
+        for key, values in held_off.items():
+            repelled |= _in_domains(live, key, values)
         blocked_anti = repelled[nodes]
         blocked_aff = unmet[nodes] & ~blocked_anti
         return NodeVerdicts(
@@ -201,18 +205,23 @@ class InterPodAffinity:
         )
 
 
-Placed = list[tuple[PodRequest, dict[str, str], int]]
-"""Placed pods with their labels as a dict and their node index (see `_others`)."""
+Placed = list[tuple[str, dict[str, str], Mapping[int, int]]]
+"""Placed pods by label group: namespace, labels as a dict, and how many of them each node
+holds (see `_others`)."""
+
+
+def _values(live: ClusterSnapshot, key: str, nodes: Iterable[int]) -> set[str]:
+    """The values of label `key` on `nodes` (nodes without it add none)."""
+    labels = live.labels
+    return {v for n in nodes if (v := labels[n].get(key)) is not None}
 
 
 def _domains(live: ClusterSnapshot, term: PodAffinityTerm, pods: Placed) -> set[str]:
     """The topology values of the nodes holding a pod that `term` selects."""
     found: set[str] = set()
-    for other, labels, node in pods:
-        if term.covers(other.namespace, labels):
-            value = live.labels[node].get(term.topology_key)
-            if value is not None:
-                found.add(value)
+    for namespace, labels, nodes in pods:
+        if term.covers(namespace, labels):
+            found |= _values(live, term.topology_key, nodes)
     return found
 
 
@@ -220,23 +229,53 @@ def _in_domains(live: ClusterSnapshot, key: str, domains: set[str]) -> BoolArray
     """Per node: does its `key` label hold one of `domains`?"""
     if not domains:
         return np.zeros(len(live.names), dtype=np.bool_)
-    return np.array([labels.get(key) in domains for labels in live.labels], dtype=np.bool_)
+    codes, values = live.domains(key)
+    wanted = [i for i, value in enumerate(values) if value in domains]
+    found: BoolArray = np.isin(codes, wanted)
+    return found
+
+
+def _without(nodes: Mapping[int, int], node: int) -> dict[int, int]:
+    """`nodes` with one pod fewer on `node`."""
+    left = dict(nodes)
+    if left.get(node, 0) > 1:
+        left[node] -= 1
+    else:
+        left.pop(node, None)
+    return left
 
 
 def _others(live: ClusterSnapshot, pod: PodRequest) -> Placed:
-    """The placed pods other than `pod`, with their labels and node index."""
-    return [
-        (q, dict(q.labels), placed.node) for q, placed in live.placed.values() if q.key != pod.key
-    ]
+    """The placed pods other than `pod`, by label group (a selector is matched once per
+    group, whatever the number of replicas in it)."""
+    own = live.placed.get(pod.key)
+    found: Placed = []
+    for (namespace, labels), holding in live.label_groups.items():
+        nodes: Mapping[int, int] = holding
+        if own is not None and (own[0].namespace, own[0].labels) == (namespace, labels):
+            nodes = _without(holding, own[1].node)
+            if not nodes:
+                continue
+        found.append((namespace, dict(labels), nodes))
+    return found
 
 
-def _placed_with_terms(live: ClusterSnapshot, pod: PodRequest) -> list[tuple[PodRequest, int]]:
-    """The placed pods other than `pod` that carry inter-pod terms, with their node index."""
-    found = []
-    for key, holder in live.pod_termed.items():
-        placed = live.placed.get(key)
-        if placed is not None and key != pod.key:
-            found.append((holder, placed[1].node))
+def _placed_with_terms(
+    live: ClusterSnapshot, pod: PodRequest
+) -> list[tuple[PodRequest, Mapping[int, int]]]:
+    """The placed pods other than `pod` that carry inter-pod terms: one holder per set of
+    terms, with how many pods carrying them each node holds."""
+    own = live.placed.get(pod.key)
+    mine = term_group(own[0]) if own is not None and own[0].has_pod_terms else None
+    found: list[tuple[PodRequest, Mapping[int, int]]] = []
+    for terms, (holder, holding) in live.term_groups.items():
+        nodes: Mapping[int, int] = holding
+        if terms == mine:
+            assert own is not None
+            nodes = _without(holding, own[1].node)
+            if not nodes:
+                continue
+        found.append((holder, nodes))
     return found
 
 
@@ -258,24 +297,33 @@ def _spread_counts(
     constraint: SpreadConstraint,
     keys: set[str],
     others: Placed,
-) -> dict[str, int]:
+) -> tuple[IntArray, BoolArray]:
     """Matching pods (the pod's namespace, the constraint's selector) per domain of the
-    constraint's key, over the eligible nodes: those carrying every key in `keys` and admitted
-    by the inclusion policies. Every eligible domain is present, with 0 when it has none."""
-    admitted = _admitted(live, pod, constraint)
-    eligible = [
-        admitted[n] and all(k in labels for k in keys) for n, labels in enumerate(live.labels)
-    ]
-    key = constraint.topology_key
-    counts = {live.labels[n][key]: 0 for n, ok in enumerate(eligible) if ok}
-    for other, labels, node in others:
-        if (
-            eligible[node]
-            and other.namespace == pod.namespace
-            and constraint.selector.matches(labels)
-        ):
-            counts[live.labels[node][key]] += 1
-    return counts
+    constraint's key (indexed as `ClusterSnapshot.domains` numbers them), over the eligible
+    nodes: those carrying every key in `keys` and admitted by the inclusion policies; and which
+    domains are eligible (hold at least one eligible node)."""
+    eligible = _admitted(live, pod, constraint)
+    for k in keys:
+        eligible &= live.domains(k)[0] >= 0
+    codes, values = live.domains(constraint.topology_key)
+    present = np.zeros(len(values), dtype=np.bool_)
+    present[codes[eligible]] = True
+    counts = np.zeros(len(values), dtype=np.int64)
+    for namespace, labels, holding in others:
+        if namespace == pod.namespace and constraint.selector.matches(labels):
+            for node, pods in holding.items():
+                if eligible[node]:
+                    counts[codes[node]] += pods
+    return counts, present
+
+
+def _per_node(live: ClusterSnapshot, key: str, nodes: IntArray, counts: IntArray) -> IntArray:
+    """Each of `nodes`' domain count (0 for a node without the `key` label)."""
+    codes = live.domains(key)[0][nodes]
+    if not counts.size:  # no node has the label
+        return np.zeros(nodes.size, dtype=np.int64)
+    found: IntArray = np.where(codes >= 0, counts[np.maximum(codes, 0)], 0)
+    return found
 
 
 class PodTopologySpread:
@@ -312,15 +360,11 @@ class PodTopologySpread:
         missing = np.zeros(nodes.size, dtype=np.bool_)
         skewed = np.zeros(nodes.size, dtype=np.bool_)
         for c in constraints:
-            counts = _spread_counts(live, pod, c, keys, others)
-            floor = min(counts.values()) if len(counts) >= c.min_domains else 0
+            counts, present = _spread_counts(live, pod, c, keys, others)
+            floor = int(counts[present].min()) if int(present.sum()) >= c.min_domains else 0
             mine = 1 if c.selector.matches(own) else 0
-            for k, n in enumerate(nodes.tolist()):
-                value = live.labels[n].get(c.topology_key)
-                if value is None:
-                    missing[k] = True
-                elif counts.get(value, 0) + mine - floor > c.max_skew:
-                    skewed[k] = True
+            missing |= live.domains(c.topology_key)[0][nodes] < 0
+            skewed |= _per_node(live, c.topology_key, nodes, counts) + mine - floor > c.max_skew
         skewed &= ~missing
         return NodeVerdicts(
             passed=~(missing | skewed),
@@ -339,15 +383,13 @@ class PodTopologySpread:
         raw = np.zeros(nodes.size, dtype=np.float64)
         lacking = np.zeros(nodes.size, dtype=np.bool_)
         for c in constraints:
-            counts = _spread_counts(live, pod, c, keys, others)
+            counts, present = _spread_counts(live, pod, c, keys, others)
             # More domains make a constraint weigh more (one pod moves its skew less).
-            weight = math.log(len(counts) + 2)
-            for k, n in enumerate(nodes.tolist()):
-                value = live.labels[n].get(c.topology_key)
-                if value is None:
-                    lacking[k] = True
-                else:
-                    raw[k] += weight * (counts.get(value, 0) + c.max_skew - 1)
+            weight = math.log(int(present.sum()) + 2)
+            without = live.domains(c.topology_key)[0][nodes] < 0
+            lacking |= without
+            here = _per_node(live, c.topology_key, nodes, counts) + c.max_skew - 1
+            raw += np.where(without, 0.0, weight * here)
         ranked = ~lacking
         if not ranked.any():
             return np.zeros(nodes.size, dtype=np.float64)
@@ -398,16 +440,18 @@ class PreferredInterPodAffinity:
                 by_domain[domain] = by_domain.get(domain, 0.0) + weight
 
         if weighted:
-            for other, labels, node in _others(live, pod):
+            for namespace, labels, holding in _others(live, pod):
                 for weight, term in weighted:
-                    if term.covers(other.namespace, labels):
-                        add(term, node, weight)
+                    if term.covers(namespace, labels):
+                        for node, pods in holding.items():
+                            add(term, node, weight * pods)
         own = dict(pod.labels)
-        for holder, node in _placed_with_terms(live, pod):
+        for holder, holding in _placed_with_terms(live, pod):
             terms = [(float(HARD_POD_AFFINITY_WEIGHT), t) for t in holder.pod_affinity]
             for weight, term in terms + _signed(holder):
                 if term.covers(pod.namespace, own):
-                    add(term, node, weight)
+                    for node, pods in holding.items():
+                        add(term, node, weight * pods)
         if not by_domain:
             return zeros
         keys = {key for key, _value in by_domain}
