@@ -88,13 +88,7 @@ class RemoteError(PermanentError):
 
 def not_ready(bus: Bus | None) -> str | None:
     """Why a service's bus keeps it from being ready (None: ready, or it has no bus)."""
-    if bus is None or bus.ready:
-        return None
-    if not bus.nc.is_connected:
-        return "the bus is not connected"
-    if (stopped := bus.stopped_consumer()) is not None:
-        return f"the bus consumer {stopped} stopped consuming"
-    return "the bus is making its streams and consumers again after a reconnect"
+    return None if bus is None else bus.why_not_ready()
 
 
 class Bus:
@@ -226,6 +220,16 @@ class Bus:
             and self.recovered.is_set()
             and self.stopped_consumer() is None
         )
+
+    def why_not_ready(self) -> str | None:
+        """Why this bus keeps its service from being ready (None: it is ready)."""
+        if self.ready:
+            return None
+        if not self.nc.is_connected:
+            return "the bus is not connected"
+        if (stopped := self.stopped_consumer()) is not None:
+            return f"the bus consumer {stopped} stopped consuming"
+        return "the bus is making its streams and consumers again after a reconnect"
 
     def stopped_consumer(self) -> str | None:
         """A consumer whose pull loop ended though nobody stopped it (None: every one runs)."""

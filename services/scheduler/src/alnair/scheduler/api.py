@@ -10,17 +10,19 @@ Errors are RFC 7807 problem responses.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from alnair.common.bus import Bus, not_ready
 from alnair.common.http import install_problem_handlers, problem
 from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.kube import NotFound
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
 from alnair.scheduler.live.scheduler import Scheduler
+
+if TYPE_CHECKING:  # the NATS client is imported only by a scheduler that connects to NATS
+    from alnair.common.bus import Bus
 
 
 def build_api(scheduler: Scheduler, bus: Bus | None = None) -> FastAPI:
@@ -58,7 +60,7 @@ def build_api(scheduler: Scheduler, bus: Bus | None = None) -> FastAPI:
     async def readyz() -> dict[str, str] | JSONResponse:
         # A dead or failing watch freezes the scheduler's view of the cluster: not ready,
         # with which informer and why, instead of serving decisions from a stale cache.
-        if (why := not_ready(bus)) is not None:
+        if bus is not None and (why := bus.why_not_ready()) is not None:
             return problem(503, "Not Ready", why)
         if (stale := informers_not_ready(scheduler.informers())) is not None:
             reason, informers = stale

@@ -11,19 +11,21 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alnair.common.bus import Bus
 from alnair.common.http import start_http
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector
 from alnair.common.logs import setup_logging
 from alnair.common.memtrace import install as trace_memory
 from alnair.common.tasks import first_of, on_stop_signals, spawn
-from alnair.scheduler import handlers
 from alnair.scheduler.api import build_api
 from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.settings import SchedulerSettings
+
+if TYPE_CHECKING:
+    from alnair.common.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,10 @@ async def serve(settings: SchedulerSettings) -> int:
     bus: Bus | None = None
     inventory: asyncio.Task[None] | None = None
     if settings.nats_enabled:
+        # The NATS client (a second of imports on a busy node) only where it is used.
+        from alnair.common.bus import Bus
+        from alnair.scheduler import handlers
+
         bus = await Bus.connect(
             settings.nats_url,
             name=f"scheduler-{settings.identity}",

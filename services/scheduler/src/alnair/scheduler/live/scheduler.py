@@ -207,6 +207,10 @@ class Scheduler(ClusterWatch):
                     log.exception("scheduling cycle failed", extra={"pod": entry.key})
                     self.metrics.attempts.labels(result="error").inc()
                     self.queue.backoff(entry)
+                # A cycle awaits nothing, nor does `pop` while pods wait: without this the
+                # Bindings it started (and the watch events) would wait for the whole queue
+                # to drain, and the first pod would bind only after the last was placed.
+                await asyncio.sleep(0)
         finally:
             self.scheduling.clear()
 
