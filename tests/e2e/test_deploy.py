@@ -109,6 +109,7 @@ EXPECTATIONS = [
             Access("get", "leases", "coordination.k8s.io", namespace=NS),
             Access("create", "leases", "coordination.k8s.io", namespace=NS),
             Access("update", "leases", "coordination.k8s.io", namespace=NS),
+            Access("watch", "leases", "coordination.k8s.io", namespace=NS),
             Access("watch", "resourceslices", "resource.k8s.io"),
             Access("list", "deviceclasses", "resource.k8s.io"),
             Access("watch", "resourceclaims", "resource.k8s.io"),

@@ -33,7 +33,17 @@ import numpy as np
 import pytest
 
 from alnair.common import resources as r
-from alnair.common.kube import EVENTS, JOBS, LEASES, PODS, KubeClient, NotFound, Obj, Resource
+from alnair.common.kube import (
+    EVENTS,
+    JOBS,
+    LEASES,
+    PODS,
+    ApiError,
+    KubeClient,
+    NotFound,
+    Obj,
+    Resource,
+)
 from alnair.common.leader import LeaderElector, NotLeading
 from alnair.dev.builders import make_pod
 from alnair.dev.elastic import start_controller
@@ -99,6 +109,59 @@ async def test_a_follower_whose_clock_runs_30s_ahead_does_not_take_the_lease(
             await asyncio.wait_for(ahead.is_leader.wait(), FAST["lease_duration_s"] + 2)
             assert time.monotonic() - stopped <= FAST["lease_duration_s"] + 1.0
             assert not follower.done()
+
+
+SLOW_POLL = {"lease_duration_s": 2.0, "renew_deadline_s": 1.8, "retry_period_s": 1.5}
+"""A retry period of three quarters of the lease: a follower that polled would see the
+leader's last renewal up to 1.5 s late, and take over that much after the lease expired."""
+
+
+async def _standby_takeover(kube: KubeClient, namespace: str, lease: str) -> tuple[float, bool]:
+    """A leads and B follows (`SLOW_POLL`); A dies right after a renewal. Returns how long B
+    took to lead after A's death, and whether B's watch ran."""
+    a = elector(kube, namespace, lease, "a", **SLOW_POLL)
+    b = elector(kube, namespace, lease, "b", **SLOW_POLL)
+    async with campaigning(a):
+        await asyncio.wait_for(a.is_leader.wait(), 5)
+        async with campaigning(b):
+            await wait_for(lambda: b.holder() == "a", 10, 0.05)
+            await asyncio.sleep(2 * SLOW_POLL["retry_period_s"])  # renewals seen meanwhile
+            watched = b.watching
+            acked = a._acked_at
+            await wait_for(lambda: a._acked_at != acked, 5, 0.01)  # a renewal just went out
+            stopped = time.monotonic()
+            await _kill(a)
+            await asyncio.wait_for(b.is_leader.wait(), 10)
+            return time.monotonic() - stopped, watched
+
+
+async def test_a_standby_watching_the_lease_takes_over_when_it_expires_not_a_poll_later(
+    kube: KubeClient, namespace: str
+) -> None:
+    took, watched = await _standby_takeover(kube, namespace, "watched")
+    assert watched
+    # Never before the lease expired (the last renewal was written after A's death began),
+    # and within 0.5 s of it: a follower polling every 1.5 s would take up to 1.5 s more.
+    assert SLOW_POLL["lease_duration_s"] - 0.3 <= took <= SLOW_POLL["lease_duration_s"] + 0.5
+
+
+class _NoWatch(KubeClient):
+    """The admin client, refused every watch (an API server or role that does not allow it)."""
+
+    async def watch(self, *_a: Any, **_k: Any) -> Any:  # type: ignore[override]
+        raise ApiError(403, "Forbidden", "watch refused by the test", "/leases")
+        yield  # an async generator, as the real one
+
+
+async def test_a_standby_refused_the_watch_polls_and_still_takes_over(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    client = _NoWatch.from_config(str(control_plane.kubeconfig))
+    async with client:
+        took, watched = await _standby_takeover(client, namespace, "polled")
+    assert not watched
+    limit = SLOW_POLL["lease_duration_s"] + SLOW_POLL["retry_period_s"] + 1.0
+    assert SLOW_POLL["lease_duration_s"] - 0.3 <= took <= limit
 
 
 async def _kill(e: LeaderElector) -> None:

@@ -15,6 +15,14 @@ controller's resizes): at most one replica acts at a time.
   is never sent.
 - **Updates carry the resourceVersion read**, so of several contenders one wins.
 - **Handing back.** `release()` on a clean shutdown lets a follower take over at once.
+- **A follower watches the Lease** (a watch on its name, from the version it last read): it
+  sees each renewal when it is written, and tries to take the lease at the moment it expires
+  by its own clock, or at once when it is handed back or deleted. Polling every
+  `retry_period_s` saw a renewal up to one period late, so a standby took over up to a period
+  after the lease was free; with the watch it takes over within the lease duration of the
+  leader's last renewal, plus the watch's delivery and one read and write. Should the watch
+  fail (an API server that refuses it), the follower polls every `retry_period_s` as before;
+  either way the take-over itself is the conditional update, never the watch's word.
 
 Renewals are heartbeats every `retry_period_s`: "still alive" is not an event, so this is the
 one periodic write the services make.
@@ -23,6 +31,7 @@ one periodic write the services make.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -30,7 +39,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from alnair.common.kube import LEASES, ApiError, Conflict, KubeClient, NotFound, Obj, Unavailable
+from alnair.common.kube import (
+    LEASES,
+    ApiError,
+    Conflict,
+    Gone,
+    KubeClient,
+    NotFound,
+    Obj,
+    Unavailable,
+)
 from alnair.common.settings import LeaderElectionSettings
 
 log = logging.getLogger(__name__)
@@ -76,6 +94,14 @@ class LeaderElector:
         self.lost = asyncio.Event()
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._held_for = lease_duration_s
+        """The `leaseDurationSeconds` of the record last seen."""
+        self._version: str | None = None
+        """The resourceVersion of the Lease last seen (where the follower's watch starts)."""
+        self._changed = asyncio.Event()
+        """Set whenever the record seen changes (or the Lease is gone)."""
+        self.watching = False
+        """Whether the follower's watch on the Lease is running (else it polls)."""
         self._acked_at: float | None = None
         """When (our clock) the last acquisition or renewal that succeeded was sent."""
 
@@ -93,17 +119,24 @@ class LeaderElector:
         """Who held the Lease when this replica last looked (None: not seen yet, or free)."""
         return str(self._observed[0]) if self._observed and self._observed[0] else None
 
-    def _observe(self, lease: Obj) -> None:
-        spec = lease.get("spec") or {}
-        record = (
-            spec.get("holderIdentity"),
-            spec.get("renewTime"),
-            spec.get("acquireTime"),
-            spec.get("leaseTransitions"),
-        )
+    def _observe(self, lease: Obj | None) -> None:
+        """Remember the record of `lease` (None: there is none) and when it last changed."""
+        if lease is None:
+            record: tuple[Any, ...] | None = None
+        else:
+            spec = lease.get("spec") or {}
+            record = (
+                spec.get("holderIdentity"),
+                spec.get("renewTime"),
+                spec.get("acquireTime"),
+                spec.get("leaseTransitions"),
+            )
+            self._held_for = float(spec.get("leaseDurationSeconds") or self.duration)
+            self._version = (lease.get("metadata") or {}).get("resourceVersion", self._version)
         if record != self._observed:
             self._observed = record
             self._observed_at = self.clock()
+            self._changed.set()
 
     def _body(self, lease: Obj | None, acquire: bool) -> Obj:
         now = _fmt(self.wall())
@@ -131,6 +164,7 @@ class LeaderElector:
         except NotFound:
             lease = None
         if lease is None:
+            self._observe(None)
             try:
                 made = await self.kube.create(LEASES, self._body(None, True), self.namespace)
             except Conflict:
@@ -138,10 +172,8 @@ class LeaderElector:
             self._acked(made, sent)
             return True
         self._observe(lease)
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        held_for = float(spec.get("leaseDurationSeconds") or self.duration)
-        if holder and holder != self.identity and self.clock() < self._observed_at + held_for:
+        holder = (lease.get("spec") or {}).get("holderIdentity")
+        if holder and holder != self.identity and self.clock() < self._observed_at + self._held_for:
             return False  # someone else's, and it changed less than its duration ago
         try:
             written = await self.kube.replace(LEASES, self._body(lease, holder != self.identity))
@@ -157,15 +189,24 @@ class LeaderElector:
     async def run(self) -> None:
         """Campaign until leading, then renew until cancelled or the lease is lost (then
         `lost` is set and this returns: crash-only callers exit and come back as followers)."""
-        while True:
-            try:
-                leading = await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline)
-            except (TimeoutError, ApiError, Unavailable) as exc:
-                log.warning("lease campaign failed", extra={"error": str(exc) or "timed out"})
-                leading = False
-            if leading:
-                break
-            await asyncio.sleep(self.retry_period)
+        follow = asyncio.create_task(self._follow(), name=f"leader.{self.name}.follow")
+        try:
+            while True:
+                try:
+                    leading = await asyncio.wait_for(
+                        self.try_acquire_or_renew(), self.renew_deadline
+                    )
+                except (TimeoutError, ApiError, Unavailable) as exc:
+                    log.warning("lease campaign failed", extra={"error": str(exc) or "timed out"})
+                    leading = False
+                if leading:
+                    break
+                await self._until_free()
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+            self.watching = False
         log.info("became leader", extra={"identity": self.identity, "lease": self.name})
         self.is_leader.set()
         while True:
@@ -187,6 +228,62 @@ class LeaderElector:
                 self.is_leader.clear()
                 self.lost.set()
                 return
+
+    def _free_in(self) -> float:
+        """Seconds until the lease is free by this replica's clock (0: free now)."""
+        if self._observed is None or not self._observed[0]:
+            return 0.0  # none, or handed back
+        return max(0.0, self._observed_at + self._held_for - self.clock())
+
+    async def _until_free(self) -> None:
+        """Wait until the lease may be taken: the moment it expires by this replica's clock,
+        recomputed whenever the watch shows a change, and at once when it is handed back or
+        deleted. Without a running watch, at most `retry_period_s` (polling)."""
+        while True:
+            wait = self._free_in()
+            if not self.watching:
+                wait = min(wait, self.retry_period)
+            if wait <= 0:
+                return
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), wait)
+            except TimeoutError:
+                return
+
+    async def _follow(self) -> None:
+        """Watch the Lease by name from the version last read, noting every change (the
+        campaign's reads give the version; a watch that breaks resumes, one that fails leaves
+        the campaign polling until it runs again)."""
+        selector = f"metadata.name={self.name}"
+        while True:
+            version = self._version
+            if version is None:  # no read yet (or too old): the campaign's next one gives it
+                await asyncio.sleep(self.retry_period)
+                continue
+            try:
+                self.watching = True
+                async for kind, lease in self.kube.watch(
+                    LEASES, self.namespace, resource_version=version, field_selector=selector
+                ):
+                    if kind == "BOOKMARK":
+                        self._version = (lease.get("metadata") or {}).get("resourceVersion")
+                    elif kind == "DELETED":
+                        self._observe(None)
+                    else:
+                        self._observe(lease)
+            except Gone:
+                self._version = None  # too old: the next read starts it again
+            except (ApiError, Unavailable) as exc:
+                self.watching = False
+                self._changed.set()  # the campaign falls back to polling now
+                log.warning(
+                    "cannot watch the lease; polling it",
+                    extra={"lease": self.name, "error": str(exc)},
+                )
+                await asyncio.sleep(self.retry_period)
+            finally:
+                self.watching = False
 
     async def release(self) -> None:
         """Give the lease up on a clean shutdown so a follower takes over at once."""
