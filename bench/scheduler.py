@@ -18,6 +18,11 @@ alternates between repetitions and workloads), one trial:
    GPU for Alnair's annotated indices, per node otherwise; the workload's own constraint held)
    and the pods are deleted.
 
+Then, for Alnair (`--no-takeover` skips it), `--repeats` take-over trials: a leader and a warm
+standby with leader election as shipped (lease 15 s), the leader SIGKILLed, 20 pods created
+at once: `takeover.takeover_s` is the time from the kill to the standby's first bind, to be
+within the lease duration plus one second.
+
 Binds are seen on a watch, never by polling. Client limits, as scheduler_perf sets them:
 kube-scheduler's client QPS and burst 5000 (`clientConnection`); Alnair has no client-side
 rate limiter, its equivalent is `max_binds_in_flight` (256 concurrent Bindings, its default).
@@ -47,6 +52,8 @@ import itertools
 import json
 import math
 import os
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -55,6 +62,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from alnair.common import resources as r
 from alnair.common.kube import (
@@ -282,6 +291,27 @@ def schedulers(
         Scheduler("alnair", "alnair", alnair),
         Scheduler("kube_scheduler", "default-scheduler", upstream),
     ]
+
+
+def alnair_replica(
+    cp: ControlPlane, work: Path, identity: str, lease_namespace: str, policy: str
+) -> tuple[ManagedProcess, int]:
+    """One Alnair replica with leader election as shipped (lease 15 s, renew deadline 10 s,
+    retry 2 s: the settings' defaults), and its HTTP port."""
+    port = free_port()
+    env = {
+        "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
+        "ALNAIR_SCHEDULER_LEADER_ELECT": "true",
+        "ALNAIR_SCHEDULER_IDENTITY": identity,
+        "ALNAIR_SCHEDULER_LEASE_NAMESPACE": lease_namespace,
+        "ALNAIR_SCHEDULER_NATS_ENABLED": "false",
+        "ALNAIR_SCHEDULER_HTTP_PORT": str(port),
+        "ALNAIR_SCHEDULER_HTTP_HOST": "127.0.0.1",
+        "ALNAIR_SCHEDULER_POLICY": policy,
+        "ALNAIR_LOG_LEVEL": "warning",
+    }
+    argv = [sys.executable, "-m", "alnair.scheduler"]
+    return ManagedProcess(f"alnair-scheduler-{identity}", argv, work / "logs", env=env), port
 
 
 def noop_scheduler(cp: ControlPlane, work: Path) -> Scheduler:
@@ -545,6 +575,80 @@ async def trial(
     return result
 
 
+TAKEOVER_PODS = 20
+"""Pods created right after the leader's death (the standby's first bind ends the wait)."""
+
+
+async def takeover_trial(
+    kube: KubeClient, cp: ControlPlane, work: Path, args: argparse.Namespace, rep: int
+) -> dict[str, Any]:
+    """Alnair's failover, on the basic workload: a leader and a warm standby (both synced,
+    the standby following the Lease); the leader is SIGKILLed (no hand-back), pods arrive at
+    once; `takeover_s` is the time from the kill to the standby's first bind. The bound is
+    the lease duration plus one second (the standby must wait out the lease it last saw
+    renewed, and the leader may have renewed just before it died)."""
+    ns = f"b-takeover-{rep}"
+    await kube.create(
+        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
+    leader, _ = alnair_replica(cp, work, f"leader-{rep}", ns, args.policy)
+    standby, standby_port = alnair_replica(cp, work, f"standby-{rep}", ns, args.policy)
+    sched = Scheduler("alnair", "alnair", leader)
+    listing = await kube.list(PODS, ns, limit=1)
+    binds = Binds()
+    watcher = asyncio.create_task(binds.follow(kube, ns, listing["metadata"]["resourceVersion"]))
+    result: dict[str, Any] = {"lease_duration_s": 15.0, "pods": TAKEOVER_PODS}
+    try:
+        leader.start()
+        warm = make_pod("basic", ns, "warm-up", 0, "alnair")
+        await create_all(kube, [(PODS, warm)], 1)
+        await binds.wait_for({"warm-up"}, sched, watcher, args.timeout_s)
+        if "warm-up" not in binds.at:
+            raise RuntimeError(f"the leader never bound: {leader.tail()}")
+        standby.start()
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            deadline = time.monotonic() + args.timeout_s
+            while True:  # synced, following (a follower is ready with leading=false)
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = await http.get(f"http://127.0.0.1:{standby_port}/readyz")
+                    if answer.status_code == 200:
+                        break
+                if time.monotonic() > deadline or not standby.alive():
+                    raise RuntimeError(f"the standby never got ready: {standby.tail()}")
+                await asyncio.sleep(0.2)
+        await asyncio.sleep(3.0)  # a few renewals seen by the standby's watch
+        assert leader.proc is not None
+        os.killpg(leader.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        pods = [
+            (PODS, make_pod("basic", ns, f"t-{i:03d}", i, "alnair")) for i in range(TAKEOVER_PODS)
+        ]
+        await create_all(kube, pods, TAKEOVER_PODS)
+        names = {obj["metadata"]["name"] for _, obj in pods}
+        await binds.wait_for(names, Scheduler("alnair", "alnair", standby), watcher, 60.0)
+        landed = [binds.at[n] for n in names if n in binds.at]
+        result |= {
+            "takeover_s": round(min(landed) - killed, 3) if landed else None,
+            "all_bound_s": round(max(landed) - killed, 3) if len(landed) == len(names) else None,
+            "bound": len(landed),
+        }
+        result["within_lease_plus_1s"] = (
+            result["takeover_s"] is not None
+            and result["takeover_s"] <= result["lease_duration_s"] + 1.0
+        )
+    finally:
+        leader.stop()
+        standby.stop()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    print(json.dumps({"trial": "takeover", "rep": rep, **result}), file=sys.stderr, flush=True)
+    await delete_all(kube, ns)
+    with contextlib.suppress(Exception):
+        await kube.delete(NAMESPACES, ns)
+    return result
+
+
 def spread(values: list[float | None]) -> dict[str, float | None]:
     got = [v for v in values if v is not None]
     if not got:
@@ -658,6 +762,18 @@ async def main_async(args: argparse.Namespace, cp: ControlPlane, work: Path) -> 
                     runs.append(await trial(kube, cluster, args, workload, sched, rep, steady_pods))  # noqa: PERF401
             report["workloads"][workload] = summarise(workload, args, steady_pods, runs)
             report["workloads"][workload]["trials"] = runs
+        if args.takeover:
+            takeovers = [
+                await takeover_trial(kube, cp, work, args, rep) for rep in range(args.repeats)
+            ]
+            times = [t.get("takeover_s") for t in takeovers]
+            report["takeover"] = {
+                "workload": "basic",
+                "lease_duration_s": 15.0,
+                "takeover_s": spread(times),
+                "within_lease_plus_1s": all(t.get("within_lease_plus_1s") for t in takeovers),
+                "trials": takeovers,
+            }
     gang, basic = report["workloads"].get("gang"), report["workloads"].get("basic")
     if gang and basic and coscheduling_binary() is None and basic["alnair_pods_per_s"]:
         # no gang-aware kube-scheduler to compare with: what gangs cost Alnair itself
@@ -700,6 +816,12 @@ def main() -> int:
         "--alnair-profile", default=None, help="run Alnair under cProfile: PATH.<workload>.<n>"
     )
     parser.add_argument("--keep-trials", action="store_true", help="keep every trial in the JSON")
+    parser.add_argument(
+        "--no-takeover",
+        dest="takeover",
+        action="store_false",
+        help="skip Alnair's standby take-over trials (leader SIGKILLed, standby binds)",
+    )
     args = parser.parse_args()
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := [w for w in args.workloads if w not in WORKLOADS]:
@@ -717,9 +839,12 @@ def main() -> int:
         result = asyncio.run(main_async(args, cp, work))
     finally:
         cp.stop()
+        shutil.rmtree(work, ignore_errors=True)
     if not args.keep_trials:
         for w in result["workloads"].values():
             w.pop("trials", None)
+        if "takeover" in result:
+            result["takeover"].pop("trials", None)
     print(json.dumps(result))
     return 0
 
