@@ -20,6 +20,7 @@ from alnair.scheduler.framework import CycleState
 from alnair.scheduler.plugins.constraints import (
     HARD_POD_AFFINITY_WEIGHT,
     InterPodAffinity,
+    NodeSelector,
     PodTopologySpread,
     PreferredInterPodAffinity,
 )
@@ -245,3 +246,17 @@ def test_grouped_constraints_equal_the_per_pod_reference(
     assert counted == len(snap.placed)
     termed = sum(sum(nodes.values()) for _holder, nodes in snap.term_groups.values())
     assert termed == len(snap.pod_termed)
+
+
+def test_node_label_verdicts_are_remembered_until_a_node_is_relabelled() -> None:
+    snap = cluster([0, 1, 2], [None, 0, None])
+    pod = PodRequest("p", 100, 100, node_selector=(("rack", "r0"),))
+    nodes = np.arange(len(snap), dtype=np.int64)
+    state = CycleState(np.random.default_rng(0))
+    assert NodeSelector().filter(pod, snap, state, nodes).passed.tolist() == [False, True, False]
+    assert len(snap.label_verdicts) == 1  # remembered
+    copy = snap.copy()
+    assert NodeSelector().filter(pod, copy, state, nodes[[2, 1]]).passed.tolist() == [False, True]
+    snap.set_labels(2, {**snap.labels[2], "rack": "r0"})
+    assert not snap.label_verdicts and not snap.domain_codes  # a relabelled node drops them
+    assert NodeSelector().filter(pod, snap, state, nodes).passed.tolist() == [False, True, True]

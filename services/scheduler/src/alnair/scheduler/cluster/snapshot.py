@@ -16,7 +16,7 @@ Kubernetes): a plugin gets the snapshot read-only and returns a status or scores
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,9 @@ from alnair.scheduler.cluster.requests import (
     PodRequest,
 )
 from alnair.scheduler.cluster.terms import PodAffinityTerm
+
+MAX_LABEL_VERDICTS = 256
+"""Node-label verdicts a snapshot keeps (`ClusterSnapshot.judged`); past it they are dropped."""
 
 LabelGroup = tuple[str, tuple[tuple[str, str], ...]]
 """(namespace, labels): placed pods that every selector sees alike."""
@@ -117,6 +120,10 @@ class ClusterSnapshot:
     """Label key -> per node the index of its value in the list (-1: no such label), made on
     first use by `domains` and dropped when a node's labels change (shared by copies, as the
     labels are)."""
+    label_verdicts: dict[object, BoolArray] = field(default_factory=dict)
+    """A node-label test (a node selector, a required node affinity) -> its verdict on every
+    node, made on first use by `judged` and dropped, like `domain_codes`, when a node's labels
+    change: pods of one Deployment or Job ask the same question of the same nodes."""
     gang_placed: dict[str, int] = field(default_factory=dict)
     """Gang -> how many of its members are placed (assumed or bound)."""
     reservations: Reservations | None = None
@@ -201,6 +208,7 @@ class ClusterSnapshot:
             _index=self._index,
             labels=self.labels,
             domain_codes=self.domain_codes,
+            label_verdicts=self.label_verdicts,
             taints=self.taints,
             tainted=self.tainted,
             unhealthy=self.unhealthy,
@@ -237,10 +245,23 @@ class ClusterSnapshot:
             found = self.domain_codes[key] = (codes, list(values))
         return found
 
+    def judged(self, key: object, admits: Callable[[dict[str, str], str], bool]) -> BoolArray:
+        """Per node, `admits(labels, name)`, remembered under `key` (which must name the test
+        completely) until a node's labels change. At most `MAX_LABEL_VERDICTS` are kept."""
+        found = self.label_verdicts.get(key)
+        if found is None:
+            if len(self.label_verdicts) >= MAX_LABEL_VERDICTS:
+                self.label_verdicts.clear()
+            pairs = zip(self.labels, self.names, strict=True)
+            found = np.array([admits(labels, name) for labels, name in pairs], dtype=np.bool_)
+            self.label_verdicts[key] = found
+        return found
+
     def set_labels(self, n: int, labels: dict[str, str]) -> None:
         """Node `n` now carries `labels`."""
         self.labels[n] = labels
         self.domain_codes.clear()
+        self.label_verdicts.clear()
 
     def model_mask(self, allowed: frozenset[str]) -> BoolArray:
         """Nodes whose GPU model is in `allowed` (every node when `allowed` is empty)."""

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from alnair.common import resources as r
 from alnair.common.informer import Informer
 from alnair.common.kube import (
     NODES,
@@ -436,13 +435,13 @@ class Scheduler(ClusterWatch):
     def _podgroup_status(self, gang: str, message: str | None = None) -> None:
         if gang not in self.gangs.groups:
             return
-        ns, name = gang.split("/", 1)
+        # The gang's own bound members (every bound pod with the group's label is marked so),
+        # not every bound pod of the cluster: this runs at each member's cycle and event.
         running = 0
-        for _req, _node, pod in self.cache.bound.values():
-            labels = pod["metadata"].get("labels") or {}
-            if pod["metadata"].get("namespace") == ns and labels.get(r.POD_GROUP_LABEL) == name:
-                phase = (pod.get("status") or {}).get("phase")
-                running += phase == "Running"
+        for uid in self.gangs.st(gang).bound:
+            known = self.cache.bound.get(uid)
+            if known is not None:
+                running += (known[2].get("status") or {}).get("phase") == "Running"
         status: dict[str, Any] = self.gangs.status_patch(gang, running)
         if message:
             status["message"] = message

@@ -92,14 +92,13 @@ class _NodeLabelFilter(ABC):
     def filter(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, nodes: IntArray
     ) -> NodeVerdicts:
-        live = snapshot
         constraint = self.constraint(pod)
         if not constraint:
             return NodeVerdicts(passed=np.ones(nodes.size, dtype=np.bool_))
-        passed = np.array(
-            [self.admits(constraint, live.labels[int(n)], live.names[int(n)]) for n in nodes],
-            dtype=np.bool_,
+        judged = snapshot.judged(
+            (self.NAME, constraint), lambda labels, name: self.admits(constraint, labels, name)
         )
+        passed = judged[nodes]
         return NodeVerdicts(passed=passed, failures=((self.REASON, ~passed),))
 
 
@@ -283,8 +282,7 @@ def _admitted(live: ClusterSnapshot, pod: PodRequest, constraint: SpreadConstrai
     """Per node: does it count as a domain for `constraint` (its inclusion policies)?"""
     admitted = np.ones(len(live.names), dtype=np.bool_)
     if constraint.honor_node_affinity and (pod.node_selector or pod.node_affinity):
-        for n, labels in enumerate(live.labels):
-            admitted[n] = pod.accepts_node(labels, live.names[n])
+        admitted &= live.judged(("accepts", pod.node_selector, pod.node_affinity), pod.accepts_node)
     if constraint.honor_node_taints:
         for n in np.flatnonzero(live.tainted).tolist():
             admitted[n] &= untolerated(pod.tolerations, live.taints[n]) is None
