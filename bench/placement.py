@@ -37,11 +37,14 @@ BUILT = (
     "gen-gpushare100",
     "gen-gpuspec20",
     "gen-gpuspec33",
+    "gen-gpuspec40",
+    "gen-gpuspec50",
     "gen-multigpu50",
     "gen-gpushare60+gpuspec20",
 )
-"""The built variants the table covers: the paper's shares the trace does not ship, and one
-combination (more fractional pods, some of them bound to GPU models)."""
+"""The built variants the table covers: the paper's shares the trace does not ship, the
+`gpuspec` family up to half the GPU pods naming models, and one combination (more fractional
+pods, some of them bound to GPU models)."""
 
 POINTS = ("90", "100", "110", "130")
 """Arrived demand (% of GPU capacity) at which allocation is reported; 100 is the headline."""

@@ -180,3 +180,17 @@ def test_typical_pods_cover_the_requested_share() -> None:
     assert typical.coverage == 0.96
     assert np.isclose(typical.prob.sum(), 1.0)
     assert typical.gpu_milli.tolist() == [500, 1000, 0]
+
+
+def test_a_shapes_memory_is_pooled_over_the_models_its_pods_name() -> None:
+    # Same CPU and GPUs; some name a model, some do not. Each shape keeps its own popularity
+    # and models, but its memory is the quantile over all of them (naming a model does not
+    # change what a pod asks of memory).
+    v100 = frozenset({"V100M32"})
+    pods = [PodRequest(f"a{i}", 1000, mem, 1, 1000) for i, mem in enumerate((1000, 2000, 3000))]
+    pods += [PodRequest("b", 1000, 9000, 1, 1000, v100)]
+    typical = TypicalPods.from_pods(pods, coverage=1.0, memory_quantile=0.5)
+    assert typical.models == (frozenset(), v100)
+    assert typical.prob.tolist() == [0.75, 0.25]
+    assert typical.memory.tolist() == [2500, 2500]  # the median of 1000, 2000, 3000, 9000
+    assert TypicalPods.from_pods(pods, coverage=1.0).memory.tolist() == [0, 0]  # FGD's
