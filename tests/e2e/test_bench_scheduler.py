@@ -1,7 +1,8 @@
-"""`make bench-scheduler` in a tiny configuration: the JSON has the promised shape, and every
+"""`make bench-scheduler` in a tiny configuration: the JSON has the promised shape, every
 pod of every trial (Alnair, kube-scheduler and the no-op binder that measures the harness's
 ceiling) was bound with no GPU over-committed and the workload's constraint held (the
-harness checks each placement after each trial; this test requires that it found nothing)."""
+harness checks each placement after each trial; this test requires that it found nothing),
+and the warm standby took over within the lease plus one second of the leader's death."""
 
 from __future__ import annotations
 
@@ -44,3 +45,11 @@ def test_tiny_bench_scheduler_binds_every_pod_validly() -> None:
         for t in trials:
             assert t["bound"] == 96 and t["steady_bound"] == 16, t
             assert t["violations"] == [], t
+    # The take-over trial (leader SIGKILLed, lease 15 s): the warm standby bound every pod
+    # created after the kill, within the lease duration plus one second of the kill.
+    takeover = report["takeover"]
+    assert takeover["lease_duration_s"] == 15.0
+    (trial,) = takeover["trials"]
+    assert trial["bound"] == trial["pods"] == 20, trial
+    assert 0 < trial["takeover_s"] <= 16.0 and trial["within_lease_plus_1s"], trial
+    assert takeover["within_lease_plus_1s"]
