@@ -50,6 +50,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.settings import LeaderElectionSettings
+from alnair.common.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class LeaderElector:
     async def run(self) -> None:
         """Campaign until leading, then renew until cancelled or the lease is lost (then
         `lost` is set and this returns: crash-only callers exit and come back as followers)."""
-        follow = asyncio.create_task(self._follow(), name=f"leader.{self.name}.follow")
+        follow = spawn(self._follow(), name=f"leader.{self.name}.follow", on_death=self._unfollowed)
         try:
             while True:
                 try:
@@ -228,6 +229,11 @@ class LeaderElector:
                 self.is_leader.clear()
                 self.lost.set()
                 return
+
+    def _unfollowed(self, _exc: BaseException) -> None:
+        """The watch task died (logged by `spawn`): the campaign polls from now on."""
+        self.watching = False
+        self._changed.set()
 
     def _free_in(self) -> float:
         """Seconds until the lease is free by this replica's clock (0: free now)."""
