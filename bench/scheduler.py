@@ -77,6 +77,7 @@ from alnair.common.kube import (
     Obj,
     Unavailable,
 )
+from alnair.common.settings import LeaderElectionSettings
 from alnair.dev.localstack import ControlPlane, ManagedProcess, free_port
 from alnair.dev.localstack.controlplane import (
     K8S_VERSION,
@@ -247,15 +248,7 @@ def schedulers(
     cp: ControlPlane, work: Path, workload: str, policy: str, profile: str | None = None
 ) -> list[Scheduler]:
     logs = work / "logs"
-    alnair_env = {
-        "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
-        "ALNAIR_SCHEDULER_LEADER_ELECT": "false",
-        "ALNAIR_SCHEDULER_NATS_ENABLED": "false",
-        "ALNAIR_SCHEDULER_HTTP_PORT": str(free_port()),
-        "ALNAIR_SCHEDULER_HTTP_HOST": "127.0.0.1",
-        "ALNAIR_SCHEDULER_POLICY": policy,
-        "ALNAIR_LOG_LEVEL": "warning",
-    }
+    alnair_env = alnair_settings(cp, policy, free_port(), ALNAIR_SCHEDULER_LEADER_ELECT="false")
     argv = [sys.executable, "-m", "alnair.scheduler"]
     if profile:
         # cProfile writes when the process exits (SIGTERM stops the scheduler cleanly)
@@ -293,23 +286,36 @@ def schedulers(
     ]
 
 
-def alnair_replica(
-    cp: ControlPlane, work: Path, identity: str, lease_namespace: str, policy: str
-) -> tuple[ManagedProcess, int]:
-    """One Alnair replica with leader election as shipped (lease 15 s, renew deadline 10 s,
-    retry 2 s: the settings' defaults), and its HTTP port."""
-    port = free_port()
-    env = {
+def alnair_settings(cp: ControlPlane, policy: str, port: int, **more: str) -> dict[str, str]:
+    """The environment every Alnair scheduler of the benchmark runs with (NATS off, its HTTP
+    API on loopback `port`), plus `more`."""
+    return {
         "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
-        "ALNAIR_SCHEDULER_LEADER_ELECT": "true",
-        "ALNAIR_SCHEDULER_IDENTITY": identity,
-        "ALNAIR_SCHEDULER_LEASE_NAMESPACE": lease_namespace,
         "ALNAIR_SCHEDULER_NATS_ENABLED": "false",
         "ALNAIR_SCHEDULER_HTTP_PORT": str(port),
         "ALNAIR_SCHEDULER_HTTP_HOST": "127.0.0.1",
         "ALNAIR_SCHEDULER_POLICY": policy,
         "ALNAIR_LOG_LEVEL": "warning",
+        **more,
     }
+
+
+SHIPPED_LEASE_S = float(LeaderElectionSettings.model_fields["lease_duration_s"].default)
+"""The lease duration a replica runs with when nothing overrides it (15 s)."""
+
+
+def alnair_replica(
+    cp: ControlPlane, work: Path, identity: str, lease_namespace: str, policy: str
+) -> tuple[ManagedProcess, int]:
+    """One Alnair replica with leader election as shipped (the settings' defaults: lease
+    `SHIPPED_LEASE_S`, renew deadline 10 s, retry 2 s), and its HTTP port."""
+    port = free_port()
+    env = alnair_settings(
+        cp, policy, port,
+        ALNAIR_SCHEDULER_LEADER_ELECT="true",
+        ALNAIR_SCHEDULER_IDENTITY=identity,
+        ALNAIR_SCHEDULER_LEASE_NAMESPACE=lease_namespace,
+    )  # fmt: skip
     argv = [sys.executable, "-m", "alnair.scheduler"]
     return ManagedProcess(f"alnair-scheduler-{identity}", argv, work / "logs", env=env), port
 
@@ -597,7 +603,7 @@ async def takeover_trial(
     listing = await kube.list(PODS, ns, limit=1)
     binds = Binds()
     watcher = asyncio.create_task(binds.follow(kube, ns, listing["metadata"]["resourceVersion"]))
-    result: dict[str, Any] = {"lease_duration_s": 15.0, "pods": TAKEOVER_PODS}
+    result: dict[str, Any] = {"lease_duration_s": SHIPPED_LEASE_S, "pods": TAKEOVER_PODS}
     try:
         leader.start()
         warm = make_pod("basic", ns, "warm-up", 0, "alnair")
@@ -769,7 +775,7 @@ async def main_async(args: argparse.Namespace, cp: ControlPlane, work: Path) -> 
             times = [t.get("takeover_s") for t in takeovers]
             report["takeover"] = {
                 "workload": "basic",
-                "lease_duration_s": 15.0,
+                "lease_duration_s": SHIPPED_LEASE_S,
                 "takeover_s": spread(times),
                 "within_lease_plus_1s": all(t.get("within_lease_plus_1s") for t in takeovers),
                 "trials": takeovers,

@@ -351,14 +351,14 @@ class ClusterSnapshot:
         """Count `pod` in (1) or out of (-1) its label group and, with terms, its term group."""
         group = (pod.namespace, pod.labels)
         nodes = self.label_groups.get(group) or {}
-        if _tally(nodes, n, sign):
+        if tally(nodes, n, sign):
             self.label_groups[group] = nodes
         else:
             self.label_groups.pop(group, None)
         if pod.has_pod_terms:
             terms = term_group(pod)
             holder, held = self.term_groups.get(terms) or (pod, {})
-            if _tally(held, n, sign):
+            if tally(held, n, sign):
                 self.term_groups[terms] = (holder, held)
             else:
                 self.term_groups.pop(terms, None)
@@ -417,7 +417,7 @@ def term_group(pod: PodRequest) -> TermGroup:
     return (pod.pod_affinity, pod.pod_anti_affinity, pod.pod_preferences, pod.pod_aversions)
 
 
-def _tally(nodes: dict[int, int], n: int, sign: int) -> int:
+def tally(nodes: dict[int, int], n: int, sign: int) -> int:
     """Add `sign` to node `n`'s count in `nodes` (dropping a count that reaches 0); returns
     how many nodes still count."""
     left = nodes.get(n, 0) + sign

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from alnair.scheduler.cluster.requests import BoolArray, FloatArray, IntArray, PodRequest
-from alnair.scheduler.cluster.snapshot import ClusterSnapshot, term_group
+from alnair.scheduler.cluster.snapshot import ClusterSnapshot, tally, term_group
 from alnair.scheduler.cluster.terms import (
     PodAffinityTerm,
     SpreadConstraint,
@@ -237,10 +237,7 @@ def _in_domains(live: ClusterSnapshot, key: str, domains: set[str]) -> BoolArray
 def _without(nodes: Mapping[int, int], node: int) -> dict[int, int]:
     """`nodes` with one pod fewer on `node`."""
     left = dict(nodes)
-    if left.get(node, 0) > 1:
-        left[node] -= 1
-    else:
-        left.pop(node, None)
+    tally(left, node, -1)
     return left
 
 
