@@ -29,8 +29,6 @@ from alnair.common.errors import InvalidValueError
 from alnair.common.events import JobPhase
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
-    CLUSTERQUEUES,
-    LOCALQUEUES,
     NODES,
     PODS,
     TRIALJOBS,
@@ -45,6 +43,7 @@ from alnair.scheduler.dispatcher.core import (
 )
 from alnair.scheduler.dispatcher.explain import explanation, queue_descriptions
 from alnair.scheduler.dispatcher.kinds import KINDS, SERVING
+from alnair.scheduler.dispatcher.kueue_queues import kueue_status
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
 from alnair.scheduler.dispatcher.parsing import (
@@ -84,6 +83,7 @@ from alnair.scheduler.queueing import (
     WaitReason,
     queue_policy,
 )
+from alnair.scheduler.queueing.permits import within_rules
 
 log = logging.getLogger(__name__)
 WAIT_KINDS = get_args(WaitKind)
@@ -161,15 +161,9 @@ class Dispatcher(QueueCore):
         )
         self.last_decisions = Decisions()
         self._deadline: asyncio.TimerHandle | None = None
-        self.informers = (
-            self.cluster_queues,
-            self.local_queues,
-            self.cohorts,
-            self.nodes,
-            self.trials,
-            *watching,
-        )
-        for informer in (self.local_queues, self.cohorts, self.trials, *watching):
+        queue_informers = self.queue_informers()
+        self.informers = (*queue_informers, self.nodes, self.trials, *watching)
+        for informer in (*queue_informers[1:], self.trials, *watching):
             informer.add_handler(self._poke)
         self.cluster_queues.add_handler(self._on_queue)
         self.nodes.add_handler(self._on_node)
@@ -270,10 +264,7 @@ class Dispatcher(QueueCore):
             runtime=dict(prediction.runtime) if prediction else {},
             team=wl.namespace,
             gpu_model=wl.gpu_model,
-            priority=int(
-                ((wl.obj.get("spec") or {}).get("template") or {}).get("spec", {}).get("priority")
-                or 0
-            ),
+            priority=self._priority(wl),
             peak_memory_mib=peak,
             restart_cost_s=wl.restart_cost_s,
             preemptions=_preemption_count(wl),
@@ -383,6 +374,11 @@ class Dispatcher(QueueCore):
                 state.reason = WaitReason("queue", f"ClusterQueue {cq} is inactive: {why}")
                 await self.writer.wait_event(wl, state)
                 continue
+            refused = self._queue_refuses(cq, wl)
+            if refused is not None:
+                state.reason = WaitReason("queue", refused)
+                await self.writer.wait_event(wl, state)
+                continue
             pending_ws.append(wl)
             if "submitted" not in state.evented:
                 state.evented.add("submitted")
@@ -425,7 +421,7 @@ class Dispatcher(QueueCore):
         snapshot = QueueSnapshot(
             now_s=now, pending=pending, running=running, queues=queues, capacity=capacity
         )
-        decisions = self.policy.decide(snapshot)
+        decisions = within_rules(self.policy.decide(snapshot), snapshot)
         self.last_decisions = decisions
         await self._apply(decisions, snapshot, workloads)
         await self._write_queue_status(snapshot, decisions)
@@ -529,19 +525,27 @@ class Dispatcher(QueueCore):
             self.metrics.queue_depth.labels(name).set(status["pendingWorkloads"])
             self.metrics.admitted.labels(name).set(status["admittedWorkloads"])
             current = obj.get("status") or {}
+            state = self.queues.get(name)
+            if self.kueue_objects:  # Kueue's own ClusterQueue: its status in its own shape
+                status = kueue_status(
+                    status, state.kueue if state else None, state.problem if state else None,
+                    current,
+                )  # fmt: skip
             if all(current.get(k) == v for k, v in status.items()):
                 continue
-            state = self.queues.get(name)
             active = state is not None and state.spec is not None
             if not active and current.get("conditions") != status["conditions"]:
+                r = self.cluster_queues.resource
                 await self._event(
-                    {**obj, "apiVersion": "alnair.io/v1alpha1", "kind": "ClusterQueue"},
+                    {**obj, "apiVersion": f"{r.group}/{r.version}", "kind": "ClusterQueue"},
                     "InvalidSpec",
                     f"ClusterQueue {name} admits nothing: {state.problem if state else ''}",
                     warning=True,
                 )
             try:
-                await self.kube.patch(CLUSTERQUEUES, name, {"status": status}, sub="status")
+                await self.kube.patch(
+                    self.cluster_queues.resource, name, {"status": status}, sub="status"
+                )
             except (NotFound, Conflict):
                 continue
             except ApiError as exc:
@@ -556,7 +560,11 @@ class Dispatcher(QueueCore):
                 continue
             try:
                 await self.kube.patch(
-                    LOCALQUEUES, meta["name"], {"status": status}, meta["namespace"], sub="status"
+                    self.local_queues.resource,
+                    meta["name"],
+                    {"status": status},
+                    meta["namespace"],
+                    sub="status",
                 )
             except (NotFound, Conflict):
                 continue

@@ -21,19 +21,21 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from alnair.common.bus import Bus
-from alnair.common.errors import InvalidValueError
+from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.events import JobEvent, JobPhase
 from alnair.common.informer import Informer
 from alnair.common.kube import (
     CLUSTERQUEUES,
     COHORTS,
     LOCALQUEUES,
+    NAMESPACES,
     KubeClient,
     NotFound,
     Obj,
     Resource,
 )
 from alnair.common.recorder import EventRecorder
+from alnair.scheduler.dispatcher import kueue_queues as kq
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.parsing import Workload, parse_cluster_queue
@@ -72,6 +74,8 @@ class WorkloadState:
 class QueueState:
     spec: ClusterQueueSpec | None
     problem: str | None
+    kueue: kq.KueueQueue | None = None
+    """Read from Kueue's objects (`queue_api: kueue`): its flavors' names, namespaces, hold."""
 
 
 class QueueCore(ReconcileLoop):
@@ -100,9 +104,28 @@ class QueueCore(ReconcileLoop):
         self.predictor = predictor
         self.policy = policy
         self.kinds: dict[str, WorkloadKind] = {k.kind: k for k in kinds}
-        self.cluster_queues = Informer(kube, CLUSTERQUEUES, name="clusterqueues")
-        self.local_queues = Informer(kube, LOCALQUEUES, name="localqueues")
-        self.cohorts = Informer(kube, COHORTS, name="cohorts")
+        # The queues: Alnair's objects, or Kueue's own (kueue_queues.py) with the flavors,
+        # priority classes and namespaces they name.
+        kueue = settings.queue_api == "kueue"
+        queue_apis = (
+            (kq.CLUSTERQUEUES, kq.LOCALQUEUES, kq.COHORTS)
+            if kueue
+            else (CLUSTERQUEUES, LOCALQUEUES, COHORTS)
+        )
+        self.cluster_queues = Informer(kube, queue_apis[0], name="clusterqueues")
+        self.local_queues = Informer(kube, queue_apis[1], name="localqueues")
+        self.cohorts = Informer(kube, queue_apis[2], name="cohorts")
+        self.kueue_objects: dict[str, Informer] = (
+            {
+                "flavors": Informer(kube, kq.RESOURCEFLAVORS, name="resourceflavors"),
+                "priorities": Informer(
+                    kube, kq.WORKLOADPRIORITYCLASSES, name="workloadpriorityclasses"
+                ),
+                "namespaces": Informer(kube, NAMESPACES, name="namespaces"),
+            }
+            if kueue
+            else {}
+        )
         # Informers per kind of workload (kinds.py): one per queue label it reads.
         self.workload_watches: dict[str, tuple[Informer, ...]] = {
             name: tuple(
@@ -119,6 +142,15 @@ class QueueCore(ReconcileLoop):
         }
         self.queues: dict[str, QueueState] = {}
 
+    def queue_informers(self) -> list[Informer]:
+        """The queues' informers: ClusterQueues first, then what else a queue reads."""
+        return [
+            self.cluster_queues,
+            self.local_queues,
+            self.cohorts,
+            *self.kueue_objects.values(),
+        ]
+
     def workload_informers(self) -> list[Informer]:
         return [
             *(i for group in self.workload_watches.values() for i in group),
@@ -128,7 +160,15 @@ class QueueCore(ReconcileLoop):
     async def start_watching(self) -> None:
         """Watch every kind the cluster serves. A kind from another project whose API is not
         served (its CRD not installed) is left out, and the log says so once: installing it
-        later takes a restart."""
+        later takes a restart. Kueue's queue API, when it is the one asked for, must be."""
+        if self.kueue_objects:
+            r = kq.CLUSTERQUEUES
+            doc = await self._api_resources(r)
+            if not any(item.get("name") == r.plural for item in doc):
+                raise ConfigError(
+                    f"queue_api is kueue but the cluster does not serve {r.plural}.{r.group}/"
+                    f"{r.version}: install Kueue's CRDs (v0.16 or later), or use queue_api alnair"
+                )
         for name, kind in list(self.kinds.items()):
             if kind.optional and not await self._served(kind):
                 r = kind.resource
@@ -144,11 +184,15 @@ class QueueCore(ReconcileLoop):
 
     async def _served(self, kind: WorkloadKind) -> bool:
         r = kind.resource
+        return any(item.get("name") == r.plural for item in await self._api_resources(r))
+
+    async def _api_resources(self, r: Resource) -> list[Obj]:
+        """The resources the API server serves in `r`'s group and version (none: [])."""
         try:
             doc = await self.kube.request("GET", f"/apis/{r.group}/{r.version}")
         except NotFound:
-            return False
-        return any(item.get("name") == r.plural for item in doc.get("resources") or [])
+            return []
+        return list(doc.get("resources") or [])
 
     def _lookup(self, resource: Resource, namespace: str | None, name: str) -> Obj | None:
         """An object a workload names, as its informer holds it (None: not there)."""
@@ -182,20 +226,72 @@ class QueueCore(ReconcileLoop):
 
     def _read_queues(self) -> dict[str, ClusterQueueSpec]:
         """The active ClusterQueues' specs; `self.queues` keeps why the others admit nothing."""
-        cohorts = {c["metadata"]["name"] for c in self.cohorts.values()}
+        cohort_objs = {c["metadata"]["name"]: c for c in self.cohorts.values()}
+        flavors = (
+            {f["metadata"]["name"]: f for f in self.kueue_objects["flavors"].values()}
+            if self.kueue_objects
+            else {}
+        )
         queues: dict[str, ClusterQueueSpec] = {}
         seen: dict[str, QueueState] = {}
         for obj in self.cluster_queues.values():
             name = obj["metadata"]["name"]
             try:
-                spec = parse_cluster_queue(obj, cohorts)
+                if self.kueue_objects:
+                    kueue = kq.parse_kueue_cluster_queue(obj, cohort_objs, flavors)
+                    spec, state = kueue.spec, QueueState(kueue.spec, None, kueue)
+                else:
+                    spec = parse_cluster_queue(obj, set(cohort_objs))
+                    state = QueueState(spec, None)
             except InvalidValueError as exc:
                 seen[name] = QueueState(None, str(exc))
                 continue
-            seen[name] = QueueState(spec, None)
+            seen[name] = state
             queues[name] = spec
         self.queues = seen
         return queues
+
+    def _queue_refuses(self, cq: str, wl: Workload) -> str | None:
+        """Why an active ClusterQueue does not take this workload now (Kueue's objects only:
+        a hold, a namespace its selector leaves out, a LocalQueue or priority class it
+        cannot use); None when it takes it."""
+        state = self.queues.get(cq)
+        if state is None or state.kueue is None:
+            return None
+        if state.kueue.hold:
+            return f"ClusterQueue {cq} is held (spec.stopPolicy: Hold)"
+        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
+        problem = kq.local_queue_problem(lq) if lq is not None else None
+        if problem is not None:
+            return problem
+        ns = self.kueue_objects["namespaces"].get(wl.namespace)
+        labels = (ns or {}).get("metadata", {}).get("labels") or {}
+        if ns is None or not state.kueue.namespaces.matches(labels):
+            return f"ClusterQueue {cq}'s namespaceSelector does not select namespace {wl.namespace}"
+        try:
+            kq.priority_of(wl.obj["metadata"].get("labels") or {}, self._priority_classes())
+        except KeyError as exc:
+            return f"WorkloadPriorityClass {exc.args[0]} does not exist"
+        return None
+
+    def _priority_classes(self) -> dict[str, Obj]:
+        informer = self.kueue_objects.get("priorities")
+        return {} if informer is None else {p["metadata"]["name"]: p for p in informer.values()}
+
+    def _priority(self, wl: Workload) -> int:
+        """The workload's priority: its WorkloadPriorityClass's value when it names one (Kueue's
+        objects), else its pods' priority."""
+        if self.kueue_objects:
+            try:
+                value = kq.priority_of(
+                    wl.obj["metadata"].get("labels") or {}, self._priority_classes()
+                )
+            except KeyError:
+                value = None
+            if value is not None:
+                return value
+        template = (wl.obj.get("spec") or {}).get("template") or {}
+        return int((template.get("spec") or {}).get("priority") or 0)
 
     def _cluster_queue_of(self, wl: Workload) -> str | None:
         lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")

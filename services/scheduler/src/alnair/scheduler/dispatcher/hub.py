@@ -159,13 +159,7 @@ class Hub(QueueCore):
             name="workers",
         )
         watching = self.workload_informers()
-        self.informers = (
-            self.secrets,
-            self.cluster_queues,
-            self.local_queues,
-            self.cohorts,
-            *watching,
-        )
+        self.informers = (self.secrets, *self.queue_informers(), *watching)
         self.fleet = WorkerSet(
             self.wake,
             grace_s=settings.worker_grace_s,
@@ -178,7 +172,7 @@ class Hub(QueueCore):
             kube, settings.cluster, self.jobs,
             event=self._event, publish=self._publish, wake=self._wake.set,
         )  # fmt: skip
-        for informer in (self.cluster_queues, self.local_queues, self.cohorts, *watching):
+        for informer in (*self.queue_informers(), *watching):
             informer.add_handler(self._poke)
         self.secrets.add_handler(self.fleet.on_secret)
 
@@ -262,6 +256,7 @@ class Hub(QueueCore):
             runtime=dict(prediction.runtime) if prediction else {},
             team=wl.namespace,
             gpu_model=wl.gpu_model,
+            priority=self._priority(wl),
             peak_memory_mib=prediction.peak_memory_mib if prediction else None,
             restart_cost_s=wl.restart_cost_s,
             clusters=serving,
@@ -335,6 +330,11 @@ class Hub(QueueCore):
                     f"LocalQueue {wl.namespace}/{wl.local_queue} or its ClusterQueue "
                     "does not exist or is inactive",
                 )
+                await self.writer.wait_event(wl, state)
+                continue
+            refused = self._queue_refuses(cq, wl)
+            if refused is not None:
+                state.reason = WaitReason("queue", refused)
                 await self.writer.wait_event(wl, state)
                 continue
             pending.append((wl, cq))

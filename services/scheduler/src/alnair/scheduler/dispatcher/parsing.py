@@ -101,13 +101,7 @@ def parse_cluster_queue(obj: Obj, cohorts: set[str]) -> ClusterQueueSpec:
     cohort = spec.get("cohort") or None
     if cohort is not None and cohort not in cohorts:
         raise InvalidValueError("spec.cohort", cohort, f"no Cohort named {cohort!r} exists")
-    weight_raw = (spec.get("fairSharing") or {}).get("weight", 1)
-    try:
-        weight = float(weight_raw)
-    except (TypeError, ValueError):
-        raise InvalidValueError("spec.fairSharing.weight", weight_raw, "not a number") from None
-    if not weight > 0 or math.isinf(weight):
-        raise InvalidValueError("spec.fairSharing.weight", weight_raw, "must be > 0")
+    weight = fair_share_weight(spec, "spec.fairSharing.weight")
     quota: dict[str, FlavorQuota] = {}
     groups = spec.get("resourceGroups") or []
     if not groups:
@@ -124,24 +118,40 @@ def parse_cluster_queue(obj: Obj, cohorts: set[str]) -> ClusterQueueSpec:
                 rw = f"{where}.resources[{r}]"
                 if resource.get("name") != GPU:
                     raise InvalidValueError(f"{rw}.name", resource.get("name"), f"only {GPU}")
-                nominal = whole_count(resource.get("nominalQuota"), f"{rw}.nominalQuota")
-                borrow = resource.get("borrowingLimit")
-                lend = resource.get("lendingLimit")
-                if cohort is None and (borrow is not None or lend is not None):
-                    raise InvalidValueError(
-                        f"{rw}.borrowingLimit", borrow, "borrowing and lending need spec.cohort"
-                    )
-                lend_n = None if lend is None else whole_count(lend, f"{rw}.lendingLimit")
-                if lend_n is not None and lend_n > nominal:
-                    raise InvalidValueError(f"{rw}.lendingLimit", lend, "exceeds nominalQuota")
-                quota[model] = FlavorQuota(
-                    nominal=nominal,
-                    borrowing_limit=None
-                    if borrow is None
-                    else whole_count(borrow, f"{rw}.borrowingLimit"),
-                    lending_limit=lend_n,
-                )
+                quota[model] = flavor_quota(resource, rw, cohort, "spec.cohort")
     return ClusterQueueSpec(name=name, quota=quota, cohort=cohort, weight=weight)
+
+
+def flavor_quota(resource: Obj, where: str, cohort: str | None, cohort_field: str) -> FlavorQuota:
+    """One flavor's GPU quota (`nominalQuota`, `borrowingLimit`, `lendingLimit` at `where`),
+    checked as Kueue checks it; borrowing and lending need a cohort (`cohort_field`)."""
+    nominal = whole_count(resource.get("nominalQuota"), f"{where}.nominalQuota")
+    borrow = resource.get("borrowingLimit")
+    lend = resource.get("lendingLimit")
+    if cohort is None and (borrow is not None or lend is not None):
+        raise InvalidValueError(
+            f"{where}.borrowingLimit", borrow, f"borrowing and lending need {cohort_field}"
+        )
+    lend_n = None if lend is None else whole_count(lend, f"{where}.lendingLimit")
+    if lend_n is not None and lend_n > nominal:
+        raise InvalidValueError(f"{where}.lendingLimit", lend, "exceeds nominalQuota")
+    return FlavorQuota(
+        nominal=nominal,
+        borrowing_limit=None if borrow is None else whole_count(borrow, f"{where}.borrowingLimit"),
+        lending_limit=lend_n,
+    )
+
+
+def fair_share_weight(spec: Obj, where: str) -> float:
+    """`fairSharing.weight` of a queue's spec (1 when unset); it must be a number > 0."""
+    weight_raw = (spec.get("fairSharing") or {}).get("weight", 1)
+    try:
+        weight = float(weight_raw)
+    except (TypeError, ValueError):
+        raise InvalidValueError(where, weight_raw, "not a number") from None
+    if not weight > 0 or math.isinf(weight):
+        raise InvalidValueError(where, weight_raw, "must be > 0")
+    return weight
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,13 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
     webhook_port: int = Field(
         default=9443, ge=0, le=65535, description="HTTPS port of the admission webhook (0: any)"
     )
+    queue_api: Literal["alnair", "kueue"] = Field(
+        default="alnair",
+        description="whose queue objects to read: alnair (alnair.io ClusterQueue, LocalQueue, "
+        "Cohort) or kueue (Kueue's kueue.x-k8s.io/v1beta2 ClusterQueue, LocalQueue, Cohort, "
+        "ResourceFlavor and WorkloadPriorityClass, with Kueue's controller not running; "
+        "docs/from-kueue.md)",
+    )
     mode: Literal["cluster", "hub"] = Field(
         default="cluster",
         description="cluster: admit queued Jobs on this cluster; hub: dispatch Jobs managed by "

@@ -149,6 +149,27 @@ class FlavorQuota:
         return self.nominal - self.lendable
 
 
+WithinQueue = Literal["Policy", "Never", "LowerPriority", "LowerOrNewerEqualPriority"]
+Reclaim = Literal["Policy", "Any", "Never", "LowerPriority"]
+BorrowWithinCohort = Literal["Policy", "Never", "LowerPriority"]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRules:
+    """Which preemptions a cluster queue's jobs may ask for (Kueue's `spec.preemption`).
+
+    The policy proposes; these only take away (`permits.refused`). `within_queue` is about
+    the queue's own running jobs; `reclaim` about another queue's borrowers when this queue
+    takes back quota it is owed; `borrow_within_cohort` about another queue's jobs within
+    their nominal quota when this queue would borrow. "Policy" (the default, Alnair's own
+    queues) takes nothing away: whatever the policy's own rules allow.
+    """
+
+    within_queue: WithinQueue = "Policy"
+    reclaim: Reclaim = "Policy"
+    borrow_within_cohort: BorrowWithinCohort = "Policy"
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterQueueSpec:
     """A cluster queue (Kueue's shape): quota per GPU type, a cohort to share with, a weight.
@@ -162,6 +183,8 @@ class ClusterQueueSpec:
     quota: Mapping[str, FlavorQuota]
     cohort: str | None = None
     weight: float = 1.0
+    preemption: PreemptionRules = field(default_factory=PreemptionRules)
+    """What preemption its jobs may ask for; the default allows what the policy proposes."""
 
     def __post_init__(self) -> None:
         if not self.name:
