@@ -9,6 +9,8 @@
 #     (with its shipped training runtimes in runtimes/)
 #   Kubeflow training-operator v1 (github.com/kubeflow/training-operator): PyTorchJob and
 #     MPIJob v1                                            -> $CACHE/peers/training-operator-<version>/
+#   Kueue (sigs.k8s.io/kueue): its CRDs and its sample manifests only (crds/, examples/), for
+#     the dispatcher reading Kueue's queue objects      -> $CACHE/peers/kueue-<version>/
 # each holding crds/*.yaml, webhook/ (a kustomization; KubeRay's default deploy runs without
 # one, so it has none) and manager.
 #
@@ -20,6 +22,7 @@ LWS_VERSION="${ALNAIR_LWS_VERSION:-v0.7.0}"
 KUBERAY_VERSION="${ALNAIR_KUBERAY_VERSION:-v1.5.0}"
 TRAINER_VERSION="${ALNAIR_TRAINER_VERSION:-v2.0.0}"
 TRAINING_OPERATOR_VERSION="${ALNAIR_TRAINING_OPERATOR_VERSION:-v1.8.1}"
+KUEUE_VERSION="${ALNAIR_KUEUE_VERSION:-v0.19.2}"
 CACHE="${ALNAIR_CACHE_DIR:-$HOME/.cache/alnair}"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$CACHE/build" "$CACHE/peers"
@@ -62,6 +65,26 @@ build_peer() {
   log "$name $version: $out"
 }
 
+# peer_files NAME MODULE VERSION CRD_DIR EXAMPLES_DIR: a module's CRDs and sample manifests,
+# no controller (the tests run Alnair's in its place).
+peer_files() {
+  local name=$1 module=$2 version=$3 crds=$4 examples=$5
+  local out="$CACHE/peers/$name-$version"
+  if [[ -n "$(ls "$out"/crds/*.yaml 2>/dev/null)" && -n "$(ls "$out"/examples/*.yaml 2>/dev/null)" ]]; then
+    log "$name $version cached in $out"; return
+  fi
+  local w="$CACHE/build/$name-$version"
+  rm -rf "$w" "$out"; mkdir -p "$w" "$out/crds" "$out/examples"; cd "$w"
+  log "fetching $module@$version"
+  go mod download -json "$module@$version" > dl.json
+  local dir
+  dir=$(python3 -c 'import json; print(json.load(open("dl.json"))["Dir"])')
+  cp "$dir/$crds"/*.yaml "$out/crds/"
+  cp "$dir/$examples"/*.yaml "$out/examples/"
+  chmod -R u+w "$out"
+  log "$name $version: $out"
+}
+
 build_peer jobset sigs.k8s.io/jobset "$JOBSET_VERSION" \
   config/components/crd/bases config/components/webhook sigs.k8s.io/jobset
 build_peer lws sigs.k8s.io/lws "$LWS_VERSION" \
@@ -74,3 +97,5 @@ build_peer trainer github.com/kubeflow/trainer/v2 "$TRAINER_VERSION" \
 build_peer training-operator github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION" \
   manifests/base/crds manifests/base/webhook \
   github.com/kubeflow/training-operator/cmd/training-operator.v1
+peer_files kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
+  config/components/crd/bases cmd/kueueviz/examples

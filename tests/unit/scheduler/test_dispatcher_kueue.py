@@ -18,12 +18,14 @@ from alnair.scheduler.queueing import (
     ClusterQueueSpec,
     Decisions,
     FlavorQuota,
+    GpuPool,
     JobSpec,
     Preemption,
     PreemptionRules,
     QueueSnapshot,
     RunningJob,
     WaitReason,
+    queue_policy,
 )
 from alnair.scheduler.queueing.permits import refused, within_rules
 
@@ -264,3 +266,36 @@ def test_refused_preemptions_leave_the_taker_waiting_on_the_rule_and_moves_stay(
     assert "withinClusterQueue is Never" in out.waiting["t"].message
     allowed = _snapshot({"a": PreemptionRules()}, [victim, mover], [taker])
     assert within_rules(decisions, allowed) is decisions
+
+
+# --- priority orders every policy, and lets a higher priority displace a lower one ----------
+
+
+def _pool_snapshot(running: list[RunningJob], pending: list[JobSpec]) -> QueueSnapshot:
+    used = sum(r.gpus for r in running)
+    return QueueSnapshot(
+        now_s=100.0,
+        pending=pending,
+        running=running,
+        queues={"a": ClusterQueueSpec("a", {"V100M32": FlavorQuota(8)})},
+        capacity={"V100M32": GpuPool(total=8, free=8 - used, memory_mib=32768.0)},
+    )
+
+
+@pytest.mark.parametrize("policy", ["fifo", "sjf", "drf", "alnair"])
+def test_the_higher_priority_is_admitted_first(policy: str) -> None:
+    early = JobSpec(id="early", queue="a", gpus=8, arrival_s=0.0, priority=0)
+    late = JobSpec(id="late", queue="a", gpus=8, arrival_s=50.0, priority=10)
+    decisions = queue_policy(policy).decide(_pool_snapshot([], [early, late]))
+    assert [a.job_id for a in decisions.admissions] == ["late"]
+
+
+def test_a_higher_priority_displaces_a_lower_priority_run_of_unknown_runtime() -> None:
+    run = RunningJob(JobSpec(id="low", queue="a", gpus=8, arrival_s=0.0), "V100M32", 10.0)
+    high = JobSpec(id="high", queue="a", gpus=8, arrival_s=50.0, priority=10)
+    same = JobSpec(id="same", queue="a", gpus=8, arrival_s=50.0)
+    alnair = queue_policy("alnair")
+    decided = alnair.decide(_pool_snapshot([run], [high]))
+    assert [(p.job_id, p.for_job_id) for p in decided.preemptions] == [("low", "high")]
+    # an equal priority does not: a run of unknown runtime is never displaced by the order
+    assert alnair.decide(_pool_snapshot([run], [same])).preemptions == ()

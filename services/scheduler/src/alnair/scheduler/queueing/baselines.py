@@ -57,7 +57,7 @@ class Fifo:
     def decide(self, snapshot: QueueSnapshot) -> Decisions:
         plan = Plan(snapshot, memory_aware=self.memory_aware)
         blocked: dict[str, tuple[JobSpec, WaitReason]] = {}
-        for job in sorted(snapshot.pending, key=lambda j: (j.arrival_s, j.id)):
+        for job in sorted(snapshot.pending, key=lambda j: (-j.priority, j.arrival_s, j.id)):
             if job.queue in blocked:
                 head, reason = blocked[job.queue]
                 plan.wait(job, _blocked_by(head, reason))
@@ -82,7 +82,7 @@ class Sjf:
         types = list(snapshot.capacity)
         order = sorted(
             snapshot.pending,
-            key=lambda j: (best_runtime_s(j, j.allowed_types(types)), j.arrival_s, j.id),
+            key=lambda j: (-j.priority, best_runtime_s(j, j.allowed_types(types)), j.arrival_s, j.id),
         )
         for job in order:
             options = plan.options(job)
@@ -106,7 +106,7 @@ class Drf:
         for run in snapshot.running:
             usage[run.job.queue][run.gpu_type] += run.gpus
         by_queue: dict[str, list[JobSpec]] = defaultdict(list)
-        for job in sorted(snapshot.pending, key=lambda j: (j.arrival_s, j.id)):
+        for job in sorted(snapshot.pending, key=lambda j: (-j.priority, j.arrival_s, j.id)):
             by_queue[job.queue].append(job)
 
         def share(queue: str) -> float:

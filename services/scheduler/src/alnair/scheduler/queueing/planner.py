@@ -384,6 +384,19 @@ class Alnair:
         return known or allowed
 
     def _order(self, items: list[_Item]) -> list[_Item]:
+        """Higher priorities first (Kueue's order: a lower priority's run, pinned or not, is
+        planned after a higher priority's waiting job, which may then displace it as the
+        queue's preemption rules allow); within one priority, `_tier`'s order."""
+        first: list[_Item] = []
+        if not self.preempt:  # nothing may be displaced: every run keeps its place first
+            first = [i for i in items if i.run is not None]
+            items = [i for i in items if i.run is None]
+        tiers: dict[int, list[_Item]] = {}
+        for item in items:
+            tiers.setdefault(item.job.priority, []).append(item)
+        return first + [i for p in sorted(tiers, reverse=True) for i in self._tier(tiers[p])]
+
+    def _tier(self, items: list[_Item]) -> list[_Item]:
         """Pinned runs, then runs predicted to end before the aged jobs need them, then aged
         jobs (longest waiting first), then everyone else by key."""
         pinned = [i for i in items if i.pinned and i.run is not None]
