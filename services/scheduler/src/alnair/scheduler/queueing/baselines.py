@@ -82,7 +82,9 @@ class Sjf:
         types = list(snapshot.capacity)
         order = sorted(
             snapshot.pending,
-            key=lambda j: (-j.priority, best_runtime_s(j, j.allowed_types(types)), j.arrival_s, j.id),
+            key=lambda j: (
+                -j.priority, best_runtime_s(j, j.allowed_types(types)), j.arrival_s, j.id,
+            ),  # fmt: skip
         )
         for job in order:
             options = plan.options(job)
