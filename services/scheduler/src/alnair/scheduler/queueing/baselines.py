@@ -83,8 +83,11 @@ class Sjf:
         order = sorted(
             snapshot.pending,
             key=lambda j: (
-                -j.priority, best_runtime_s(j, j.allowed_types(types)), j.arrival_s, j.id,
-            ),  # fmt: skip
+                -j.priority,
+                best_runtime_s(j, j.allowed_types(types)),
+                j.arrival_s,
+                j.id,
+            ),
         )
         for job in order:
             options = plan.options(job)
