@@ -1,7 +1,8 @@
 """Other projects' parts, as they ship: the CRDs and controller managers of JobSet,
 LeaderWorkerSet, KubeRay, Kubeflow Trainer and Kubeflow's training-operator, built from
 `sigs.k8s.io/jobset`, `sigs.k8s.io/lws`, `github.com/ray-project/kuberay/ray-operator`,
-`github.com/kubeflow/trainer/v2` and `github.com/kubeflow/training-operator` by
+`github.com/kubeflow/trainer/v2` and `github.com/kubeflow/training-operator` (and Kueue's CRDs
+and samples from `sigs.k8s.io/kueue`, with no controller) by
 `hack/build-peers.sh` (cached under ~/.cache/alnair/peers,
 never in the repository), run against the local control plane.
 
@@ -120,6 +121,18 @@ TRAINING_OPERATOR = Peer(
     ),
     webhooks=False,
 )
+
+
+KUEUE_VERSION = os.environ.get("ALNAIR_KUEUE_VERSION", "v0.19.2")
+
+
+def kueue_folder() -> Path:
+    """Kueue's CRDs (crds/) and sample manifests (examples/), as its module ships them; no
+    controller: Alnair's dispatcher runs in its place."""
+    folder = cache_dir() / "peers" / f"kueue-{KUEUE_VERSION}"
+    if not list((folder / "crds").glob("*.yaml")):
+        raise FileNotFoundError(f"{folder}/crds is missing: run `make setup` (hack/build-peers.sh)")
+    return folder
 
 
 async def install_crds(kube: KubeClient, peer: Peer) -> None:

@@ -299,3 +299,24 @@ def test_a_higher_priority_displaces_a_lower_priority_run_of_unknown_runtime() -
     assert [(p.job_id, p.for_job_id) for p in decided.preemptions] == [("low", "high")]
     # an equal priority does not: a run of unknown runtime is never displaced by the order
     assert alnair.decide(_pool_snapshot([run], [same])).preemptions == ()
+
+
+def test_a_reclaim_is_made_for_the_taker_whose_rules_allow_it() -> None:
+    """Two takers want a borrower's GPUs: the borrower's own queue may not preempt it
+    (withinClusterQueue Never), the lender may (reclaimWithinCohort Any): the preemption is
+    made for the lender, whichever comes first in the plan."""
+    quota = {"V100M32": FlavorQuota(4)}
+    queues = {
+        "a": ClusterQueueSpec("a", quota, cohort="c", preemption=PreemptionRules("Never", "Any", "Never")),
+        "b": ClusterQueueSpec("b", {"V100M32": FlavorQuota(2)}, cohort="c",
+                              preemption=PreemptionRules("Never", "Never", "Never")),
+    }  # fmt: skip
+    borrower = RunningJob(JobSpec(id="b1", queue="b", gpus=4, arrival_s=0.0), "V100M32", 10.0, True)
+    mine = JobSpec(id="b2", queue="b", gpus=2, arrival_s=1.0)
+    lender = JobSpec(id="a1", queue="a", gpus=4, arrival_s=2.0)
+    snap = QueueSnapshot(
+        now_s=100.0, pending=[mine, lender], running=[borrower], queues=queues,
+        capacity={"V100M32": GpuPool(total=16, free=12, memory_mib=32768.0)},
+    )  # fmt: skip
+    decided = within_rules(queue_policy("alnair").decide(snap), snap)
+    assert [(p.job_id, p.for_job_id) for p in decided.preemptions] == [("b1", "a1")]

@@ -38,6 +38,7 @@ from alnair.common.kube import (
     NotFound,
     Obj,
 )
+from alnair.scheduler.dispatcher import kueue_queues as kq
 from alnair.scheduler.dispatcher.core import (
     QueueCore,
 )
@@ -160,6 +161,8 @@ class Dispatcher(QueueCore):
             kube, settings, self.trials, self.writer, event=self._event, remember=self._remember
         )
         self.last_decisions = Decisions()
+        self._flagged: dict[str, str] = {}
+        """Kueue objects given an Event for what Alnair cannot honour: uid -> the problem."""
         self._deadline: asyncio.TimerHandle | None = None
         queue_informers = self.queue_informers()
         self.informers = (*queue_informers, self.nodes, self.trials, *watching)
@@ -519,6 +522,8 @@ class Dispatcher(QueueCore):
         statuses = cluster_queue_statuses(
             snapshot, decisions, self.cluster_queues.values(), self.queues
         )
+        if self.kueue_objects:
+            await self._flag_kueue_objects()
         for obj in self.cluster_queues.values():
             name = obj["metadata"]["name"]
             status = statuses[name]
@@ -570,6 +575,24 @@ class Dispatcher(QueueCore):
                 continue
             except ApiError as exc:
                 log.warning("queue status refused", extra={"error": str(exc)})
+
+    async def _flag_kueue_objects(self) -> None:
+        """A Warning Event, once per problem, on each ResourceFlavor, Cohort and LocalQueue
+        of Kueue's that Alnair cannot honour, naming the field (the ClusterQueues that use one
+        say so in their own condition)."""
+        problems = kq.object_problems(
+            {f["metadata"]["name"]: f for f in self.kueue_objects["flavors"].values()},
+            {c["metadata"]["name"]: c for c in self.cohorts.values()},
+            dict(self.local_queues.store),
+        )
+        for uid, (obj, kind, problem) in problems.items():
+            if self._flagged.get(uid) == problem:
+                continue
+            self._flagged[uid] = problem
+            about = {**obj, "apiVersion": f"{kq.GROUP}/{kq.VERSION}", "kind": kind}
+            await self._event(about, "InvalidSpec", f"not honoured: {problem}", warning=True)
+        for uid in [u for u in self._flagged if u not in problems]:
+            del self._flagged[uid]
 
     # --- explanations -------------------------------------------------------------------
 

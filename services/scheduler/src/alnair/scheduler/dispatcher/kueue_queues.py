@@ -151,6 +151,12 @@ def _check_cohort(name: str, cohorts: Mapping[str, Obj]) -> None:
     obj = cohorts.get(name)
     if obj is None:
         return  # named only by its queues, as Kueue allows
+    cohort_check(obj)
+
+
+def cohort_check(obj: Obj) -> None:
+    """A Cohort Alnair can honour (flat, with no quota of its own), or InvalidValueError."""
+    name = obj["metadata"]["name"]
     _v1beta2_only(obj, "Cohort")
     spec = obj.get("spec") or {}
     for key in ("parentName", "resourceGroups"):
@@ -173,27 +179,6 @@ def parse_kueue_cluster_queue(
     name = obj["metadata"]["name"]
     _v1beta2_only(obj, "ClusterQueue")
     spec = obj.get("spec") or {}
-    for key in _UNSUPPORTED:
-        if spec.get(key):
-            raise InvalidValueError(f"spec.{key}", spec[key], "not supported")
-    for path, default in _DEFAULTS.items():
-        top, _, sub = path.partition(".")
-        value = (spec.get(top) or {}).get(sub) if sub else spec.get(top)
-        if value is not None and value != default:
-            raise InvalidValueError(
-                f"spec.{path}", value, f"not supported (Alnair's policy orders and picks the "
-                f"GPU model by predicted completion; only {default} is accepted)"
-            )  # fmt: skip
-    if spec.get("flavorFungibility", {}).get("preference"):
-        raise InvalidValueError(
-            "spec.flavorFungibility.preference", spec["flavorFungibility"]["preference"],
-            "not supported",
-        )  # fmt: skip
-    stop = spec.get("stopPolicy") or "None"
-    if stop not in ("None", "Hold"):
-        raise InvalidValueError(
-            "spec.stopPolicy", stop, "not supported: admitted workloads are not drained"
-        )
     cohort = spec.get("cohortName") or None
     if cohort is not None:
         _check_cohort(cohort, cohorts)
@@ -228,6 +213,28 @@ def parse_kueue_cluster_queue(
                     raise InvalidValueError(f"{rw}.name", resource.get("name"), f"only {GPU}")
                 quota[model] = flavor_quota(resource, rw, cohort, "spec.cohortName")
                 names[model] = str(flavor_name)
+    # What it asks beyond quota, once the quota itself is readable.
+    for key in _UNSUPPORTED:
+        if spec.get(key):
+            raise InvalidValueError(f"spec.{key}", spec[key], "not supported")
+    for path, default in _DEFAULTS.items():
+        top, _, sub = path.partition(".")
+        value = (spec.get(top) or {}).get(sub) if sub else spec.get(top)
+        if value is not None and value != default:
+            raise InvalidValueError(
+                f"spec.{path}", value, f"not supported (Alnair's policy orders and picks the "
+                f"GPU model by predicted completion; only {default} is accepted)"
+            )  # fmt: skip
+    if spec.get("flavorFungibility", {}).get("preference"):
+        raise InvalidValueError(
+            "spec.flavorFungibility.preference", spec["flavorFungibility"]["preference"],
+            "not supported",
+        )  # fmt: skip
+    stop = spec.get("stopPolicy") or "None"
+    if stop not in ("None", "Hold"):
+        raise InvalidValueError(
+            "spec.stopPolicy", stop, "not supported: admitted workloads are not drained"
+        )
     return KueueQueue(
         spec=ClusterQueueSpec(
             name=name, quota=quota, cohort=cohort, weight=weight, preemption=_preemption(spec)
@@ -307,3 +314,25 @@ def kueue_status(
         "flavorsUsage": usage,
         "conditions": [_condition(active, message, old)],
     }
+
+
+def object_problems(
+    flavors: Mapping[str, Obj], cohorts: Mapping[str, Obj], local_queues: Mapping[str, Obj]
+) -> dict[str, tuple[Obj, str, str]]:
+    """What Alnair cannot honour in each ResourceFlavor, Cohort and LocalQueue, whether or not
+    a ClusterQueue uses it yet: by uid, (object, kind, problem). Each gets an Event."""
+    out: dict[str, tuple[Obj, str, str]] = {}
+    for kind, objs, check in (
+        ("ResourceFlavor", flavors, flavor_model),
+        ("Cohort", cohorts, cohort_check),
+    ):
+        for obj in objs.values():
+            try:
+                check(obj)
+            except InvalidValueError as exc:
+                out[obj["metadata"].get("uid") or obj["metadata"]["name"]] = (obj, kind, str(exc))
+    for lq in local_queues.values():
+        problem = local_queue_problem(lq)
+        if problem is not None and "is held" not in problem:
+            out[lq["metadata"].get("uid") or lq["metadata"]["name"]] = (lq, "LocalQueue", problem)
+    return out

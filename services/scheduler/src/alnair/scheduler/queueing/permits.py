@@ -24,6 +24,7 @@ from alnair.scheduler.queueing.model import (
     Decisions,
     JobSpec,
     Preemption,
+    PreemptionRules,
     QueueSnapshot,
     RunningJob,
     WaitReason,
@@ -80,6 +81,10 @@ def refused(pre: Preemption, snapshot: QueueSnapshot) -> str | None:
 def within_rules(decisions: Decisions, snapshot: QueueSnapshot) -> Decisions:
     """The decision less the preemptions the takers' queues may not ask for; each such taker
     waits with the rule as its reason."""
+    if not decisions.preemptions or all(
+        q.preemption == PreemptionRules() for q in snapshot.queues.values()
+    ):
+        return decisions
     kept: list[Preemption] = []
     waiting = dict(decisions.waiting)
     for pre in decisions.preemptions:

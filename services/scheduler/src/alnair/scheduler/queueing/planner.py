@@ -53,12 +53,14 @@ from alnair.scheduler.queueing.model import (
     Decisions,
     JobSpec,
     Preemption,
+    PreemptionRules,
     QueueSnapshot,
     Reservation,
     RunningJob,
     WaitReason,
     gpu_type_of,
 )
+from alnair.scheduler.queueing.permits import refused
 from alnair.scheduler.queueing.plan import Plan, fits_memory
 from alnair.scheduler.queueing.quota import QuotaCheck, QuotaLedger
 
@@ -441,6 +443,7 @@ class Alnair:
             if item.run is None and chosen is not None:
                 takers.setdefault(chosen[0], []).append(item)
         real = Plan(snapshot, memory_aware=True)
+        ruled = any(q.preemption != PreemptionRules() for q in snapshot.queues.values())
         preemptions: list[Preemption] = []
         waiting_on: dict[str, str] = {}
         for gpu_type, victims in dropped.items():
@@ -470,7 +473,16 @@ class Alnair:
                 else:
                     assert victim.run is not None
                     left = victim.run.expected_end_s(now) - now
-                    for_job = first[0].job.id
+                    # The first taker whose queue's preemption rules allow it (permits.py).
+                    for_job = next(
+                        (
+                            t.job.id
+                            for t in first
+                            if not ruled
+                            or refused(Preemption(victim.job.id, "", t.job.id), snapshot) is None
+                        ),
+                        first[0].job.id,
+                    )
                     reason = (
                         f"{for_job} is predicted to finish sooner on {gpu_type} than this "
                         f"job's remaining {left:.0f}s"
