@@ -11,6 +11,7 @@ checks each against `docs/from-kueue.md`: served, or listed there with the reaso
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from alnair.dev.localstack.controlplane import apply_crds, load_manifests
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher import kueue_queues as kq
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
+from alnair.scheduler.dispatcher.parsing import ANN_ADMITTED_TYPE, ANN_FLAVORS, ANN_QUEUE_STATE
 from dispatcher_support import POOL, admitted_type, dispatcher_settings, events, explain, scheduler
 from peers_support import kueue_folder
 
@@ -85,6 +87,14 @@ def kueue_job(
     }  # fmt: skip
 
 
+def cpu_job(name: str, ns: str, queue: str, cpu: str) -> dict[str, Any]:
+    """A Job that asks no GPU: one pod asking `cpu`."""
+    job = kueue_job(name, ns, queue, 1)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    container["resources"] = {"requests": {"cpu": cpu}}
+    return job
+
+
 async def _install(kube: KubeClient) -> None:
     await apply_crds(kube, kueue_folder() / "crds")
 
@@ -120,14 +130,18 @@ async def test_kueue_queues_borrow_lend_reclaim_and_order_by_priority(
         # no cohort: a higher priority preempts a lower one in p, never in n
         gpu_queue(f"p-{ns}", ns, flavor, 4, preemption={"withinClusterQueue": "LowerPriority"}),
         gpu_queue(f"n-{ns}", ns, flavor, 4),
-        # what Alnair cannot honour: quota on CPU
+        # quota over CPU alone, for Jobs that ask no GPU
+        kueue("ResourceFlavor", f"plain-{ns}", {}),
         kueue("ClusterQueue", f"cpu-{ns}", {"namespaceSelector": {}, "resourceGroups": [
             {"coveredResources": ["cpu"], "flavors": [
-                {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": 8}]}]}]}),
+                {"name": f"plain-{ns}", "resources": [{"name": "cpu", "nominalQuota": 1}]}]}]}),
+        # what Alnair cannot honour: StrictFIFO
+        {**gpu_queue(f"bad-{ns}", ns, flavor, 1), "spec": {
+            **gpu_queue(f"bad-{ns}", ns, flavor, 1)["spec"], "queueingStrategy": "StrictFIFO"}},
     ]  # fmt: skip
     for doc in objects:
         await kube.create(RESOURCES[doc["kind"]], doc)
-    for queue in ("a", "b", "solo", "p", "n", "cpu"):
+    for queue in ("a", "b", "solo", "p", "n", "cpu", "bad"):
         lq = kueue("LocalQueue", queue, {"clusterQueue": f"{queue}-{ns}"})
         await kube.create(kq.LOCALQUEUES, lq, ns)
 
@@ -178,18 +192,35 @@ async def test_kueue_queues_borrow_lend_reclaim_and_order_by_priority(
             assert "withinClusterQueue is Never" in held["reason"]["message"]
             assert await admitted_type(kube, ns, "n-low") == "V100M32"
 
-            # The CPU queue admits nothing; its condition and a Warning Event name the field.
-            active = await wait_for(lambda: _active(kube, f"cpu-{ns}"), 10)
-            assert active["status"] == "False"
-            assert "spec.resourceGroups[0].coveredResources" in active["message"]
-            await kube.create(JOBS, kueue_job("c1", ns, "cpu", 1), ns)
-            refused = await wait_for(
-                lambda: explain(running, ns, "c1", lambda d: d.get("reason") is not None), 10
+            # Jobs asking no GPU, in a queue over CPU: the first fits its 1 CPU, the second
+            # waits for the quota, named; the queue's status counts the CPU in its flavor.
+            await kube.create(JOBS, cpu_job("c1", ns, "cpu", "600m"), ns)
+            assert await wait_for(lambda: admitted_type(kube, ns, "c1"), 20) == "none"
+            c1 = await kube.get(JOBS, "c1", ns)
+            assert json.loads(c1["metadata"]["annotations"][ANN_FLAVORS]) == {"cpu": f"plain-{ns}"}
+            await kube.create(JOBS, cpu_job("c2", ns, "cpu", "600m"), ns)
+            short = await wait_for(
+                lambda: explain(running, ns, "c2", lambda d: d.get("reason") is not None), 10
             )
-            assert "coveredResources" in refused["reason"]["message"]
-            assert await admitted_type(kube, ns, "c1") is None
-            flagged = await wait_for(lambda: _warnings(kube, "default", f"cpu-{ns}"), 10)
-            assert "coveredResources" in flagged[0]["message"]
+            assert short["reason"]["kind"] == "quota"
+            assert f"cpu in flavor plain-{ns}: 1.2 would exceed 1" in short["reason"]["message"]
+            usage = await wait_for(lambda: _borrowed(kube, f"cpu-{ns}"), 10)
+            assert usage == [{"name": f"plain-{ns}", "resources": [
+                {"name": "cpu", "total": "0.6", "borrowed": "0"}]}]  # fmt: skip
+
+            # What Alnair cannot honour: the queue admits nothing; its condition, a Warning
+            # Event and its waiting job name the field.
+            active = await wait_for(lambda: _active(kube, f"bad-{ns}"), 10)
+            assert active["status"] == "False"
+            assert "spec.queueingStrategy" in active["message"]
+            await kube.create(JOBS, kueue_job("x1", ns, "bad", 1), ns)
+            refused = await wait_for(
+                lambda: explain(running, ns, "x1", lambda d: d.get("reason") is not None), 10
+            )
+            assert "queueingStrategy" in refused["reason"]["message"]
+            assert await admitted_type(kube, ns, "x1") is None
+            flagged = await wait_for(lambda: _warnings(kube, "default", f"bad-{ns}"), 10)
+            assert "queueingStrategy" in flagged[0]["message"]
             ok = await _active(kube, f"a-{ns}")
             assert ok is not None and ok["status"] == "True"
         finally:
@@ -254,7 +285,7 @@ async def test_every_kueue_sample_is_served_or_listed_with_its_reason(
             for name, objs in created.items():
                 problems = [await _problem(kube, kind, obj, ns) for kind, obj in objs]
                 found = [p for p in problems if p is not None]
-                if table[name] == "served":
+                if table[name].startswith("served"):
                     assert not found, f"{name} is documented as served: {found}"
                 else:
                     # Each object not served says why, naming the field the table names.
@@ -273,8 +304,17 @@ async def _problem(kube: KubeClient, kind: str, obj: dict[str, Any], ns: str) ->
         active = await wait_for(lambda: _active(kube, meta["name"]), 20)
         return None if active["status"] == "True" else str(active["message"])
     if kind == "Job":
-        found = await wait_for(lambda: events(kube, ns, meta["name"], "InvalidRequest"), 20)
-        return str(found[0]["message"])
+
+        async def judged() -> tuple[str | None] | None:
+            ann = (await kube.get(JOBS, meta["name"], ns))["metadata"].get("annotations") or {}
+            if ann.get(ANN_ADMITTED_TYPE):
+                return (None,)  # admitted
+            if ann.get(ANN_QUEUE_STATE, "").startswith("waiting"):
+                return (ann[ANN_QUEUE_STATE],)
+            refused = await events(kube, ns, meta["name"], "InvalidRequest")
+            return (str(refused[0]["message"]),) if refused else None
+
+        return (await wait_for(judged, 20))[0]
     if kind in ("ResourceFlavor", "Cohort"):
         # Judged in the first reconcile, whose Events are written before the ClusterQueues'
         # conditions (which the samples' ClusterQueues, waited for first, have).

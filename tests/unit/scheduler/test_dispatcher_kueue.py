@@ -3,6 +3,7 @@ preemption rules over a policy's decision (`queueing.permits`)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from alnair.scheduler.queueing import (
     queue_policy,
 )
 from alnair.scheduler.queueing.permits import refused, within_rules
+from alnair.scheduler.queueing.resources import ResourceLedger
 
 GPU = "nvidia.com/gpu"
 
@@ -40,6 +42,8 @@ def flavor(name: str, **spec: Any) -> dict[str, Any]:
 FLAVORS = {
     "v100": flavor("v100", nodeLabels={"alnair.io/gpu-model": "V100M32"}),
     "a100": flavor("a100", nodeLabels={"alnair.io/gpu-model": "A100"}),
+    "plain": flavor("plain"),
+    "spot": flavor("spot"),
 }
 
 
@@ -96,8 +100,17 @@ def test_kueue_defaults_preempt_nothing_and_a_null_selector_selects_no_namespace
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": []}]},
+        ({"resourceGroups": [{"coveredResources": ["cpu", GPU], "flavors": []}]},
          "spec.resourceGroups[0].coveredResources"),
+        ({"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "v100", "resources": [{"name": "cpu", "nominalQuota": 1}]}]}]},
+         "ResourceFlavor v100 spec.nodeLabels.alnair.io/gpu-model"),
+        ({"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "plain", "resources": [{"name": "memory", "nominalQuota": 1}]}]}]},
+         "spec.resourceGroups[0].flavors[0].resources[0].name"),
+        ({"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "plain", "resources": [{"name": "cpu", "nominalQuota": "lots"}]}]}]},
+         "spec.resourceGroups[0].flavors[0].resources[0].nominalQuota"),
         ({"resourceGroups": [{"coveredResources": [GPU], "flavors": [
             {"name": "h100", "resources": [{"name": GPU, "nominalQuota": 1}]}]}]},
          "spec.resourceGroups[0].flavors[0].name"),
@@ -105,8 +118,6 @@ def test_kueue_defaults_preempt_nothing_and_a_null_selector_selects_no_namespace
             {"name": "v100", "resources": [{"name": GPU, "nominalQuota": "1Gi"}]}]}]},
          "spec.resourceGroups[0].flavors[0].resources[0].nominalQuota"),
         ({"queueingStrategy": "StrictFIFO"}, "spec.queueingStrategy"),
-        ({"flavorFungibility": {"whenCanPreempt": "MayStopSearch"}},
-         "spec.flavorFungibility.whenCanPreempt"),
         ({"stopPolicy": "HoldAndDrain"}, "spec.stopPolicy"),
         ({"admissionChecksStrategy": {"admissionChecks": [{"name": "x"}]}},
          "spec.admissionChecksStrategy"),
@@ -320,3 +331,43 @@ def test_a_reclaim_is_made_for_the_taker_whose_rules_allow_it() -> None:
     )  # fmt: skip
     decided = within_rules(queue_policy("alnair").decide(snap), snap)
     assert [(p.job_id, p.for_job_id) for p in decided.preemptions] == [("b1", "a1")]
+
+
+def test_quota_over_cpu_and_memory_reads_as_resource_groups() -> None:
+    body = cq(resourceGroups=[
+        {"coveredResources": [GPU], "flavors": [
+            {"name": "v100", "resources": [{"name": GPU, "nominalQuota": 4}]}]},
+        {"coveredResources": ["cpu", "memory"], "flavors": [
+            {"name": "plain", "resources": [{"name": "cpu", "nominalQuota": "300m"},
+                                            {"name": "memory", "nominalQuota": "300Mi",
+                                             "lendingLimit": "100Mi"}]},
+            {"name": "spot", "resources": [{"name": "cpu", "nominalQuota": 8},
+                                           {"name": "memory", "nominalQuota": "8Gi"}]}]},
+    ])  # fmt: skip
+    got = parse_kueue_cluster_queue(body, {}, FLAVORS)
+    assert got.spec.quota == {"V100M32": FlavorQuota(4)}
+    (group,) = got.resources.groups
+    assert group.covered == ("cpu", "memory")
+    assert [f.name for f in group.flavors] == ["plain", "spot"]
+    assert group.flavors[0].quotas["cpu"].nominal == Decimal("0.3")
+    assert group.flavors[0].quotas["memory"].lending_limit == 100 * 2**20
+    ledger = ResourceLedger({"team-a": got.resources})
+    asked = {"cpu": Decimal("0.15"), "memory": Decimal(300 * 2**20)}
+    assert ledger.assign("team-a", asked) == {"cpu": "plain", "memory": "plain"}
+    used = {"flavorsUsage": [], "pendingWorkloads": 0, "admittedWorkloads": 1}
+    ledger.take("team-a", {"cpu": "plain", "memory": "plain"}, asked)
+    status = kueue_status(used, got, None, {}, ledger)
+    assert status["flavorsUsage"] == [{"name": "plain", "resources": [
+        {"name": "cpu", "total": "0.15", "borrowed": "0"},
+        {"name": "memory", "total": str(300 * 2**20), "borrowed": "0"},
+    ]}]  # fmt: skip
+
+
+def test_flavor_preferences_are_read_not_applied_and_said() -> None:
+    got = parse_kueue_cluster_queue(
+        cq(flavorFungibility={"whenCanPreempt": "MayStopSearch", "whenCanBorrow": "MayStopSearch"}),
+        {}, FLAVORS,
+    )  # fmt: skip
+    (note,) = got.notes
+    assert note.startswith("spec.flavorFungibility.whenCanPreempt='MayStopSearch' is not applied")
+    assert parse_kueue_cluster_queue(cq(), {}, FLAVORS).notes == ()

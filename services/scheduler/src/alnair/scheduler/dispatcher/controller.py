@@ -15,10 +15,12 @@ second write of a decision taken on stale data (409) instead of admitting twice.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, get_args
@@ -50,12 +52,14 @@ from alnair.scheduler.dispatcher.outside import Inside, OutsidePods
 from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_BORROWING,
+    ANN_FLAVORS,
     ANN_PREEMPTIONS,
     LABEL_TRIAL_FOR,
     LABEL_WORKLOAD,
     Workload,
     node_gpus,
     parse_cluster_queue,
+    parse_plain_job,
     workload_label,
 )
 from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
@@ -67,7 +71,7 @@ from alnair.scheduler.dispatcher.queue_status import (
     cluster_queue_statuses,
     local_queue_statuses,
 )
-from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas
+from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas, asked_of_queue
 from alnair.scheduler.dispatcher.serving import ServingPods
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.trials import ColdStart
@@ -85,6 +89,7 @@ from alnair.scheduler.queueing import (
     queue_policy,
 )
 from alnair.scheduler.queueing.permits import within_rules
+from alnair.scheduler.queueing.resources import QueueResources, ResourceLedger
 
 log = logging.getLogger(__name__)
 WAIT_KINDS = get_args(WaitKind)
@@ -161,6 +166,8 @@ class Dispatcher(QueueCore):
             kube, settings, self.trials, self.writer, event=self._event, remember=self._remember
         )
         self.last_decisions = Decisions()
+        self._usage = ResourceLedger({})
+        """The last reconcile's usage of quota over other resources (queue status)."""
         self._flagged: dict[str, str] = {}
         """Kueue objects given an Event for what Alnair cannot honour: uid -> the problem."""
         self._deadline: asyncio.TimerHandle | None = None
@@ -278,6 +285,11 @@ class Dispatcher(QueueCore):
         started = time.perf_counter()
         self.reconciles += 1
         queues = self._read_queues()
+        plain_quota = self._plain_quota()
+        charges: list[
+            tuple[str, Workload]
+        ] = []  # admitted workloads in queues over other resources
+        plain_ws: list[tuple[Workload, str]] = []  # workloads without GPUs, waiting
         now = time.time()
         pending: list[JobSpec] = []
         running: list[RunningJob] = []
@@ -308,12 +320,17 @@ class Dispatcher(QueueCore):
                 seen = kind.resolve(obj, self._lookup) if kind.resolve is not None else obj
                 wl = kind.parse(seen, self.settings.default_restart_cost_s)
             except InvalidValueError as exc:
-                if state.invalid != str(exc):
+                plain = self._plain_job(kind.kind, obj)
+                if plain is not None:
+                    wl = plain
+                elif state.invalid != str(exc):
                     state.invalid = str(exc)
                     await self._event(
                         kind.ref(obj), "InvalidRequest", f"not queued: {exc}", warning=True
                     )
-                continue
+                    continue
+                else:
+                    continue
             state.invalid = None
             workloads[key] = wl
             cq = self._cluster_queue_of(wl)
@@ -327,6 +344,10 @@ class Dispatcher(QueueCore):
                 if await self.pods_ready.taken_back(wl, kind, start, now, deadlines):
                     continue  # its admission was taken back: it holds nothing now
                 self.quotas.charge(wl)
+                if queue in plain_quota:
+                    charges.append((queue, wl))
+                if wl.request.gpus == 0:
+                    continue  # a workload without GPUs: its quota is all the policy never sees
                 if kind.kind in SERVING:
                     await self.writer.ungate(wl, admitted)
                 spec = self._job_spec(
@@ -382,6 +403,9 @@ class Dispatcher(QueueCore):
                 state.reason = WaitReason("queue", refused)
                 await self.writer.wait_event(wl, state)
                 continue
+            if wl.request.gpus == 0:
+                plain_ws.append((wl, cq))
+                continue
             pending_ws.append(wl)
             if "submitted" not in state.evented:
                 state.evented.add("submitted")
@@ -426,9 +450,103 @@ class Dispatcher(QueueCore):
         )
         decisions = within_rules(self.policy.decide(snapshot), snapshot)
         self.last_decisions = decisions
-        await self._apply(decisions, snapshot, workloads)
-        await self._write_queue_status(snapshot, decisions)
+        ledger = self._ledger(plain_quota, charges)
+        await self._apply(decisions, snapshot, workloads, ledger)
+        admitted_plain = await self._admit_plain(plain_ws, ledger, now)
+        plain_counts = (
+            Counter(cq for _, cq in plain_ws) - admitted_plain,
+            Counter(q for q, wl in charges if wl.request.gpus == 0) + admitted_plain,
+        )
+        await self._write_queue_status(snapshot, decisions, plain_counts)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    # --- quota over other resources than GPUs (Kueue's queues) ---------------------------
+
+    def _plain_quota(self) -> dict[str, QueueResources]:
+        """The active queues that hold quota over other resources than GPUs, by name."""
+        return {
+            name: st.kueue.resources
+            for name, st in self.queues.items()
+            if st.spec is not None and st.kueue is not None and st.kueue.resources.groups
+        }
+
+    def _plain_job(self, kind: str, obj: Obj) -> Workload | None:
+        """A queued Job asking no GPU, when its ClusterQueue holds quota over other resources
+        that covers all it asks (None: it is not queued, as before)."""
+        if kind != "Job" or not self.kueue_objects:
+            return None
+        try:
+            wl = parse_plain_job(obj, self.settings.default_restart_cost_s)
+        except InvalidValueError:
+            return None
+        cq = self._cluster_queue_of(wl)
+        state = self.queues.get(cq or "")
+        if state is None:
+            return None
+        if state.spec is None:
+            return wl  # it waits, with why its queue is inactive
+        quota = self._plain_quota().get(cq or "")
+        try:
+            asked = asked_of_queue(wl)
+        except InvalidValueError:
+            return None
+        return wl if quota is not None and set(asked) <= quota.covered() else None
+
+    def _ledger(
+        self, quota: Mapping[str, QueueResources], charges: list[tuple[str, Workload]]
+    ) -> ResourceLedger:
+        """Usage of the queues' quota over other resources by what is admitted, each counted
+        in the flavors recorded at its admission (or, for one admitted before its queue held
+        such quota, the flavors it would get now)."""
+        ledger = ResourceLedger(quota)
+        for queue, wl in charges:
+            try:
+                asked = asked_of_queue(wl)
+            except InvalidValueError:
+                continue
+            raw = wl.annotations.get(ANN_FLAVORS)
+            try:
+                recorded = json.loads(raw) if raw else None
+            except ValueError:
+                recorded = None
+            if not isinstance(recorded, dict):
+                found = ledger.assign(queue, asked)
+                recorded = found if not isinstance(found, str) else {}
+            ledger.take(queue, {str(k): str(v) for k, v in recorded.items()}, asked)
+        self._usage = ledger
+        return ledger
+
+    async def _admit_plain(
+        self, waiting: list[tuple[Workload, str]], ledger: ResourceLedger, now: float
+    ) -> Counter[str]:
+        """Admit the workloads that ask no GPU, higher priority first, then by arrival, each
+        where its queue's quota over other resources has room (no policy, no preemption);
+        how many were admitted, by queue."""
+        admitted: Counter[str] = Counter()
+        order = sorted(
+            waiting,
+            key=lambda w: (
+                -self._priority(w[0]), str(w[0].obj["metadata"].get("creationTimestamp")),
+                w[0].key,
+            ),
+        )  # fmt: skip
+        for wl, cq in order:
+            state = self.states.setdefault(wl.key, JobState(wl.key))
+            if self._over_resource_quota(wl, state):
+                await self.writer.wait_event(wl, state)
+                continue
+            asked = asked_of_queue(wl)
+            flavors = ledger.assign(cq, asked)
+            if isinstance(flavors, str):
+                state.reason = WaitReason("quota", flavors)
+                await self.writer.wait_event(wl, state)
+                continue
+            self.fence(f"admission of {wl.key}")
+            if await self.writer.admit_plain(wl, cq, flavors, now):
+                ledger.take(cq, flavors, asked)
+                self.quotas.charge(wl)
+                admitted[cq] += 1
+        return admitted
 
     def _over_resource_quota(self, wl: Workload, state: JobState) -> bool:
         """Whether the namespace's ResourceQuota would refuse the workload's pods now, given
@@ -442,7 +560,11 @@ class Dispatcher(QueueCore):
     # --- applying decisions ---------------------------------------------------------------
 
     async def _apply(
-        self, decisions: Decisions, snapshot: QueueSnapshot, workloads: dict[str, Workload]
+        self,
+        decisions: Decisions,
+        snapshot: QueueSnapshot,
+        workloads: dict[str, Workload],
+        ledger: ResourceLedger,
     ) -> None:
         policy = self.policy.name
         for pre in decisions.preemptions:
@@ -463,8 +585,18 @@ class Dispatcher(QueueCore):
             if state is not None and self._over_resource_quota(wl, state):
                 await self.writer.wait_event(wl, state)  # room an earlier admission just took
                 continue
+            asked = asked_of_queue(wl)
+            flavors = ledger.assign(job.queue, asked)
+            if isinstance(flavors, str):  # its queue's quota over other resources is short
+                if state is not None:
+                    state.reason = WaitReason("quota", flavors)
+                    await self.writer.wait_event(wl, state)
+                continue
             self.fence(f"admission of {adm.job_id}")
-            if await self.writer.admit(wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s):
+            if await self.writer.admit(
+                wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s, flavors=flavors
+            ):
+                ledger.take(job.queue, flavors, asked)
                 self.quotas.charge(wl)
                 self.metrics.decisions.labels(
                     policy, "borrowing" if adm.borrowing else "admitted"
@@ -516,12 +648,21 @@ class Dispatcher(QueueCore):
             delay = max(0.0, when - time.time()) + 0.05
             self._deadline = asyncio.get_running_loop().call_later(delay, self._wake.set)
 
-    async def _write_queue_status(self, snapshot: QueueSnapshot, decisions: Decisions) -> None:
+    async def _write_queue_status(
+        self,
+        snapshot: QueueSnapshot,
+        decisions: Decisions,
+        plain: tuple[Counter[str], Counter[str]] = (Counter(), Counter()),
+    ) -> None:
         """Kueue's status fields on every ClusterQueue and LocalQueue, written only when
-        they changed (`queue_status.py` counts them)."""
+        they changed (`queue_status.py` counts them; `plain`: the workloads without GPUs
+        pending and admitted, by queue)."""
         statuses = cluster_queue_statuses(
             snapshot, decisions, self.cluster_queues.values(), self.queues
         )
+        for name, status in statuses.items():
+            status["pendingWorkloads"] += plain[0][name]
+            status["admittedWorkloads"] += plain[1][name]
         if self.kueue_objects:
             await self._flag_kueue_objects()
         for obj in self.cluster_queues.values():
@@ -534,7 +675,7 @@ class Dispatcher(QueueCore):
             if self.kueue_objects:  # Kueue's own ClusterQueue: its status in its own shape
                 status = kueue_status(
                     status, state.kueue if state else None, state.problem if state else None,
-                    current,
+                    current, self._usage,
                 )  # fmt: skip
             if all(current.get(k) == v for k, v in status.items()):
                 continue
@@ -585,12 +726,18 @@ class Dispatcher(QueueCore):
             {c["metadata"]["name"]: c for c in self.cohorts.values()},
             dict(self.local_queues.store),
         )
+        for obj in self.cluster_queues.values():
+            state = self.queues.get(obj["metadata"]["name"])
+            if state is not None and state.kueue is not None and state.kueue.notes:
+                uid = obj["metadata"].get("uid") or obj["metadata"]["name"]
+                problems[uid] = (obj, "ClusterQueue", "; ".join(state.kueue.notes))
         for uid, (obj, kind, problem) in problems.items():
             if self._flagged.get(uid) == problem:
                 continue
             self._flagged[uid] = problem
             about = {**obj, "apiVersion": f"{kq.GROUP}/{kq.VERSION}", "kind": kind}
-            await self._event(about, "InvalidSpec", f"not honoured: {problem}", warning=True)
+            reason = "NotApplied" if kind == "ClusterQueue" else "InvalidSpec"
+            await self._event(about, reason, f"not honoured: {problem}", warning=True)
         for uid in [u for u in self._flagged if u not in problems]:
             del self._flagged[uid]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from alnair.common import resources as res
@@ -39,6 +40,13 @@ from alnair.common.kube import Obj, Resource
 from alnair.scheduler.cluster.selectors import LabelSelector
 from alnair.scheduler.dispatcher.parsing import GPU, fair_share_weight, flavor_quota
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota, PreemptionRules
+from alnair.scheduler.queueing.resources import (
+    FlavorQuotas,
+    QueueResources,
+    ResourceGroup,
+    ResourceLedger,
+    ResourceQuota,
+)
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -53,10 +61,15 @@ _WITHIN = ("Never", "LowerPriority", "LowerOrNewerEqualPriority")
 _RECLAIM = ("Never", "LowerPriority", "Any")
 _BORROW = ("Never", "LowerPriority")
 _DEFAULTS = {
-    # fields Kueue's CRD defaults: their default is what Alnair does, any other value is not
+    # a field Kueue's CRD defaults: its default is what Alnair does, another value is refused
     "queueingStrategy": "BestEffortFIFO",
+}
+_NOT_APPLIED: dict[str, str | None] = {
+    # preferences whose other values change which flavor, never how much quota, is used:
+    # read, not applied, and said so in an Event
     "flavorFungibility.whenCanBorrow": "MayStopSearch",
     "flavorFungibility.whenCanPreempt": "TryNextFlavor",
+    "flavorFungibility.preference": None,
 }
 _UNSUPPORTED = ("admissionChecksStrategy", "admissionScope", "concurrentAdmissionPolicy")
 
@@ -71,6 +84,10 @@ class KueueQueue:
     namespaces: LabelSelector = field(default_factory=LabelSelector)
     hold: bool = False
     """`stopPolicy: Hold`: admits nothing new; what runs keeps running."""
+    resources: QueueResources = field(default_factory=lambda: QueueResources(()))
+    """Its quota over other resources than GPUs (CPU, memory, ...): `queueing/resources.py`."""
+    notes: tuple[str, ...] = ()
+    """Fields read but not applied (preferences that change no quota), for an Event."""
 
 
 def written_as_v1beta1(obj: Obj) -> bool:
@@ -119,6 +136,35 @@ def _preemption(spec: Obj) -> PreemptionRules:
             "not supported: Alnair never preempts a job within its queue's quota to borrow",
         )
     return PreemptionRules(within_queue=within, reclaim=reclaim, borrow_within_cohort=policy)
+
+
+def plain_flavor(flavor: Obj) -> str:
+    """A ResourceFlavor for resources other than GPUs: one that adds nothing to the pods it
+    admits (node labels, taints, tolerations and topologies are not applied here, so a flavor
+    that names any is refused rather than admit pods that would land anywhere)."""
+    name = flavor["metadata"]["name"]
+    _v1beta2_only(flavor, "ResourceFlavor")
+    spec = flavor.get("spec") or {}
+    for key in ("nodeLabels", "nodeTaints", "tolerations", "topologyName"):
+        value = spec.get(key)
+        if value:
+            where = f"ResourceFlavor {name} spec.{key}"
+            if key == "nodeLabels":
+                where += f".{sorted(value)[0]}"
+            raise InvalidValueError(
+                where, value, "not supported: Alnair does not add a flavor's nodes to its pods"
+            )
+    return str(name)
+
+
+def flavor_problem(flavor: Obj) -> None:
+    """InvalidValueError when the flavor is neither a GPU model (`flavor_model`) nor a plain
+    flavor (`plain_flavor`)."""
+    labels = (flavor.get("spec") or {}).get("nodeLabels") or {}
+    if res.LABEL_GPU_MODEL in labels:
+        flavor_model(flavor)
+    else:
+        plain_flavor(flavor)
 
 
 def flavor_model(flavor: Obj) -> str:
@@ -185,15 +231,18 @@ def parse_kueue_cluster_queue(
     weight = fair_share_weight(spec, "spec.fairSharing.weight")
     quota: dict[str, FlavorQuota] = {}
     names: dict[str, str] = {}
+    groups: list[ResourceGroup] = []
     for g, group in enumerate(spec.get("resourceGroups") or []):
         covered = list(group.get("coveredResources") or [])
         if covered != [GPU]:
-            other = next((r for r in covered if r != GPU), covered)
-            raise InvalidValueError(
-                f"spec.resourceGroups[{g}].coveredResources",
-                other,
-                f"not supported: Alnair's queues hold {GPU} only",
-            )
+            if GPU in covered:
+                raise InvalidValueError(
+                    f"spec.resourceGroups[{g}].coveredResources",
+                    covered,
+                    f"not supported: {GPU} in a group of its own (its flavors are GPU models)",
+                )
+            groups.append(_plain_group(group, f"spec.resourceGroups[{g}]", cohort, flavors))
+            continue
         for f, entry in enumerate(group.get("flavors") or []):
             where = f"spec.resourceGroups[{g}].flavors[{f}]"
             flavor_name = entry.get("name")
@@ -225,11 +274,15 @@ def parse_kueue_cluster_queue(
                 f"spec.{path}", value, f"not supported (Alnair's policy orders and picks the "
                 f"GPU model by predicted completion; only {default} is accepted)"
             )  # fmt: skip
-    if spec.get("flavorFungibility", {}).get("preference"):
-        raise InvalidValueError(
-            "spec.flavorFungibility.preference", spec["flavorFungibility"]["preference"],
-            "not supported",
-        )  # fmt: skip
+    notes = []
+    for preference, usual in _NOT_APPLIED.items():
+        top, _, sub = preference.partition(".")
+        value = (spec.get(top) or {}).get(sub)
+        if value is not None and value != usual:
+            notes.append(
+                f"spec.{preference}={value!r} is not applied: the GPU model is chosen by predicted "
+                "completion, other flavors in order (the first with room; no preemption)"
+            )
     stop = spec.get("stopPolicy") or "None"
     if stop not in ("None", "Hold"):
         raise InvalidValueError(
@@ -242,7 +295,52 @@ def parse_kueue_cluster_queue(
         flavors=names,
         namespaces=_selector(spec.get("namespaceSelector"), "spec.namespaceSelector"),
         hold=stop == "Hold",
+        resources=QueueResources(tuple(groups), cohort),
+        notes=tuple(notes),
     )
+
+
+def _amount(value: Any, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidValueError(where, value, "not a Kubernetes quantity")
+    amount = res.parse_quantity(value, where)
+    if amount < 0:
+        raise InvalidValueError(where, value, "must be >= 0")
+    return amount
+
+
+def _plain_group(
+    group: Obj, where: str, cohort: str | None, flavors: Mapping[str, Obj]
+) -> ResourceGroup:
+    """A resource group over resources other than GPUs, with its flavors' quotas."""
+    covered = tuple(str(r) for r in group.get("coveredResources") or [])
+    out: list[FlavorQuotas] = []
+    for f, entry in enumerate(group.get("flavors") or []):
+        fw = f"{where}.flavors[{f}]"
+        flavor = flavors.get(entry.get("name") or "")
+        if flavor is None:
+            raise InvalidValueError(
+                f"{fw}.name", entry.get("name"), "no ResourceFlavor of that name exists"
+            )
+        plain_flavor(flavor)
+        quotas: dict[str, ResourceQuota] = {}
+        for r, resource in enumerate(entry.get("resources") or []):
+            rw = f"{fw}.resources[{r}]"
+            name = resource.get("name")
+            if name not in covered:
+                raise InvalidValueError(f"{rw}.name", name, "not in the group's coveredResources")
+            borrow, lend = resource.get("borrowingLimit"), resource.get("lendingLimit")
+            if cohort is None and (borrow is not None or lend is not None):
+                raise InvalidValueError(
+                    f"{rw}.borrowingLimit", borrow, "borrowing and lending need spec.cohortName"
+                )
+            quotas[str(name)] = ResourceQuota(
+                nominal=_amount(resource.get("nominalQuota"), f"{rw}.nominalQuota"),
+                borrowing_limit=None if borrow is None else _amount(borrow, f"{rw}.borrowingLimit"),
+                lending_limit=None if lend is None else _amount(lend, f"{rw}.lendingLimit"),
+            )
+        out.append(FlavorQuotas(str(entry["name"]), quotas))
+    return ResourceGroup(covered, tuple(out))
 
 
 def local_queue_problem(lq: Obj) -> str | None:
@@ -288,11 +386,20 @@ def _condition(active: bool, message: str, current: Obj | None) -> Obj:
     }
 
 
+def _quantity(amount: Decimal) -> str:
+    return format(amount.normalize(), "f")
+
+
 def kueue_status(
-    alnair: Obj, queue: KueueQueue | None, problem: str | None, current: Obj
+    alnair: Obj,
+    queue: KueueQueue | None,
+    problem: str | None,
+    current: Obj,
+    ledger: ResourceLedger | None = None,
 ) -> dict[str, Any]:
-    """A Kueue ClusterQueue's `status` from the counts `queue_status` makes (Alnair's shape):
-    usage per flavor by its ResourceFlavor's name, borrowed being usage above nominal."""
+    """A Kueue ClusterQueue's `status` from the counts `queue_status` makes (Alnair's shape)
+    and, for its quota over other resources, the dispatcher's `ledger`: usage per flavor by
+    its ResourceFlavor's name, borrowed being usage above nominal."""
     names = dict(queue.flavors) if queue is not None else {}
     quota = queue.spec.quota if queue is not None else {}
     usage = []
@@ -303,6 +410,20 @@ def kueue_status(
             "name": names.get(model, model),
             "resources": [{"name": GPU, "total": total, "borrowed": max(0, total - nominal)}],
         })  # fmt: skip
+    if queue is not None and ledger is not None:
+        name, zero = queue.spec.name, Decimal(0)
+        for group in queue.resources.groups:
+            for flavor in group.flavors:
+                used = [
+                    (r, ledger.usage(name, flavor.name, r), q.nominal)
+                    for r, q in sorted(flavor.quotas.items())
+                ]
+                if not any(u for _, u, _ in used):
+                    continue
+                usage.append({"name": flavor.name, "resources": [
+                    {"name": r, "total": _quantity(u), "borrowed": _quantity(max(u - n, zero))}
+                    for r, u, n in used
+                ]})  # fmt: skip
     old = next((c for c in current.get("conditions") or [] if c.get("type") == "Active"), None)
     active = queue is not None and not queue.hold
     message = problem or ("" if queue is None or not queue.hold else "held (spec.stopPolicy)")
@@ -323,7 +444,7 @@ def object_problems(
     a ClusterQueue uses it yet: by uid, (object, kind, problem). Each gets an Event."""
     out: dict[str, tuple[Obj, str, str]] = {}
     for kind, objs, check in (
-        ("ResourceFlavor", flavors, flavor_model),
+        ("ResourceFlavor", flavors, flavor_problem),
         ("Cohort", cohorts, cohort_check),
     ):
         for obj in objs.values():

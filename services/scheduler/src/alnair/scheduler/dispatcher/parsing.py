@@ -57,6 +57,11 @@ ANN_ADMITTED_AT = "alnair.io/admitted-at"
 ANN_SELECTED_TYPE = "alnair.io/selected-gpu-model"
 """The GPU model the dispatcher wrote into the pod template's node selector (kept while
 suspended: a started Job's template cannot change until it is admitted again)."""
+ANN_FLAVORS = "alnair.io/admitted-flavors"
+"""Kueue's queues: the flavor each resource other than GPUs was counted in at admission, as
+JSON (`{"cpu": "default-flavor"}`), so the same quota is charged while it runs."""
+NO_GPU = "none"
+"""ANN_ADMITTED_TYPE of a workload admitted without GPUs (Kueue's queues over CPU, memory)."""
 ANN_BORROWING = "alnair.io/borrowing"
 ANN_PREEMPTIONS = "alnair.io/preemptions"
 ANN_RAN = "alnair.io/ran-s"
@@ -410,6 +415,24 @@ def parse_workload(job: Obj, default_restart_cost_s: float) -> Workload:
         features=features,
         gpu_model=gpu_model_constraint(job),
         restart_cost_s=restart,
+        held=bool((job.get("spec") or {}).get("suspend")),
+        pod_sets=(_job_pod_set(job),),
+    )
+
+
+def parse_plain_job(job: Obj, default_restart_cost_s: float) -> Workload:
+    """A queued Job that asks no GPU (admitted by quota over other resources alone, which
+    only Kueue's queues hold); InvalidValueError when it asks for one after all."""
+    if gpus_asked(job) is not None:
+        raise InvalidValueError("spec.template.spec.containers[].resources", GPU, "asks GPUs")
+    meta = job["metadata"]
+    pods = job_pods(job.get("spec") or {}, "spec")
+    return Workload(
+        key=f"{meta['namespace']}/{meta['name']}",
+        obj=job,
+        local_queue=queue_label(meta),
+        request=GpuRequest(gpus=0, pods=pods, gpus_per_pod=0),
+        restart_cost_s=restart_cost(meta, default_restart_cost_s),
         held=bool((job.get("spec") or {}).get("suspend")),
         pod_sets=(_job_pod_set(job),),
     )

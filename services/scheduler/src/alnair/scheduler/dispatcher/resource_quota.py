@@ -27,7 +27,7 @@ from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer
 from alnair.common.kube import RESOURCEQUOTAS, KubeClient, Obj
-from alnair.scheduler.dispatcher.parsing import PodSet, Workload
+from alnair.scheduler.dispatcher.parsing import GPU, PodSet, Workload
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,17 @@ def workload_amounts(wl: Workload) -> Amounts:
         pods += pod_set.count
     total["pods"] = Decimal(max(pods, wl.request.pods))  # (a PodGroup states one set)
     return total
+
+
+def asked_of_queue(wl: Workload) -> Amounts:
+    """What a workload asks of a queue's quota over resources other than GPUs: its pods'
+    requests, all at once, by resource (GPUs, whole or by memory, are the policies')."""
+    gpu = {GPU, *res.GPU_MEMORY_UNIT_MIB}
+    return {
+        name.removeprefix("requests."): amount
+        for name, amount in workload_amounts(wl).items()
+        if name.startswith("requests.") and name.removeprefix("requests.") not in gpu
+    }
 
 
 def _charge(held: Amounts, wl: Workload) -> None:

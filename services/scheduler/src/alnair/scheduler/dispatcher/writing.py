@@ -12,10 +12,11 @@ and counted, and the rest of the queue goes on. The decisions themselves are the
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -30,11 +31,13 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
+    ANN_FLAVORS,
     ANN_PODS_READY_AT,
     ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_RAN,
     ANN_SELECTED_TYPE,
+    NO_GPU,
     Workload,
     gated,
 )
@@ -122,8 +125,11 @@ class WorkloadWriter:
         )
 
     async def admit(
-        self, wl: Workload, job: JobSpec, gpu_type: str, borrowing: bool, now_s: float
-    ) -> bool:
+        self, wl: Workload, job: JobSpec, gpu_type: str, borrowing: bool, now_s: float,
+        flavors: Mapping[str, str] | None = None,
+    ) -> bool:  # fmt: skip
+        """Release the workload on `gpu_type` (its quota over other resources counted in
+        `flavors`, Kueue's queues); whether it was written."""
         meta = wl.obj["metadata"]
         annotations = {
             ANN_ADMITTED_TYPE: gpu_type,
@@ -132,6 +138,8 @@ class WorkloadWriter:
             ANN_BORROWING: "true" if borrowing else "false",
             ANN_QUEUE_STATE: "admitted",
         }
+        if flavors:
+            annotations[ANN_FLAVORS] = json.dumps(dict(flavors), sort_keys=True)
         patch: dict[str, Any] = {
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
             "spec": KINDS[wl.kind].release(wl, gpu_type),
@@ -178,6 +186,50 @@ class WorkloadWriter:
         )
         return True
 
+    async def admit_plain(
+        self, wl: Workload, queue: str, flavors: Mapping[str, str], now_s: float
+    ) -> bool:
+        """Release a workload that asks no GPU (a Job), its quota counted in `flavors`."""
+        meta = wl.obj["metadata"]
+        annotations = {
+            ANN_ADMITTED_TYPE: NO_GPU,
+            ANN_ADMITTED_AT: f"{now_s:.3f}",
+            ANN_BORROWING: "false",
+            ANN_QUEUE_STATE: "admitted",
+            ANN_FLAVORS: json.dumps(dict(flavors), sort_keys=True),
+        }
+        patch = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
+            "spec": {"suspend": False},
+        }
+        try:
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+        except Conflict:
+            self.metrics.write_conflicts.inc()
+            self.wake()
+            return False
+        except NotFound:
+            return False
+        except ApiError as exc:
+            await self.refused(wl, "AdmissionFailed", "could not admit it", exc)
+            return False
+        self.remember(wl, updated)
+        state = self.states.setdefault(wl.key, JobState(wl.key))
+        state.admitted_type = NO_GPU
+        state.reason = None
+        state.reason_evented = None
+        state.position = None
+        state.predicted_start_s = now_s
+        counted = ", ".join(f"{r} in {f}" for r, f in sorted(flavors.items()))
+        message = f"admitted by ClusterQueue {queue} ({counted or 'no quota used'})"
+        await self.event(updated, "Admitted", message)
+        await self.condition(wl, "True", "Admitted", message)
+        await self.publish(
+            wl, JobPhase.ADMITTED, {"queue": queue, "flavors": dict(flavors)},
+            seq=meta["resourceVersion"],
+        )  # fmt: skip
+        return True
+
     async def preempt(
         self, wl: Workload, reason: str, for_job: str, *,
         cause: str = "Preempted", extra: dict[str, str] | None = None,
@@ -212,6 +264,7 @@ class WorkloadWriter:
                     ANN_ADMITTED_TYPE: None,
                     ANN_ADMITTED_AT: None,
                     ANN_BORROWING: None,
+                    ANN_FLAVORS: None,
                     ANN_PODS_READY_AT: None,
                     ANN_QUEUE_STATE: f"preempted: {reason}",
                     **(extra or {}),
