@@ -3,9 +3,10 @@ that replaces Kueue's controller with Alnair's and keeps its ClusterQueues, Loca
 ResourceFlavors, Cohorts and WorkloadPriorityClasses (`queue_api: kueue`).
 
 What is read, and how (docs/from-kueue.md has the whole table):
-- A ClusterQueue's `resourceGroups` covering `nvidia.com/gpu`; each flavor is a
-  ResourceFlavor whose `spec.nodeLabels` names the GPU model (`alnair.io/gpu-model`), and its
-  `nominalQuota`, `borrowingLimit` and `lendingLimit` are that model's quota.
+- A ClusterQueue's `resourceGroups`: one covering `nvidia.com/gpu` has a flavor per GPU model
+  (a ResourceFlavor whose `spec.nodeLabels` names it under `alnair.io/gpu-model`), and its
+  `nominalQuota`, `borrowingLimit` and `lendingLimit` are that model's quota; the others
+  (CPU, memory, any resource) are `queueing/resources.py`'s groups, their flavors plain ones.
 - `cohortName` (a cohort exists by being named, as in Kueue; a Cohort object is optional),
   `fairSharing.weight`, `namespaceSelector` (null selects no namespace, as in Kueue),
   `preemption` (the rules `queueing.permits` applies to the policy's preemptions) and
@@ -14,10 +15,10 @@ What is read, and how (docs/from-kueue.md has the whole table):
   named by a workload's `kueue.x-k8s.io/priority-class` label.
 
 What Alnair cannot honour is refused, naming the field: the queue admits nothing (its Active
-condition and a Warning Event say why) rather than admit on a guess. That includes quota over
-other resources (CPU, memory: Alnair's queues are of GPUs), flavors that add node labels,
-taints or tolerations beyond the GPU model, hierarchical cohorts, admission checks, StrictFIFO
-and non-default flavor fungibility.
+condition and a Warning Event say why) rather than admit on a guess. That includes flavors
+that add node labels, taints or tolerations (other than a GPU model's), hierarchical cohorts,
+admission checks, StrictFIFO and HoldAndDrain. Flavor preferences (`flavorFungibility`) change
+which flavor, not how much quota: they are read, not applied, and an Event says so.
 
 Only v1beta2 is read. Kueue converts v1beta1 objects with its own webhook, which is not
 running when Kueue is not; the API server then converts by changing `apiVersion` only, and
