@@ -473,8 +473,9 @@ class Dispatcher(QueueCore):
     def _plain_job(self, kind: str, obj: Obj) -> Workload | None:
         """A queued Job asking no GPU, when its ClusterQueue holds quota over other resources
         that covers all it asks (None: it is not queued, as before)."""
-        if kind != "Job" or not self.kueue_objects:
-            return None
+        template = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if kind != "Job" or not self.kueue_objects or template.get("resourceClaims"):
+            return None  # (a Job with claims is read with them: dra_claims.py)
         try:
             wl = parse_plain_job(obj, self.settings.default_restart_cost_s)
         except InvalidValueError:

@@ -136,7 +136,7 @@ class QueueCore(ReconcileLoop):
         }
         # Objects workloads name and their kinds read (a TrainJob's runtime), one informer each.
         self.referenced: dict[str, Informer] = {
-            r.plural: Informer(kube, r, name=f"referenced-{r.plural}")
+            r.plural: Informer(kube, r, name=f"referenced-{r.plural}", optional=True)
             for k in self.kinds.values()
             for r in k.references
         }

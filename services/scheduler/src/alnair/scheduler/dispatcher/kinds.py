@@ -37,6 +37,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
+from alnair.scheduler.dispatcher.dra_claims import REFERENCES, with_claims
 from alnair.scheduler.dispatcher.inference import (
     LWS_API_VERSION,
     parse_deployment,
@@ -217,6 +218,8 @@ JOB = WorkloadKind(
     release=_unsuspend,
     reclaim="suspend",
     ready=_job_ready,
+    references=REFERENCES,
+    resolve=with_claims,
     delegable=True,
     export=_portable_job_spec,
 )
