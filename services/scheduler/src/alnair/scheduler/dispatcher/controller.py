@@ -88,6 +88,7 @@ from alnair.scheduler.queueing import (
     WaitReason,
     queue_policy,
 )
+from alnair.scheduler.queueing.history import UsageHistory
 from alnair.scheduler.queueing.permits import within_rules
 from alnair.scheduler.queueing.resources import QueueResources, ResourceLedger
 
@@ -99,7 +100,9 @@ SURPLUS = "#surplus"
 def build_policy(settings: DispatcherSettings) -> QueuePolicy:
     """The configured queueing policy, with the options it takes from the settings."""
     if settings.policy.lower() == "alnair":
-        return queue_policy("alnair", max_wait_s=settings.max_wait_s)
+        return queue_policy(
+            "alnair", max_wait_s=settings.max_wait_s, fair_share=settings.fair_share
+        )
     return queue_policy(settings.policy)
 
 
@@ -114,6 +117,21 @@ def _inside(workloads: list[Workload]) -> Inside:
             if not KINDS[wl.kind].writable
         ),
     )
+
+
+def _held_after(snapshot: QueueSnapshot, decisions: Decisions) -> Counter[str]:
+    """GPUs each queue holds once the decisions are applied (the usage history's next
+    interval)."""
+    stopped = {p.job_id for p in decisions.preemptions}
+    by_id = {j.id: j for j in snapshot.pending}
+    held: Counter[str] = Counter()
+    for run in snapshot.running:
+        if run.job.id not in stopped:
+            held[run.job.queue] += run.gpus
+    for adm in decisions.admissions:
+        if adm.job_id in by_id:
+            held[by_id[adm.job_id].queue] += adm.gpus
+    return held
 
 
 def _epoch(ts: str | None) -> float:
@@ -166,6 +184,8 @@ class Dispatcher(QueueCore):
             kube, settings, self.trials, self.writer, event=self._event, remember=self._remember
         )
         self.last_decisions = Decisions()
+        self.history = UsageHistory(settings.fair_share_half_life_s)
+        """Each queue's decayed GPU use, for fair sharing by history (in memory)."""
         self._usage = ResourceLedger({})
         """The last reconcile's usage of quota over other resources (queue status)."""
         self._flagged: dict[str, str] = {}
@@ -446,12 +466,14 @@ class Dispatcher(QueueCore):
             )
 
         snapshot = QueueSnapshot(
-            now_s=now, pending=pending, running=running, queues=queues, capacity=capacity
-        )
+            now_s=now, pending=pending, running=running, queues=queues, capacity=capacity,
+            usage=self.history.advance(now) if self.settings.fair_share else {},
+        )  # fmt: skip
         decisions = within_rules(self.policy.decide(snapshot), snapshot)
         self.last_decisions = decisions
         ledger = self._ledger(plain_quota, charges)
         await self._apply(decisions, snapshot, workloads, ledger)
+        self.history.hold(_held_after(snapshot, decisions))
         admitted_plain = await self._admit_plain(plain_ws, ledger, now)
         plain_counts = (
             Counter(cq for _, cq in plain_ws) - admitted_plain,

@@ -28,6 +28,19 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
         description="alnair policy: a job waiting this long goes to the front and gets a "
         "reservation that later jobs may not delay (backfill only what ends before it)",
     )
+    fair_share: float = Field(
+        default=0.0,
+        ge=0,
+        description="alnair policy: fair sharing by history; a queue that used more of the "
+        "cluster recently (decayed, per weight) yields this many seconds of ordering per "
+        "cluster-second it used beyond the least-served queue (0: off)",
+    )
+    fair_share_half_life_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="half-life of the usage history fair sharing reads (kept in memory: it "
+        "starts again from none when another replica takes the lead)",
+    )
     nats_enabled: bool = Field(
         default=True, description="ask the predictor over NATS and publish job lifecycle events"
     )

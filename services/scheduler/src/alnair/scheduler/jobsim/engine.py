@@ -27,6 +27,7 @@ from time import perf_counter
 
 from alnair.common.errors import AlnairError
 from alnair.scheduler.jobsim.workload import GPU_MEMORY_MIB, RESTART_COST_S, Cluster, SimJob
+from alnair.scheduler.queueing.history import UsageHistory
 from alnair.scheduler.queueing.model import (
     ClusterQueueSpec,
     GpuPool,
@@ -149,9 +150,13 @@ def simulate(
     predictions: str = "oracle",
     restart_cost_s: float = RESTART_COST_S,
     progress: Callable[[int, int], None] | None = None,
+    usage_half_life_s: float | None = None,
 ) -> SimResult:
-    """Replay `jobs` on `cluster` under `policy`; every job runs to completion."""
+    """Replay `jobs` on `cluster` under `policy`; every job runs to completion. With
+    `usage_half_life_s`, the policy sees each queue's decayed GPU use (fair sharing by
+    history, `queueing/history.py`)."""
     started = perf_counter()
+    history = UsageHistory(usage_half_life_s) if usage_half_life_s else None
     states = {job.id: _State(job) for job in jobs}
     capacity_types = list(cluster.gpus)
     free = dict(cluster.gpus)
@@ -256,6 +261,7 @@ def simulate(
                 capacity={
                     t: GpuPool(cluster.gpus[t], free[t], GPU_MEMORY_MIB[t]) for t in capacity_types
                 },
+                usage=history.advance(now) if history is not None else {},
             )
             result = policy.decide(snapshot)
             decisions += 1
@@ -317,6 +323,12 @@ def simulate(
                 heapq.heappush(events, (end, sequence, kind, spec.id, sequence))
             if not result.preemptions:
                 break
+        if history is not None:  # what runs from this instant on, for the next interval
+            history.advance(now)
+            held: dict[str, int] = defaultdict(int)
+            for r in running.values():
+                held[r.running.job.queue] += r.running.gpus
+            history.hold(held)
     if pending or running:
         stuck = sorted(pending)[:5]
         raise PolicyViolation(

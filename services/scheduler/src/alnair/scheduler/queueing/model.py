@@ -249,6 +249,9 @@ class QueueSnapshot:
     queues: Mapping[str, ClusterQueueSpec]
     capacity: Mapping[str, GpuPool]
     """GPU pools by type; the order of the keys is the order ties are broken in."""
+    usage: Mapping[str, float] = field(default_factory=dict)
+    """Each queue's recent GPU use, GPU-seconds decayed with a half-life (`history.py`): what
+    fair sharing by history orders by. Empty: no history kept."""
 
 
 WaitKind = Literal[

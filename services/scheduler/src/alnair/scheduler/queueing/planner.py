@@ -96,12 +96,14 @@ class _Item:
     pinned: bool
     """A running job no other job may displace (rule 7); reclaim may still take a borrower."""
     aged: bool = False
+    penalty: float = 0.0
+    """Rule 8: seconds its queue's history adds to its key (in `key` already, when finite)."""
     safe: list[str] = field(default_factory=list)
     """Types the job may use: its constraint, memory, a known runtime where any is known."""
 
 
-def _by_key(item: _Item) -> tuple[float, float, str]:
-    return (item.key, item.job.arrival_s, item.job.id)
+def _by_key(item: _Item) -> tuple[float, float, float, str]:
+    return (item.key, item.penalty, item.job.arrival_s, item.job.id)
 
 
 @dataclass(slots=True)
@@ -135,12 +137,27 @@ class _Replan:
         self.held: dict[str, tuple[str, float]] = {}
         self.blocked: dict[str, WaitReason] = {}
         self.reservations: list[Reservation] = []
+        self.penalty = self._penalties(policy, snapshot)
         for run in snapshot.running:
             if run.gpu_type in self.releases:
                 self.releases[run.gpu_type].append((run.expected_end_s(self.now), run.gpus))
             if not run.borrowing and run.gpu_type in self.free:
                 key = (run.gpu_type, run.job.queue)
                 self.protected[key] = self.protected.get(key, 0) + run.gpus
+
+    @staticmethod
+    def _penalties(policy: Alnair, snapshot: QueueSnapshot) -> dict[str, float]:
+        """Rule 8: per queue, `fair_share` times the cluster-seconds its history per weight
+        exceeds the least-served queue's (0 for all without history or with it off)."""
+        if not policy.fair_share or not snapshot.usage:
+            return {}
+        total = sum(pool.total for pool in snapshot.capacity.values()) or 1
+        shares = {
+            name: snapshot.usage.get(name, 0.0) / spec.weight
+            for name, spec in snapshot.queues.items()
+        }
+        floor = min(shares.values(), default=0.0)
+        return {q: policy.fair_share * (s - floor) / total for q, s in shares.items()}
 
     def start_s(self, gpu_type: str, gpus: int) -> float:
         """When `gpus` GPUs of the type are predicted free, from now and the runs' ends."""
@@ -331,6 +348,11 @@ class Alnair:
     """Whether the plan may preempt running jobs at all (rules 1, 3, 4)."""
     max_preemptions: int = 10
     """Rule 7: a job preempted this many times is not preempted again."""
+    fair_share: float = 0.0
+    """Rule 8, fair sharing by history: a job's key grows by this factor times the seconds of
+    the whole cluster its queue used (its decayed history per weight, `QueueSnapshot.usage`)
+    beyond the least-served queue; so a queue that ran more recently yields to one that ran
+    less, by as much as it ran more. 0 turns it off (and the snapshot needs a history)."""
 
     def decide(self, snapshot: QueueSnapshot) -> Decisions:
         plan = _Replan(self, snapshot)
@@ -356,7 +378,9 @@ class Alnair:
         remaining = best_runtime_s(job, safe)
         key = remaining - self.wait_credit * job.waited_s if remaining < INF else INF
         aged = job.waited_s >= self.max_wait_s
-        return _Item(job, None, remaining, key, pinned=False, aged=aged, safe=safe)
+        penalty = plan.penalty.get(job.queue, 0.0)
+        return _Item(job, None, remaining, key + penalty, pinned=False, aged=aged, safe=safe,
+                     penalty=penalty)  # fmt: skip
 
     def _running(self, plan: _Replan, run: RunningJob) -> _Item:
         job = run.job
@@ -373,8 +397,10 @@ class Alnair:
             or job.preemptions >= self.max_preemptions
             or job.waited_s >= self.max_wait_s
         )
-        key = remaining - job.restart_cost_s - self.wait_credit * job.waited_s
-        return _Item(job, run, remaining, key if left < INF else INF, pinned=pinned, safe=safe)
+        penalty = plan.penalty.get(job.queue, 0.0)
+        key = remaining - job.restart_cost_s - self.wait_credit * job.waited_s + penalty
+        return _Item(job, run, remaining, key if left < INF else INF, pinned=pinned, safe=safe,
+                     penalty=penalty)  # fmt: skip
 
     def _safe(self, plan: _Replan, job: JobSpec) -> list[str]:
         allowed = [
@@ -509,6 +535,8 @@ class Alnair:
                     )
                     continue
             waiting[job.id] = self._reason(plan, real, item)
+            if item.penalty > 0 and waiting[job.id].kind == "capacity":
+                waiting[job.id] = self._fair_share(plan, order, item) or waiting[job.id]
         return Decisions(
             admissions=tuple(real.admissions),
             preemptions=tuple(preemptions),
@@ -533,6 +561,28 @@ class Alnair:
             ),
             default=INF,
         )
+
+    @staticmethod
+    def _fair_share(plan: _Replan, order: list[_Item], item: _Item) -> WaitReason | None:
+        """Rule 8's reason, when a job of a less-served queue that would have come after
+        this one without the history was planned instead."""
+
+        def raw(i: _Item) -> tuple[float, float]:
+            return (i.key - i.penalty if i.key < INF else INF, i.job.arrival_s)
+
+        for other in order:
+            if (
+                other.job.queue != item.job.queue
+                and other.job.id in plan.chosen
+                and other.penalty < item.penalty
+                and raw(other) > raw(item)
+            ):
+                return WaitReason(
+                    "fair_share",
+                    f"queue {item.job.queue} used more of the cluster recently (per weight) "
+                    f"than queue {other.job.queue}, whose {other.job.id} goes first",
+                )
+        return None
 
     def _reason(self, plan: _Replan, real: Plan, item: _Item) -> WaitReason:
         job = item.job
