@@ -46,9 +46,11 @@ def run(
     options: dict[str, Any] | None = None,
     noise_seed: int | None = None,
     limit: int | None = None,
+    usage_half_life_s: float | None = None,
 ) -> SimResult:
     """One replay of the trace (its first `limit` jobs when given) under one policy
-    (`noise_seed`: see `load_jobs`)."""
+    (`noise_seed`: see `load_jobs`; `usage_half_life_s`: keep each queue's decayed use, for
+    fair sharing by history)."""
     jobs = load_jobs(
         cluster,
         predictions=predictions,
@@ -58,7 +60,10 @@ def run(
         limit=limit,
     )
     policy = build_policy(name, memory_blind=memory_blind, **(options or {}))
-    return simulate(policy, jobs, cluster, team_queues(cluster), predictions=predictions)
+    return simulate(
+        policy, jobs, cluster, team_queues(cluster), predictions=predictions,
+        usage_half_life_s=usage_half_life_s,
+    )  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--memory-blind", action="store_true", help="baselines ignore predicted GPU memory"
     )
+    parser.add_argument(
+        "--fair-share", type=float, default=0.0,
+        help="alnair: fair sharing by history, its factor (0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--half-life-s", type=float, default=7 * 24 * 3600.0,
+        help="half-life of the usage history --fair-share reads",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -114,6 +127,10 @@ def main(argv: Sequence[str]) -> int:
                 seed=args.seed,
                 memory_blind=args.memory_blind,
                 trace=args.trace,
+                options={"fair_share": args.fair_share}
+                if args.fair_share and name.lower() == "alnair"
+                else None,
+                usage_half_life_s=args.half_life_s if args.fair_share else None,
             )
             for name in args.policy
         ]
