@@ -379,3 +379,55 @@ async def test_pre_bind_without_an_api_server_refuses_and_unreserve_forgets() ->
     world.framework.unreserve(req, world.snapshot, result)
     assert world.cache.in_flight == {} and world.plugin.reserved == {}
     assert world.plugin.undoing == set()
+
+
+class _ClaimsApi:
+    """The two calls PreBind and a take-back make on ResourceClaims, kept in a dict."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, dict[str, Any]] = {}
+
+    async def replace(self, resource: Any, body: dict[str, Any], *, sub: str) -> dict[str, Any]:
+        self.claims[body["metadata"]["name"]] = copy.deepcopy(body)
+        return body
+
+    async def get(self, resource: Any, name: str, namespace: str) -> dict[str, Any]:
+        return copy.deepcopy(self.claims[name])
+
+
+async def test_a_device_another_allocator_took_meanwhile_is_given_back_at_pre_bind() -> None:
+    """kube-scheduler allocates the same GPU to its own claim while Alnair writes its own:
+    PreBind looks again after writing, fails naming the other claim, and Unreserve takes
+    Alnair's allocation back off the API server."""
+    world = World("BestFit")
+    api = _ClaimsApi()
+    world.plugin.kube = api  # type: ignore[assignment]
+    pod = pod_obj("raced")
+    claim = template_claim(pod, {"memory": "60Gi", "compute": "100"})
+    world.cache.on_claim(WatchEvent.ADDED, claim, None)
+    req = world.request(pod)
+    result = world.framework.schedule(req, world.snapshot, world.rng)
+    assert result.placement is not None
+    device = dra.device_name(result.placement.gpu_indices[0])
+    outsider = template_claim(pod_obj("upstream"), {"memory": "60Gi", "compute": "100"})
+    outsider["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": dra.DRIVER, "pool": "n1", "device": device,
+         "consumedCapacity": {"memory": "60Gi", "compute": "100"}}]}}}  # fmt: skip
+    world.cache.on_claim(WatchEvent.ADDED, outsider, None)
+    status = await world.framework.pre_bind(req, world.snapshot, result)
+    assert not status.ok
+    assert outsider["metadata"]["name"] in status.reason and device in status.reason
+    world.framework.unreserve(req, world.snapshot, result)
+    await world.plugin.drain()
+    taken_back = api.claims[claim["metadata"]["name"]]
+    assert "allocation" not in taken_back["status"]
+    # without the other claim, the same allocation passes
+    calm = World("BestFit")
+    calm.plugin.kube = _ClaimsApi()  # type: ignore[assignment]
+    pod2 = pod_obj("calm")
+    calm.cache.on_claim(
+        WatchEvent.ADDED, template_claim(pod2, {"memory": "60Gi", "compute": "100"}), None
+    )
+    req2 = calm.request(pod2)
+    result2 = calm.framework.schedule(req2, calm.snapshot, calm.rng)
+    assert (await calm.framework.pre_bind(req2, calm.snapshot, result2)).ok

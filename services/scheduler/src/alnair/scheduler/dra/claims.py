@@ -37,6 +37,7 @@ from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import WatchEvent
+from alnair.common.resources import parse_quantity as r_parse
 from alnair.scheduler.cluster.requests import PodRequest
 from alnair.scheduler.dra.allocator import (
     Device,
@@ -150,6 +151,46 @@ class ClaimCache:
         self._on_node_gpus = on_node_gpus or (lambda _node: None)
         self.tainted: dict[str, frozenset[int]] = {}
         """Node -> indices of Alnair GPUs whose device carries the unhealthy taint."""
+
+    def double_booked(self, claim_uid: str, results: Iterable[Obj], node: str) -> str | None:
+        """Why `results` (the allocation of claim `claim_uid`) share a device beyond what it
+        has with another claim, or None. Another allocator on the same slices (kube-scheduler's
+        for its own pods) sees this scheduler's claims only as they are written, as this one
+        sees its: two allocations made at once land on one device unchecked unless each side
+        looks again after writing. Whole devices may hold one claim; shared ones, what their
+        capacity adds up to."""
+        devices = {d.key: d for d in self.devices(node)}
+        for mine in results:
+            key = (mine["driver"], mine["pool"], mine["device"])
+            others = [
+                (uid, r)
+                for uid, rs in self.usage.by_claim.items()
+                if uid != claim_uid
+                for r in rs
+                if (r["driver"], r["pool"], r["device"]) == key
+            ]
+            if not others:
+                continue
+            holder = self._uid_key.get(others[0][0], others[0][0])
+            if mine.get("consumedCapacity") is None or any(
+                r.get("consumedCapacity") is None for _, r in others
+            ):
+                return f"device {key[2]} is allocated to ResourceClaim {holder} too"
+            device = devices.get(key)
+            for name, spec in (device.capacity if device else {}).items():
+                total = sum(
+                    (
+                        r_parse(r.get("consumedCapacity", {}).get(name, "0"))
+                        for r in (mine, *(r for _, r in others))
+                    ),
+                    Decimal(0),
+                )
+                if total > spec.value:
+                    return (
+                        f"device {key[2]}: {total} of {name} allocated, {spec.value} there "
+                        f"(with ResourceClaim {holder})"
+                    )
+        return None
 
     # --- informer handlers -------------------------------------------------------------
 

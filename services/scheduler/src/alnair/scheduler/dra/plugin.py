@@ -375,6 +375,17 @@ class DynamicResources:
                 return error(
                     f"writing ResourceClaim {w.claim['metadata']['name']}: {exc}", self.NAME
                 )
+        # Another allocator may have handed one of these devices to a claim of its own while
+        # ours was written: looked at again now, and given back (Unreserve) if so.
+        for w in written:
+            if w.results is None:
+                continue
+            clash = self.cache.double_booked(w.claim["metadata"]["uid"], w.results, w.node)
+            if clash is not None:
+                return error(
+                    f"ResourceClaim {w.claim['metadata']['name']}: {clash}; allocated again",
+                    self.NAME,
+                )
         return SUCCESS
 
     async def _write(self, kube: KubeClient, w: Written, pod: PodRequest) -> None:
