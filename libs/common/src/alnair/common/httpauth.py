@@ -12,7 +12,10 @@ server itself refuses, so the service cannot replay it against the cluster.
 `install_token_auth` adds one middleware that guards every mutating method on every route, so
 a route added later is guarded without anyone remembering to; queries that use POST only to
 carry a body (the predictor's `/v1/predict`) are listed as `exempt` by their service. Reads
-(GET, HEAD, OPTIONS) stay open, as the metrics and readiness probes need.
+(GET, HEAD, OPTIONS) stay open, as the metrics and readiness probes need, except those a
+service names an access for (`authorize_read`, `object_reads`): one tenant's data (a job's
+explanation, a pod's profile) is read by whoever may `get` that object, and nobody else
+(`ALNAIR_HTTP_AUTH_READS`, on in the deploy).
 
 Then who asks must be allowed to do it. A service names, per mutating route, the Kubernetes
 access it amounts to (`Access`: resizing an ElasticJob is `update` on `elasticjobs/scale` in
@@ -37,7 +40,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -228,6 +231,28 @@ def _unauthorized(detail: str) -> Response:
     return response
 
 
+def object_reads(
+    objects: Mapping[str, tuple[str, str]], lists: Mapping[str, Access] | None = None
+) -> Authorize:
+    """`authorize_read` for routes about one namespaced object, `/v1/<plural>/<namespace>/
+    <name>[/...]`: `get` on the object the plural names (`objects`: plural -> (API group,
+    resource)), as `kubectl get` would need; `lists` names the access of exact paths that
+    read across namespaces. Any other read stays open (health, metrics)."""
+    exact = dict(lists or {})
+
+    def access(request: Request) -> Access | None:
+        path = request.url.path
+        if path in exact:
+            return exact[path]
+        parts = path.strip("/").split("/")
+        if len(parts) >= 4 and parts[0] == "v1" and parts[1] in objects:
+            group, resource = objects[parts[1]]
+            return Access("get", group, resource, parts[2], parts[3])
+        return None
+
+    return access
+
+
 def install_token_auth(
     app: FastAPI,
     reviewer: TokenReviewer | None,
@@ -235,14 +260,17 @@ def install_token_auth(
     service: str,
     exempt: Collection[str] = (),
     authorize: Authorize | None = None,
+    authorize_read: Authorize | None = None,
 ) -> None:
     """Guard every mutating request to `app` with a reviewed bearer token and an access review
-    (see the module).
+    (see the module), and the reads `authorize_read` names an access for.
 
     `reviewer` None means authentication is off (local development): logged once, loudly.
     `exempt` lists paths whose POST is a query that changes nothing. `authorize` names the
     access each mutating request amounts to; without it, or where it names none, a mutating
-    request is refused after authentication.
+    request is refused after authentication. `authorize_read` (`object_reads`) names the
+    access a read amounts to where it is one tenant's (a job's explanation, a pod's profile);
+    a read it names none for stays open.
     """
     if reviewer is None:
         log.warning(
@@ -255,7 +283,12 @@ def install_token_auth(
     async def _authenticate(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if request.method not in MUTATING or request.url.path in open_paths:
+        reading = request.method not in MUTATING
+        if reading:
+            read = authorize_read(request) if authorize_read is not None else None
+            if read is None:
+                return await call_next(request)
+        elif request.url.path in open_paths:
             return await call_next(request)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
@@ -268,7 +301,10 @@ def install_token_auth(
             return problem(503, "Service Unavailable", "cannot verify the token right now")
         if identity is None:
             return _unauthorized("the API server does not authenticate this token")
-        access = authorize(request) if authorize is not None else None
+        if reading:
+            access: Access | None = read
+        else:
+            access = authorize(request) if authorize is not None else None
         if access is None:
             return problem(
                 403, "Forbidden",
@@ -281,13 +317,13 @@ def install_token_auth(
             log.warning("access review failed", extra={"service": service, "error": str(exc)})
             return problem(503, "Service Unavailable", "cannot authorize the request right now")
         if not allowed:
-            log.info("refused mutation", extra={"service": service, "user": identity.username,
-                                                "access": str(access)})  # fmt: skip
+            log.info("refused request", extra={"service": service, "user": identity.username,
+                                               "access": str(access)})  # fmt: skip
             why = f" ({reason})" if reason else ""
             return problem(403, "Forbidden", f"{identity.username} may not {access}{why}")
         request.state.identity = identity
         log.info(
-            "authenticated mutation",
+            "authenticated read" if reading else "authenticated mutation",
             extra={
                 "service": service,
                 "user": identity.username,
@@ -296,3 +332,23 @@ def install_token_auth(
             },
         )
         return await call_next(request)
+
+
+def guard_reads(
+    app: FastAPI,
+    settings: ServiceSettings,
+    kube: KubeClient | None,
+    *,
+    service: str,
+    objects: Mapping[str, tuple[str, str]],
+    lists: Mapping[str, Access] | None = None,
+) -> None:
+    """With `settings.http_auth_reads`, a service's reads of one tenant's objects
+    (`object_reads`) need a token whose identity may read them; a service without mutating
+    routes calls only this."""
+    if not settings.http_auth_reads:
+        return
+    reviewer = reviewer_for(settings, kube)
+    if reviewer is None:
+        raise ConfigError("ALNAIR_HTTP_AUTH_READS needs ALNAIR_HTTP_AUTH (token reviews)")
+    install_token_auth(app, reviewer, service=service, authorize_read=object_reads(objects, lists))

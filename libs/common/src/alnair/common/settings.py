@@ -140,6 +140,15 @@ class ServiceSettings(CommonSettings):
             " (TokenReview); false only for local development"
         ),
     )
+    http_auth_reads: bool = Field(
+        validation_alias=AliasChoices("ALNAIR_HTTP_AUTH_READS", "http_auth_reads"),
+        default=False,
+        description=(
+            "reads of one namespace's data (a job's explanation, a pod's profile) need a token "
+            "whose identity may get that object (SubjectAccessReview); on in the deploy, off "
+            "for the local stack and tests that read without a token"
+        ),
+    )
     http_auth_audiences: list[str] = Field(
         validation_alias=AliasChoices("ALNAIR_HTTP_AUTH_AUDIENCES", "http_auth_audiences"),
         default=["alnair"],

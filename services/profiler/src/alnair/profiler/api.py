@@ -26,6 +26,7 @@ from alnair.common.bus import Bus, not_ready
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.common.events import GpuInventory
 from alnair.common.http import install_problem_handlers, problem
+from alnair.common.httpauth import Access
 from alnair.common.informer import Informer
 from alnair.common.informer import not_ready as informers_not_ready
 from alnair.common.metrics import CONTENT_TYPE_LATEST, render
@@ -42,6 +43,13 @@ class NotFoundProblem(AlnairError):
         super().__init__(f"{what} {name!r} not found", what=what, name=name)
         self.what = what
         self.name = name
+
+
+PROFILE_READS = {"pods": ("", "pods"), "jobs": ("batch", "jobs")}
+"""The reads that are one namespace's (a pod's metrics, a job's profile): with
+`ALNAIR_HTTP_AUTH_READS`, for whoever may get that pod or Job."""
+PROFILE_LISTS = {"/v1/records": Access("list", "batch", "jobs")}
+"""The records cross namespaces: for whoever may list Jobs in all of them."""
 
 
 def create_app(

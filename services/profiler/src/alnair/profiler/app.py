@@ -25,6 +25,7 @@ from alnair.common.busauth import for_node
 from alnair.common.errors import ConfigError
 from alnair.common.events import GpuInventory
 from alnair.common.http import bound_port, named_task, start_http, stop_http
+from alnair.common.httpauth import guard_reads
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient, Obj, Resource
 from alnair.common.logs import setup_logging
@@ -32,7 +33,7 @@ from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent.node_agent import Agent
 from alnair.profiler.agent.summaries import Spool
 from alnair.profiler.aggregator.aggregator import Aggregator
-from alnair.profiler.api import create_app
+from alnair.profiler.api import PROFILE_LISTS, PROFILE_READS, create_app
 from alnair.profiler.busauth import start_bus_auth
 from alnair.profiler.gpu import GpuBackend
 from alnair.profiler.handlers import subscribe_pod_metrics, subscribe_pod_summaries
@@ -336,8 +337,14 @@ async def start_aggregator(
     if settings.trialjobs:
         await _start_trials(kube, aggregator, tasks, informers, died)
     inventory = await bus.kv(GpuInventory.BUCKET)
+    api = create_app(metrics, inventory, aggregator, bus, informers=informers)
+    # A pod's metrics and a job's profile are their namespace's; the records cross namespaces.
+    guard_reads(
+        api, settings, kube, service="profiler-aggregator",
+        objects=PROFILE_READS, lists=PROFILE_LISTS,
+    )  # fmt: skip
     server = await _start_http(
-        create_app(metrics, inventory, aggregator, bus, informers=informers),
+        api,
         settings.http_host,
         settings.http_port,
         tasks,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from alnair.common.http import start_http
+from alnair.common.httpauth import guard_reads
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector
 from alnair.common.logs import setup_logging
@@ -63,8 +64,11 @@ async def serve(settings: SchedulerSettings) -> int:
         inventory = spawn(
             handlers.watch_inventory(bus, scheduler), name="scheduler.inventory", on_death=on_death
         )
+    api = build_api(scheduler, bus)
+    # A pod's explanation is its namespace's: read by whoever may get the pod.
+    guard_reads(api, settings, kube, service="scheduler", objects={"pods": ("", "pods")})
     server, http = await start_http(
-        build_api(scheduler, bus),
+        api,
         settings.http_host,
         settings.http_port,
         name="scheduler.http",

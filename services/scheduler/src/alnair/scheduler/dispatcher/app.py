@@ -20,6 +20,7 @@ from typing import Any
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.common.http import bound_port, start_http, stop_http
+from alnair.common.httpauth import guard_reads
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
@@ -29,6 +30,7 @@ from alnair.scheduler.dispatcher.api import build_api
 from alnair.scheduler.dispatcher.controller import Dispatcher
 from alnair.scheduler.dispatcher.hub import Hub
 from alnair.scheduler.dispatcher.hub_api import build_hub_api
+from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
@@ -154,6 +156,11 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     else:
         dispatcher = Dispatcher(kube, settings, metrics, bus=bus, predictor=predictor)
         api = build_api(dispatcher)
+    # A workload's explanation is its namespace's: read by whoever may get the workload.
+    guard_reads(
+        api, settings, kube, service="dispatcher",
+        objects={k.resource.plural: (k.resource.group, k.resource.plural) for k in KINDS.values()},
+    )  # fmt: skip
     await dispatcher.start_watching()
     if bus is not None:
         await subscribe_retrains(bus, dispatcher, durable="dispatcher")
