@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane setup-peers test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos soak schema clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
 setup: setup-python setup-native setup-control-plane setup-peers ## install everything the tests and the demo need
 
@@ -48,6 +48,9 @@ lint: setup-python
 	@$(BIN)/ruff format --check .
 	@$(BIN)/mypy libs/common/src libs/dev/src services/*/src
 	@$(BIN)/lint-imports
+
+sbom: setup-python ## each image's software bill of materials (CycloneDX, build/sbom/), checked against uv.lock
+	@UV="$(UV)" bash hack/sbom.sh
 
 fmt: setup-python
 	@$(BIN)/ruff format .
