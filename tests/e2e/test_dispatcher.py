@@ -259,7 +259,9 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
         # A job waiting over 1 s is owed a reservation (production default: 4 hours).
         running = await start_dispatcher(dispatcher_settings(control_plane, ns, max_wait_s=1))
         try:
-            for name, duration in (("s1", 2), ("s2", 5)):
+            # s2 runs 10 s past s1: the window in which the reservation shows, wide enough for
+            # a loaded CI machine (at 3 s it was missed once).
+            for name, duration in (("s1", 2), ("s2", 12)):
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=duration), ns)
                 await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
             # An 8-GPU job (parallelism 2 x 4 GPUs, all at once) arrives, then small ones.
