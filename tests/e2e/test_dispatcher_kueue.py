@@ -273,7 +273,8 @@ async def test_every_kueue_sample_is_served_or_listed_with_its_reason(
             resource = RESOURCES[doc["kind"]]
             made = await kube.create(resource, doc, ns if resource.namespaced else None)
             created.setdefault(sample.name, []).append((doc["kind"], made))
-    async with KubeClient(config) as as_dispatcher:
+    await control_plane.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    async with scheduler(kube), KubeClient(config) as as_dispatcher:
         running = await start_dispatcher(
             dispatcher_settings(control_plane, ns, queue_api="kueue"), as_dispatcher
         )
@@ -293,8 +294,33 @@ async def test_every_kueue_sample_is_served_or_listed_with_its_reason(
                     field = re.search(r"`([^`]+)`", table[name])
                     assert field is not None, f"{name}: the table names no field"
                     assert any(field.group(1) in p for p in found), (name, found)
+            # The samples' pods name no scheduler this stack runs, and KWOK would run their
+            # `sleep 600` for ever: that the samples' own queues finish what they admit is
+            # shown with two Jobs of ours in `agi-model-queue`, 100m CPU each, whose pods KWOK
+            # completes. The sample's Job holds 150m of the queue's 300m: the second waits
+            # for the first's quota and is admitted when it completes.
+            for name in ("ours-1", "ours-2"):
+                await kube.create(JOBS, _short_cpu_job(name, ns, "agi-model-queue"), ns)
+            await wait_for(lambda: admitted_type(kube, ns, "ours-1"), 20)
+            short = await wait_for(
+                lambda: explain(running, ns, "ours-2", lambda d: d.get("reason") is not None), 10
+            )
+            assert "cpu in flavor default-flavor" in short["reason"]["message"], short
+            await wait_for(lambda: _succeeded(kube, ns, "ours-1"), 30)
+            assert await wait_for(lambda: admitted_type(kube, ns, "ours-2"), 20) == "none"
+            await wait_for(lambda: _succeeded(kube, ns, "ours-2"), 30)
         finally:
             await running.stop()
+
+
+def _short_cpu_job(name: str, ns: str, queue: str) -> dict[str, Any]:
+    job = cpu_job(name, ns, queue, "100m")
+    job["spec"]["template"]["metadata"]["annotations"][r.ANN_DURATION] = "2s"
+    return job
+
+
+async def _succeeded(kube: KubeClient, ns: str, name: str) -> bool:
+    return int(((await kube.get(JOBS, name, ns)).get("status") or {}).get("succeeded") or 0) > 0
 
 
 async def _problem(kube: KubeClient, kind: str, obj: dict[str, Any], ns: str) -> str | None:
