@@ -421,6 +421,39 @@ async def test_a_wiped_store_is_made_again_and_consumers_resume_not_ready_until_
     await bus.close()
 
 
+async def test_a_stream_deleted_under_a_running_server_is_made_again(nats_url: str) -> None:
+    """No reconnect tells anyone when a stream (and its consumers) is deleted while the server
+    stays up: the pull loop's failing fetches ask, the consumer is found gone, and everything
+    is made again; the next event (its first publish meets no stream and makes it again too)
+    reaches the same consumer. Against the code before, the fetches failed for ever and the
+    event never arrived."""
+    bus = await Bus.connect(nats_url, name="test")
+    admin = await Bus.connect(nats_url, name="admin")
+    got: list[str] = []
+
+    async def handler(ev: JobEvent, env: Envelope[JobEvent]) -> None:
+        got.append(ev.name)
+
+    await bus.subscribe(JobEvent, handler, durable="deleted")
+    await bus.publish(job(0), source="t")
+    async with asyncio.timeout(10):
+        while got != ["job-0"]:
+            await asyncio.sleep(0.05)
+    before = bus.recoveries
+    await admin.js.delete_stream("JOBS")
+    async with asyncio.timeout(20):
+        while bus.recoveries == before:
+            await asyncio.sleep(0.05)
+    assert bus.ready
+    assert "deleted" in {c.name for c in await bus.js.consumers_info("JOBS")}
+    await bus.publish(job(1), source="t", publish_timeout_s=20)
+    async with asyncio.timeout(20):
+        while got != ["job-0", "job-1"]:
+            await asyncio.sleep(0.05)
+    await bus.close()
+    await admin.close()
+
+
 async def test_a_bus_that_cannot_be_reached_at_start_fails_clearly_in_time() -> None:
     """nats-py retries a first connection for ever; a service would hang unready with no word
     of why. Within `connect_within_s` it fails, naming the URL, and leaves nothing running."""

@@ -98,7 +98,8 @@ class Bus:
         self.nc = nc
         self.js = js
         self.name = name
-        self.delivery = Delivery(self._js_publish)
+        self.delivery = Delivery(self._js_publish, on_gone=self._consumer_gone)
+        self._regain = asyncio.Lock()
         self._subs: list[Subscription] = []
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
         self._ensures_streams = True
@@ -256,6 +257,26 @@ class Bus:
         self.recoveries += 1
         log.info("bus recovered", extra={"client": self.name, "consumers": len(self._consumers)})
 
+    async def _consumer_gone(self, stream: str, durable: str) -> None:
+        """A pull loop's fetches keep failing while connected: if the server lost the consumer
+        or its stream (deleted under a running server: no reconnect tells anyone), make
+        everything again (`_recover`; readiness waits for it). One recovery at a time."""
+        if not self.nc.is_connected:
+            return  # the reconnect's own recovery covers it
+        async with self._regain:
+            try:
+                await self.js.consumer_info(stream, durable)
+                return  # it is there: the failures were something else
+            except nats.js.errors.NotFoundError:
+                pass
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                return
+            log.warning(
+                "a stream or consumer is gone under a running server: making them again",
+                extra={"client": self.name, "stream": stream, "durable": durable},
+            )
+            await self._recover()
+
     async def _bind_handled(self) -> None:
         """Use the handled-event bucket the services that ensure streams made (a node
         component may look it up, not create it)."""
@@ -340,6 +361,7 @@ class Bus:
             nats.errors.ConnectionClosedError,
             nats.errors.ConnectionReconnectingError,
             nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.NoStreamResponseError,
         )
         try:
             async for attempt in retrying(
@@ -351,7 +373,15 @@ class Bus:
                 extra={"client": self.name, "subject": subject},
             ):
                 with attempt:
-                    await self.js.publish(subject, payload, timeout=2.0, headers=headers)
+                    try:
+                        await self.js.publish(subject, payload, timeout=2.0, headers=headers)
+                    except nats.js.errors.NoStreamResponseError:
+                        # No stream takes the subject: lost under a running server. Made
+                        # again (once at a time) before the next try.
+                        if not self._regain.locked():
+                            async with self._regain:
+                                await self._recover()
+                        raise
         except transient as exc:
             raise TemporaryError(
                 "publish did not reach JetStream", subject=subject, error=repr(exc)

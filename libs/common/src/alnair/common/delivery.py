@@ -106,8 +106,16 @@ class DeadLetterCollector(Collector):
 class Delivery:
     """The consumers' state of one bus client: handled ids, copies in flight, dead letters."""
 
-    def __init__(self, publish: Publish) -> None:
+    GONE_AFTER = 3
+    """Consecutive failed fetches after which a pull loop asks whether its consumer is gone."""
+
+    def __init__(
+        self, publish: Publish, on_gone: Callable[[str, str], Awaitable[None]] | None = None
+    ) -> None:
         self._publish = publish
+        self._on_gone = on_gone
+        """Asked with (stream, durable) when fetches keep failing: makes the consumer (and its
+        stream) again if the server lost them while it stayed up (no reconnect says so)."""
         self.handled_kv: KeyValue | None = None
         """The handled-id bucket, once the bus made or found it (until then: memory only)."""
         self._lru = _Lru(65536)
@@ -127,15 +135,18 @@ class Delivery:
         max_deliver: int,
     ) -> None:
         inflight: set[asyncio.Task[None]] = set()
+        failed = 0
         try:
             while True:
                 free = max(1, batch - len(inflight))
                 try:
                     # A long poll: the server answers as soon as a message arrives.
                     msgs = await psub.fetch(free, timeout=5.0)
+                    failed = 0
                 except (nats.errors.TimeoutError, TimeoutError):
                     # nats-py raises its own TimeoutError or asyncio's, depending on where the
                     # wait ended; both mean "nothing yet".
+                    failed = 0
                     continue
                 except (
                     nats.errors.ConnectionClosedError,
@@ -144,6 +155,10 @@ class Delivery:
                     nats.js.errors.APIError,
                 ) as exc:
                     log.warning("fetch failed", extra={"durable": durable, "error": repr(exc)})
+                    failed += 1
+                    if failed >= self.GONE_AFTER and self._on_gone is not None:
+                        failed = 0
+                        await self._on_gone(event_type.STREAM or "", durable)
                     await asyncio.sleep(0.5)
                     continue
                 except asyncio.CancelledError:
