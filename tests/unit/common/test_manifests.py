@@ -472,36 +472,53 @@ def test_replicated_deployments_have_a_disruption_budget(overlay: str) -> None:
 # -- dashboard ----------------------------------------------------------------------------
 
 
-def exported_metric_names() -> set[str]:
-    """Every series name the services export, from their own metrics modules."""
+def exported_families() -> list[Any]:
+    """Every metric family any service exports, from their own metrics modules (the bus's
+    dead letters and the hub's beside the dispatcher's included)."""
     from prometheus_client import CollectorRegistry
 
+    from alnair.common.delivery import DeadLetterCollector, Delivery
     from alnair.deviceplugin.metrics import DevicePluginMetrics, VgpuCollector
+    from alnair.elastic.metrics import ElasticMetrics
     from alnair.predictor.metrics import PredictorMetrics
     from alnair.profiler.metrics import ProfilerMetrics
+    from alnair.scheduler.dispatcher.metrics import DispatcherMetrics, HubMetrics
     from alnair.scheduler.metrics import SchedulerMetrics
 
     registries = []
-    for cls in (SchedulerMetrics, PredictorMetrics, ProfilerMetrics, DevicePluginMetrics):
+    for cls in (SchedulerMetrics, PredictorMetrics, ProfilerMetrics, DevicePluginMetrics,
+                ElasticMetrics):  # fmt: skip
         registry = CollectorRegistry()
         cls(registry)
         registries.append(registry)
+    dispatcher = DispatcherMetrics(CollectorRegistry())
+    HubMetrics(dispatcher)
+    registries.append(dispatcher.registry)
     families = [f for r in registries for f in r.collect()]
 
     class NoVgpus:
         def records(self) -> list[Any]:
             return []
 
+    async def publish(*_: Any) -> None:
+        return None
+
     families += list(VgpuCollector(NoVgpus(), "alnair_deviceplugin_").collect())  # type: ignore[arg-type]
-    names = set()
-    for f in families:
-        if f.type == "counter":
-            names.add(f.name + "_total")
-        elif f.type == "histogram":
-            names |= {f.name + s for s in ("_bucket", "_sum", "_count")}
-        else:
-            names.add(f.name)
-    return names
+    families += list(DeadLetterCollector(Delivery(publish)).collect())  # type: ignore[arg-type]
+    return families
+
+
+def series_names(family: Any) -> set[str]:
+    if family.type == "counter":
+        return {family.name + "_total"}
+    if family.type == "histogram":
+        return {family.name + s for s in ("_bucket", "_sum", "_count")}
+    return {family.name}
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the services export."""
+    return {n for f in exported_families() for n in series_names(f)}
 
 
 def test_the_dashboard_queries_only_metrics_the_services_export() -> None:
@@ -512,8 +529,16 @@ def test_the_dashboard_queries_only_metrics_the_services_export() -> None:
     exported = exported_metric_names()
     assert used <= exported, sorted(used - exported)
     # Every service shows up.
-    for prefix in ("scheduler", "predictor", "profiler", "deviceplugin"):
+    for prefix in ("scheduler", "predictor", "profiler", "deviceplugin", "dispatcher", "elastic"):
         assert any(n.startswith(f"alnair_{prefix}_") for n in used), prefix
+
+
+def test_every_metric_family_a_service_exports_has_a_panel() -> None:
+    dash = json.loads((REPO / "deploy" / "grafana" / "alnair.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    used = set(re.findall(r"\balnair_[a-z_]+\b", exprs))
+    missing = sorted(f.name for f in exported_families() if not series_names(f) & used)
+    assert not missing, f"no dashboard panel shows {missing}"
 
 
 # -- network ------------------------------------------------------------------------------
