@@ -296,9 +296,11 @@ async def test_every_kueue_sample_is_served_or_listed_with_its_reason(
                     assert any(field.group(1) in p for p in found), (name, found)
             # The samples' pods name no scheduler this stack runs, and KWOK would run their
             # `sleep 600` for ever: that the samples' own queues finish what they admit is
-            # shown with two Jobs of ours in `agi-model-queue`, 100m CPU each, whose pods KWOK
-            # completes. The sample's Job holds 150m of the queue's 300m: the second waits
-            # for the first's quota and is admitted when it completes.
+            # shown with two Jobs of ours in `agi-model-queue`, 250m CPU each, whose pods KWOK
+            # completes. The queue's cohort pools 600m (its 300m and llm-cluster-queue's; the
+            # inactive emergency queue lends nothing) and the samples' Jobs hold 180m: the
+            # first fits by borrowing, the second waits for it and is admitted when it
+            # completes.
             for name in ("ours-1", "ours-2"):
                 await kube.create(JOBS, _short_cpu_job(name, ns, "agi-model-queue"), ns)
             await wait_for(lambda: admitted_type(kube, ns, "ours-1"), 20)
@@ -314,7 +316,7 @@ async def test_every_kueue_sample_is_served_or_listed_with_its_reason(
 
 
 def _short_cpu_job(name: str, ns: str, queue: str) -> dict[str, Any]:
-    job = cpu_job(name, ns, queue, "100m")
+    job = cpu_job(name, ns, queue, "250m")
     job["spec"]["template"]["metadata"]["annotations"][r.ANN_DURATION] = "2s"
     return job
 
