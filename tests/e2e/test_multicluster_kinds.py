@@ -102,8 +102,13 @@ async def test_a_jobset_goes_only_to_a_worker_that_serves_jobsets_and_completes_
             why = await wait_for(explained, 30)
             assert why["kind"] == "JobSet" and why["status"] == "waiting"
             assert "serves its kind" in why["reason"]["message"], why
-            events = (await kube.list(EVENTS, ns, field_selector="involvedObject.name=js"))["items"]
-            assert any(e["involvedObject"]["kind"] == "JobSet" for e in events)
+
+            # The reason is on the state as the hub writes the Event: wait for the Event.
+            async def evented() -> bool:
+                listed = await kube.list(EVENTS, ns, field_selector="involvedObject.name=js")
+                return any(e["involvedObject"]["kind"] == "JobSet" for e in listed["items"])
+
+            assert await wait_for(evented, 10)
 
             # A worker that serves JobSets: the JobSet goes there, and only there.
             text = flattened(planes["jobsets"].kubeconfig)
