@@ -259,9 +259,12 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
         # A job waiting over 1 s is owed a reservation (production default: 4 hours).
         running = await start_dispatcher(dispatcher_settings(control_plane, ns, max_wait_s=1))
         try:
-            # s2 runs 10 s past s1: the window in which the reservation shows, wide enough for
-            # a loaded CI machine (at 3 s it was missed once).
-            for name, duration in (("s1", 2), ("s2", 12)):
+            # s1 runs 8 s, so the big job (created after s1 and s2 are admitted) has waited
+            # past max_wait_s when s1 ends even on a loaded CI machine; with s1 at 2 s, a slow
+            # run created the big job under a second before s1 ended, s3 took s1's GPUs
+            # legitimately and the test failed. s2 runs 10 s past s1: the window in which the
+            # reservation shows.
+            for name, duration in (("s1", 8), ("s2", 18)):
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=duration), ns)
                 await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
             # An 8-GPU job (parallelism 2 x 4 GPUs, all at once) arrives, then small ones.
