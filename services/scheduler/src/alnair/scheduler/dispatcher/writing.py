@@ -149,41 +149,21 @@ class WorkloadWriter:
             if not await self.ungate(wl, gpu_type, annotations):
                 return False  # no pod yet to carry it: decided again when they come
             updated = wl.ref()
-        try:
-            if KINDS[wl.kind].writable:
-                updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
-        except Conflict:
-            self.metrics.write_conflicts.inc()
-            self.wake()  # decide again on the newer Job
-            return False
-        except NotFound:
-            return False
-        except ApiError as exc:
-            await self.refused(wl, "AdmissionFailed", "could not admit it", exc)
-            return False
-        # Our own write is the newest state of the Job: the next reconcile must not decide on
-        # the informer's older copy while the watch event is still on its way.
-        if KINDS[wl.kind].writable:
-            self.remember(wl, updated)
-        state = self.states.setdefault(wl.key, JobState(wl.key))
-        state.admitted_type = gpu_type
-        state.reason = None
-        state.reason_evented = None
-        state.position = None
-        state.predicted_start_s = now_s
+        else:
+            written = await self._write_admission(wl, patch)
+            if written is None:
+                return False
+            updated = written
         estimate = job.runtime.get(gpu_type)
-        state.predicted_finish_s = now_s + estimate.expected_s if estimate else None
         runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
         where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
-        message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
-        await self.event(updated, "Admitted", message)
-        await self.condition(wl, "True", "Admitted", message)
-        await self.publish(
-            wl,
-            JobPhase.ADMITTED,
-            {"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus, "borrowing": borrowing},
-            seq=meta["resourceVersion"],
-        )
+        await self._admitted(
+            wl, updated, gpu_type, now_s,
+            finish_s=now_s + estimate.expected_s if estimate else None,
+            message=f"admitted by ClusterQueue {job.queue} on {where}{runtime}",
+            detail={"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus,
+                    "borrowing": borrowing},
+        )  # fmt: skip
         return True
 
     async def admit_plain(
@@ -202,33 +182,53 @@ class WorkloadWriter:
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
             "spec": {"suspend": False},
         }
+        updated = await self._write_admission(wl, patch)
+        if updated is None:
+            return False
+        counted = ", ".join(f"{r} in {f}" for r, f in sorted(flavors.items()))
+        await self._admitted(
+            wl, updated, NO_GPU, now_s, finish_s=None,
+            message=f"admitted by ClusterQueue {queue} ({counted or 'no quota used'})",
+            detail={"queue": queue, "flavors": dict(flavors)},
+        )  # fmt: skip
+        return True
+
+    async def _write_admission(self, wl: Workload, patch: Obj) -> Obj | None:
+        """Patch the admission onto the workload; the written object, or None when it was not
+        written (a conflict wakes the loop to decide again on the newer copy; a refusal is
+        said on the workload)."""
         try:
             updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
         except Conflict:
             self.metrics.write_conflicts.inc()
-            self.wake()
-            return False
+            self.wake()  # decide again on the newer Job
+            return None
         except NotFound:
-            return False
+            return None
         except ApiError as exc:
             await self.refused(wl, "AdmissionFailed", "could not admit it", exc)
-            return False
+            return None
+        # Our own write is the newest state of the Job: the next reconcile must not decide on
+        # the informer's older copy while the watch event is still on its way.
         self.remember(wl, updated)
+        return updated
+
+    async def _admitted(
+        self, wl: Workload, updated: Obj, admitted_type: str, now_s: float, *,
+        finish_s: float | None, message: str, detail: dict[str, Any],
+    ) -> None:  # fmt: skip
+        """After an admission is written: the workload's state, its Event and condition, and
+        the bus event."""
         state = self.states.setdefault(wl.key, JobState(wl.key))
-        state.admitted_type = NO_GPU
+        state.admitted_type = admitted_type
         state.reason = None
         state.reason_evented = None
         state.position = None
         state.predicted_start_s = now_s
-        counted = ", ".join(f"{r} in {f}" for r, f in sorted(flavors.items()))
-        message = f"admitted by ClusterQueue {queue} ({counted or 'no quota used'})"
+        state.predicted_finish_s = finish_s
         await self.event(updated, "Admitted", message)
         await self.condition(wl, "True", "Admitted", message)
-        await self.publish(
-            wl, JobPhase.ADMITTED, {"queue": queue, "flavors": dict(flavors)},
-            seq=meta["resourceVersion"],
-        )  # fmt: skip
-        return True
+        await self.publish(wl, JobPhase.ADMITTED, detail, seq=wl.obj["metadata"]["resourceVersion"])
 
     async def preempt(
         self, wl: Workload, reason: str, for_job: str, *,
