@@ -35,7 +35,14 @@ REFERENCES = (dra.RESOURCECLAIMTEMPLATES, dra.RESOURCECLAIMS)
 MIB = Decimal(2**20)
 
 
-def _device_requests(source: Obj, where: str) -> list[Obj]:
+_SOURCES = (
+    ("resourceClaimTemplateName", dra.RESOURCECLAIMTEMPLATES, "ResourceClaimTemplate"),
+    ("resourceClaimName", dra.RESOURCECLAIMS, "ResourceClaim"),
+)
+"""How a pod names its claim: (field, the object it names, that object's kind)."""
+
+
+def _device_requests(source: Obj) -> list[Obj]:
     devices = (source.get("spec") or {}).get("devices") or {}
     return list(devices.get("requests") or [])
 
@@ -88,24 +95,16 @@ def _template_asks(template: Obj, where: str, namespace: str, lookup: Lookup) ->
     whole, share = 0, 0
     for c, claim in enumerate(claims):
         at = f"{where}.spec.resourceClaims[{c}]"
-        if claim.get("resourceClaimTemplateName"):
-            name = claim["resourceClaimTemplateName"]
-            found = lookup(dra.RESOURCECLAIMTEMPLATES, namespace, name)
-            if found is None:
-                raise InvalidValueError(
-                    f"{at}.resourceClaimTemplateName", name, "no ResourceClaimTemplate of that name"
-                )
-            requests = _device_requests(found.get("spec") or {}, at)
-        elif claim.get("resourceClaimName"):
-            name = claim["resourceClaimName"]
-            found = lookup(dra.RESOURCECLAIMS, namespace, name)
-            if found is None:
-                raise InvalidValueError(
-                    f"{at}.resourceClaimName", name, "no ResourceClaim of that name"
-                )
-            requests = _device_requests(found, at)
-        else:
+        source = next((r for r in _SOURCES if claim.get(r[0])), None)
+        if source is None:
             continue
+        field, resource, kind = source
+        found = lookup(resource, namespace, claim[field])
+        if found is None:
+            raise InvalidValueError(f"{at}.{field}", claim[field], f"no {kind} of that name")
+        # (a template holds its claim's spec one level down)
+        claim_obj = found if kind == "ResourceClaim" else (found.get("spec") or {})
+        requests = _device_requests(claim_obj)
         w, s = _asked(requests, f"{at} devices")
         if s and share:
             raise InvalidValueError(at, claim.get("name"), "one GPU share per pod")
