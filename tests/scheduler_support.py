@@ -12,6 +12,7 @@ from typing import Any
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODS, KubeClient, NotFound
 from alnair.dev.localstack import ControlPlane
+from alnair.dev.waiting import wait_for
 from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.settings import SchedulerSettings
 
@@ -53,6 +54,18 @@ async def pool(cp: ControlPlane, kube: KubeClient, spec: str, name: str) -> list
     return await cp.create_gpu_nodes(
         spec, kube=kube, prefix=name, labels={"alnair.io/test-pool": name}
     )
+
+
+async def seen_ready(scheduler: Scheduler, nodes: list[str], timeout_s: float = 10) -> None:
+    """Wait until the scheduler's own cache holds every node in `nodes` untainted (Ready). The
+    API server shows a node Ready before the scheduler's watch has delivered it: a cycle in
+    between counts the node as not ready, and an explanation's counts differ by one."""
+
+    async def seen() -> bool:
+        infos = [scheduler.cache.nodes.get(n) for n in nodes]
+        return all(i is not None and not i.taints for i in infos)
+
+    await wait_for(seen, timeout_s, 0.05)
 
 
 async def pods_in(kube: KubeClient, ns: str) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from scheduler_support import (
     events_for,
     pods_in,
     pool,
+    seen_ready,
 )
 
 pytestmark = pytest.mark.e2e
@@ -605,6 +606,7 @@ async def test_pod_anti_affinity_spreads_replicas_one_per_node(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, scheduler: Scheduler
 ) -> None:
     nodes = await pool(control_plane, kube, "3x T4:4", namespace)
+    await seen_ready(scheduler, nodes)
     term = {
         "labelSelector": {"matchLabels": {"app": "web"}},
         "topologyKey": "kubernetes.io/hostname",
@@ -648,6 +650,7 @@ async def test_topology_spread_constraints_balance_zones_and_explain_refusals(
             labels={"alnair.io/test-pool": namespace, "topology.kubernetes.io/zone": zone},
         )
         zone_of.update(dict.fromkeys(names, zone))
+    await seen_ready(scheduler, list(zone_of))
 
     def spread_pod(name: str, key: str) -> dict[str, Any]:
         pod = make_pod(name, namespace).pool(namespace).gpus(1).obj()
@@ -683,6 +686,7 @@ async def test_a_pod_waiting_for_its_affinity_target_binds_when_the_target_lands
     """Required pod affinity to a pod not yet placed parks the pod as unschedulable; the
     target's placement (a watch event, no timer) wakes it and it lands next to the target."""
     nodes = await pool(control_plane, kube, "3x T4:4", namespace)
+    await seen_ready(scheduler, nodes)
     api = make_pod("api", namespace).pool(namespace).gpus(1).obj()
     api["spec"]["affinity"] = {
         "podAffinity": {
@@ -752,6 +756,7 @@ async def test_resources_no_node_reports_are_named_and_the_pod_count_holds(
     """A pod asking for a resource no node of its pool has is told so (the kubelet would
     otherwise refuse it at admission); a node's `pods` allocatable caps what lands there."""
     (node_name,) = await pool(control_plane, kube, "1x T4:4", namespace)
+    await seen_ready(scheduler, [node_name])
     rdma = make_pod("rdma", namespace).pool(namespace).gpus(1).obj()
     rdma["spec"]["containers"][0]["resources"]["limits"]["example.com/rdma"] = "1"
     await kube.create(PODS, rdma, namespace)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -47,18 +48,45 @@ def find_binary(name: str, env_var: str | None = None) -> str:
 
 
 class ManagedProcess:
-    """A child process whose output goes to a log file, stopped with SIGTERM then SIGKILL."""
+    """A child process whose output goes to a log file, stopped with SIGTERM then SIGKILL.
+
+    With `restarts` above zero the process is supervised as systemd would a kubelet: when it
+    exits without `stop()` it is started again (at most `restarts` times per `start()`), and
+    the exit is written to its log. KWOK v0.8.0 needs this: its node and pod workers build
+    their stages' CEL environments lazily and unlocked, and when both start on a cluster that
+    already holds nodes and pods (a control plane started again on its etcd) the race can
+    panic the process. It holds no state, so starting it again is all a crash costs."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        restarts: int = 0,
     ):
         self.name = name
         self.argv = list(argv)
         self.log_path = log_dir / f"{name}.log"
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = restarts
+        self.restarted = 0
+        self._lock = threading.Lock()
+        self._stopping = False
 
     def start(self) -> None:
+        with self._lock:
+            self._stopping = False
+            self.restarted = 0
+            proc = self._spawn()
+        if self.restarts > 0:
+            threading.Thread(
+                target=self._supervise, args=(proc,), name=f"{self.name}-supervisor", daemon=True
+            ).start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             self.argv,
@@ -69,6 +97,25 @@ class ManagedProcess:
             start_new_session=True,
         )
         log.close()
+        return self.proc
+
+    def _supervise(self, proc: subprocess.Popen[bytes]) -> None:
+        while True:
+            code = proc.wait()
+            time.sleep(0.2)  # a process that dies at once is not restarted in a tight loop
+            with self._lock:
+                if self._stopping or proc is not self.proc:
+                    return
+                if self.restarted >= self.restarts:
+                    self._note(f"{self.name} exited with {code}; not restarted again")
+                    return
+                self.restarted += 1
+                self._note(f"{self.name} exited with {code}; restart {self.restarted}")
+                proc = self._spawn()
+
+    def _note(self, line: str) -> None:
+        with self.log_path.open("a") as log:
+            log.write(f"[localstack] {line}\n")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -95,6 +142,8 @@ class ManagedProcess:
             return ""
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
         if self.proc is None or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
