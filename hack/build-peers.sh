@@ -9,8 +9,10 @@
 #     (with its shipped training runtimes in runtimes/)
 #   Kubeflow training-operator v1 (github.com/kubeflow/training-operator): PyTorchJob and
 #     MPIJob v1                                            -> $CACHE/peers/training-operator-<version>/
-#   Kueue (sigs.k8s.io/kueue): its CRDs and its sample manifests only (crds/, examples/), for
-#     the dispatcher reading Kueue's queue objects      -> $CACHE/peers/kueue-<version>/
+#   Kueue (sigs.k8s.io/kueue): its CRDs and its sample manifests (crds/, examples/), for
+#     the dispatcher reading Kueue's queue objects, and its scheduler performance test
+#     (test/performance/scheduler: the runner, minimalkueue, the checker built as a test
+#     binary, the generator configs and range specs) -> $CACHE/peers/kueue-<version>/
 # each holding crds/*.yaml, webhook/ (a kustomization; KubeRay's default deploy runs without
 # one, so it has none) and manager.
 #
@@ -85,6 +87,34 @@ peer_files() {
   log "$name $version: $out"
 }
 
+# peer_perf NAME MODULE VERSION DIR: a module's scheduler performance test under DIR (its
+# runner, minimalkueue and checker, and configs/), built as dependencies of a throwaway module.
+peer_perf() {
+  local name=$1 module=$2 version=$3 perf=$4
+  local out="$CACHE/peers/$name-$version/perf"
+  if [[ -x "$out/runner" && -x "$out/minimalkueue" && -x "$out/checker.test" \
+        && -f "$out/configs/baseline/generator.yaml" ]]; then
+    log "$name $version performance test cached in $out"; return
+  fi
+  local w="$CACHE/build/$name-perf-$version"
+  rm -rf "$w" "$out"; mkdir -p "$w" "$out"; cd "$w"
+  go mod download -json "$module@$version" > dl.json
+  local dir gover
+  dir=$(python3 -c 'import json; print(json.load(open("dl.json"))["Dir"])')
+  gover=$(grep -E '^go [0-9]' "$dir/go.mod" | head -1)
+  cp -r "$dir/$perf/configs" "$out/configs"; chmod -R u+w "$out"
+  printf 'module alnair.local/%sperf\n\n%s\n\nrequire %s %s\n' \
+    "$name" "$gover" "$module" "$version" > go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/runner"\n\t_ "%s/minimalkueue"\n)\n' \
+    "$module/$perf" "$module/$perf" > tools.go
+  log "building $name's scheduler performance test (cold build: several minutes)"
+  go build -trimpath -o "$out/runner.tmp" "$module/$perf/runner"
+  go build -trimpath -o "$out/minimalkueue.tmp" "$module/$perf/minimalkueue"
+  go test -c -trimpath -o "$out/checker.test.tmp" "$module/$perf/checker"
+  for b in runner minimalkueue checker.test; do mv "$out/$b.tmp" "$out/$b"; done
+  log "$name $version performance test: $out"
+}
+
 build_peer jobset sigs.k8s.io/jobset "$JOBSET_VERSION" \
   config/components/crd/bases config/components/webhook sigs.k8s.io/jobset
 build_peer lws sigs.k8s.io/lws "$LWS_VERSION" \
@@ -99,3 +129,4 @@ build_peer training-operator github.com/kubeflow/training-operator "$TRAINING_OP
   github.com/kubeflow/training-operator/cmd/training-operator.v1
 peer_files kueue sigs.k8s.io/kueue "$KUEUE_VERSION" \
   config/components/crd/bases cmd/kueueviz/examples
+peer_perf kueue sigs.k8s.io/kueue "$KUEUE_VERSION" test/performance/scheduler

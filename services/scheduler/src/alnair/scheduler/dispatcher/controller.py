@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, get_args
 
 from alnair.common import resources as res
@@ -54,6 +55,8 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_BORROWING,
     ANN_FLAVORS,
     ANN_PREEMPTIONS,
+    ANN_STOPPING,
+    GPU,
     LABEL_TRIAL_FOR,
     LABEL_WORKLOAD,
     Workload,
@@ -62,6 +65,7 @@ from alnair.scheduler.dispatcher.parsing import (
     parse_plain_job,
     workload_label,
 )
+from alnair.scheduler.dispatcher.plain_preemption import Charge, victims
 from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
     PredictorClient,
@@ -134,6 +138,13 @@ def _held_after(snapshot: QueueSnapshot, decisions: Decisions) -> Counter[str]:
     return held
 
 
+def _float(raw: str | None) -> float:
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
 def _epoch(ts: str | None) -> float:
     if not ts:
         return time.time()
@@ -187,6 +198,8 @@ class Dispatcher(QueueCore):
         self.history = UsageHistory(settings.fair_share_half_life_s)
         """Each queue's decayed GPU use, for fair sharing by history (in memory)."""
         self._usage = ResourceLedger({})
+        self._charges: list[Charge] = []
+        """What each admitted workload holds of that quota (preemption reads it)."""
         """The last reconcile's usage of quota over other resources (queue status)."""
         self._flagged: dict[str, str] = {}
         """Kueue objects given an Event for what Alnair cannot honour: uid -> the problem."""
@@ -520,8 +533,9 @@ class Dispatcher(QueueCore):
     ) -> ResourceLedger:
         """Usage of the queues' quota over other resources by what is admitted, each counted
         in the flavors recorded at its admission (or, for one admitted before its queue held
-        such quota, the flavors it would get now)."""
+        such quota, the flavors it would get now). The charges are kept for preemption."""
         ledger = ResourceLedger(quota)
+        self._charges = []
         for queue, wl in charges:
             try:
                 asked = asked_of_queue(wl)
@@ -535,7 +549,15 @@ class Dispatcher(QueueCore):
             if not isinstance(recorded, dict):
                 found = ledger.assign(queue, asked)
                 recorded = found if not isinstance(found, str) else {}
-            ledger.take(queue, {str(k): str(v) for k, v in recorded.items()}, asked)
+            assignment = {str(k): str(v) for k, v in recorded.items()}
+            ledger.take(queue, assignment, asked)
+            meta = wl.obj["metadata"]
+            self._charges.append(Charge(
+                queue, wl, assignment, asked,
+                admitted_s=_float(wl.annotations.get(ANN_ADMITTED_AT)),
+                created_s=_epoch(meta.get("creationTimestamp")),
+                stopping=wl.annotations.get(ANN_STOPPING) == "true",
+            ))  # fmt: skip
         self._usage = ledger
         return ledger
 
@@ -561,7 +583,8 @@ class Dispatcher(QueueCore):
             asked = asked_of_queue(wl)
             flavors = ledger.assign(cq, asked)
             if isinstance(flavors, str):
-                state.reason = WaitReason("quota", flavors)
+                state.reason = WaitReason("quota", await self._preempt_plain(wl, cq, asked, ledger)
+                                          or flavors)  # fmt: skip
                 await self.writer.wait_event(wl, state)
                 continue
             self.fence(f"admission of {wl.key}")
@@ -570,6 +593,39 @@ class Dispatcher(QueueCore):
                 self.quotas.charge(wl)
                 admitted[cq] += 1
         return admitted
+
+    async def _preempt_plain(
+        self, wl: Workload, cq: str, asked: Mapping[str, Decimal], ledger: ResourceLedger
+    ) -> str | None:
+        """Take quota back for a workload that does not fit (its queue's preemption rules,
+        `plain_preemption.py`); what it now waits for, or None when nothing may be taken."""
+        state = self.queues.get(cq)
+        if state is None or state.spec is None:
+            return None
+        plain = self._plain_quota()
+        chosen = victims(
+            wl, cq, asked, ledger, self._charges,
+            rules=state.spec.preemption,
+            cohort_of=lambda q: plain[q].cohort if q in plain else None,
+            priority=self._priority,
+            created_s=_epoch(wl.obj["metadata"].get("creationTimestamp")),
+        )  # fmt: skip
+        if chosen is None:
+            return None
+        reason = f"{wl.kind} {wl.namespace}/{wl.name} needs the quota"
+        for c in chosen:
+            self.fence(f"preemption of {c.wl.key}")
+            await self.writer.preempt(c.wl, reason, wl.key)
+            self.metrics.decisions.labels(self.policy.name, "preempted").inc()
+            self._charges = [
+                replace(x, stopping=True) if x.wl.key == c.wl.key else x for x in self._charges
+            ]
+        names = ", ".join(c.wl.key for c in chosen)
+        return (
+            f"preempting {names} to make room"
+            if chosen
+            else "waiting for preempted workloads to give their quota back"
+        )
 
     def _over_resource_quota(self, wl: Workload, state: JobState) -> bool:
         """Whether the namespace's ResourceQuota would refuse the workload's pods now, given
@@ -617,8 +673,9 @@ class Dispatcher(QueueCore):
                 continue
             self.fence(f"admission of {adm.job_id}")
             if await self.writer.admit(
-                wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s, flavors=flavors
-            ):
+                wl, job, adm.gpu_type, adm.borrowing, snapshot.now_s,
+                flavors={GPU: self._gpu_flavor(job.queue, adm.gpu_type), **flavors},
+            ):  # fmt: skip
                 ledger.take(job.queue, flavors, asked)
                 self.quotas.charge(wl)
                 self.metrics.decisions.labels(
@@ -660,6 +717,12 @@ class Dispatcher(QueueCore):
             "prediction",
         ):
             self.metrics.waiting.labels(kind).set(reasons[kind])
+
+    def _gpu_flavor(self, queue: str, model: str) -> str:
+        """The ResourceFlavor a queue counts `model` in (Kueue's queues; else the model)."""
+        state = self.queues.get(queue)
+        kueue = state.kueue if state is not None else None
+        return kueue.flavors.get(model, model) if kueue is not None else model
 
     def _wake_at(self, when: float | None) -> None:
         """One reconcile at `when` (epoch seconds): a deadline no event announces, the end of a

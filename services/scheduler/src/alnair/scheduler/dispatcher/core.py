@@ -36,6 +36,7 @@ from alnair.common.kube import (
 )
 from alnair.common.recorder import EventRecorder
 from alnair.scheduler.dispatcher import kueue_queues as kq
+from alnair.scheduler.dispatcher import kueue_workload as kw
 from alnair.scheduler.dispatcher.loop import ReconcileLoop
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.parsing import Workload, parse_cluster_queue
@@ -103,10 +104,12 @@ class QueueCore(ReconcileLoop):
         self.bus = bus
         self.predictor = predictor
         self.policy = policy
-        self.kinds: dict[str, WorkloadKind] = {k.kind: k for k in kinds}
         # The queues: Alnair's objects, or Kueue's own (kueue_queues.py) with the flavors,
         # priority classes and namespaces they name.
         kueue = settings.queue_api == "kueue"
+        self.kinds: dict[str, WorkloadKind] = {
+            k.kind: k for k in kinds if kueue or not k.kueue_only
+        }
         queue_apis = (
             (kq.CLUSTERQUEUES, kq.LOCALQUEUES, kq.COHORTS)
             if kueue
@@ -260,6 +263,8 @@ class QueueCore(ReconcileLoop):
             return None
         if state.kueue.hold:
             return f"ClusterQueue {cq} is held (spec.stopPolicy: Hold)"
+        if wl.kind == kw.KIND and (why := kw.inactive(wl)) is not None:
+            return why
         lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
         problem = kq.local_queue_problem(lq) if lq is not None else None
         if problem is not None:
@@ -281,6 +286,8 @@ class QueueCore(ReconcileLoop):
     def _priority(self, wl: Workload) -> int:
         """The workload's priority: its WorkloadPriorityClass's value when it names one (Kueue's
         objects), else its pods' priority."""
+        if wl.kind == kw.KIND:
+            return kw.priority(wl)  # a Workload states its own (Kueue set it from its class)
         if self.kueue_objects:
             try:
                 value = kq.priority_of(

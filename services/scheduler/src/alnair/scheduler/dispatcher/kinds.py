@@ -44,6 +44,7 @@ from alnair.scheduler.dispatcher.inference import (
     parse_leaderworkerset,
     parse_statefulset,
 )
+from alnair.scheduler.dispatcher.kueue_workload import WORKLOAD
 from alnair.scheduler.dispatcher.parsing import (
     LABEL_WORKLOAD,
     QUEUE_LABELS,
@@ -346,7 +347,7 @@ plain pods again: whoever created them does, as with Kueue's plain pod groups)."
 
 
 _EVERY = (JOB, ELASTIC, POD, JOBSET, DEPLOYMENT, STATEFULSET, LEADERWORKERSET, PODGROUP)
-_PEERS = (RAYCLUSTER, RAYJOB, TRAINJOB, PYTORCHJOB, MPIJOB)
+_PEERS = (RAYCLUSTER, RAYJOB, TRAINJOB, PYTORCHJOB, MPIJOB, WORKLOAD)
 KINDS: dict[str, WorkloadKind] = {k.kind: k for k in (*_EVERY, *_PEERS)}
 """Every kind the dispatcher queues, by `kind`."""
 DELEGABLE: tuple[WorkloadKind, ...] = tuple(k for k in KINDS.values() if k.delegable)

@@ -7,7 +7,7 @@ PodGroup, ElasticJob) and `peer_kinds.py` (KubeRay, Kubeflow Trainer and Kubeflo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,6 +36,19 @@ Lookup = Callable[[Resource, str | None, str], Obj | None]
 JOB_CONTROLLER = "kubernetes.io/job-controller"
 """`spec.managedBy` of a Job the built-in Job controller runs (the default)."""
 JOBSET_CONTROLLER = "jobset.sigs.k8s.io/jobset-controller"
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWrites:
+    """The `status` of each merge patch (on the status subresource) of a kind whose object is
+    its own admission record."""
+
+    admitted: Callable[[Workload, str, Mapping[str, str], str], Obj]
+    """(workload, ClusterQueue, resource -> flavor, message): admitted."""
+    evicted: Callable[[Workload, str, str], Obj]
+    """(workload, cause, message): its admission taken back."""
+    pending: Callable[[Workload, str], Obj | None]
+    """(workload, why it waits): said on it (None: said already)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,12 @@ class WorkloadKind:
     export: Callable[[Obj], Obj] | None = None
     """The `spec` of such a copy, from the original's (what this cluster's API server
     defaulted and another's must not get: a Job's selector and controller labels)."""
+    status_writes: StatusWrites | None = None
+    """Where its admission is written in its own status (Kueue's Workload: `status.admission`
+    and conditions, `kueue_workload.py`) instead of annotations and a spec patch: how."""
+    kueue_only: bool = False
+    """Queued only with Kueue's queue objects (`queue_api: kueue`): it names a Kueue
+    LocalQueue."""
     writable: bool = True
     """Whether the dispatcher writes the object itself (its admission in annotations). A
     serving workload's admission lives on its pods instead: the dispatcher may not patch

@@ -37,6 +37,7 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_QUEUE_STATE,
     ANN_RAN,
     ANN_SELECTED_TYPE,
+    GPU,
     NO_GPU,
     Workload,
     gated,
@@ -139,28 +140,35 @@ class WorkloadWriter:
             ANN_QUEUE_STATE: "admitted",
         }
         if flavors:
-            annotations[ANN_FLAVORS] = json.dumps(dict(flavors), sort_keys=True)
+            annotations[ANN_FLAVORS] = json.dumps(
+                {r: f for r, f in flavors.items() if r != GPU}, sort_keys=True
+            )
         patch: dict[str, Any] = {
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
             "spec": KINDS[wl.kind].release(wl, gpu_type),
         }
+        estimate = job.runtime.get(gpu_type)
+        runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
+        where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
+        message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
+        writes = KINDS[wl.kind].status_writes
         if not KINDS[wl.kind].writable:
             # A serving workload: its admission is its pods', written as their gates come off.
             if not await self.ungate(wl, gpu_type, annotations):
                 return False  # no pod yet to carry it: decided again when they come
             updated = wl.ref()
         else:
+            if writes is not None:  # its admission is its own status
+                assigned = {GPU: gpu_type, **(flavors or {})}
+                patch = self._status_patch(wl, writes.admitted(wl, job.queue, assigned, message))
             written = await self._write_admission(wl, patch)
             if written is None:
                 return False
             updated = written
-        estimate = job.runtime.get(gpu_type)
-        runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
-        where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
         await self._admitted(
             wl, updated, gpu_type, now_s,
             finish_s=now_s + estimate.expected_s if estimate else None,
-            message=f"admitted by ClusterQueue {job.queue} on {where}{runtime}",
+            message=message,
             detail={"queue": job.queue, "gpu_model": gpu_type, "gpus": job.gpus,
                     "borrowing": borrowing},
         )  # fmt: skip
@@ -182,13 +190,17 @@ class WorkloadWriter:
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations},
             "spec": {"suspend": False},
         }
+        counted = ", ".join(f"{r} in {f}" for r, f in sorted(flavors.items()))
+        message = f"admitted by ClusterQueue {queue} ({counted or 'no quota used'})"
+        writes = KINDS[wl.kind].status_writes
+        if writes is not None:  # its admission is its own status
+            patch = self._status_patch(wl, writes.admitted(wl, queue, flavors, message))
         updated = await self._write_admission(wl, patch)
         if updated is None:
             return False
-        counted = ", ".join(f"{r} in {f}" for r, f in sorted(flavors.items()))
         await self._admitted(
             wl, updated, NO_GPU, now_s, finish_s=None,
-            message=f"admitted by ClusterQueue {queue} ({counted or 'no quota used'})",
+            message=message,
             detail={"queue": queue, "flavors": dict(flavors)},
         )  # fmt: skip
         return True
@@ -197,8 +209,11 @@ class WorkloadWriter:
         """Patch the admission onto the workload; the written object, or None when it was not
         written (a conflict wakes the loop to decide again on the newer copy; a refusal is
         said on the workload)."""
+        status = "status" in patch  # (a status patch is written to the subresource)
         try:
-            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+            updated = await self.kube.patch(
+                wl.resource, wl.name, patch, wl.namespace, sub="status" if status else ""
+            )
         except Conflict:
             self.metrics.write_conflicts.inc()
             self.wake()  # decide again on the newer Job
@@ -212,6 +227,12 @@ class WorkloadWriter:
         # the informer's older copy while the watch event is still on its way.
         self.remember(wl, updated)
         return updated
+
+    @staticmethod
+    def _status_patch(wl: Workload, status: Obj) -> Obj:
+        """A merge patch of the workload's status, on the version the decision was made on."""
+        version = wl.obj["metadata"]["resourceVersion"]
+        return {"metadata": {"resourceVersion": version}, "status": status}
 
     async def _admitted(
         self, wl: Workload, updated: Obj, admitted_type: str, now_s: float, *,
@@ -238,6 +259,10 @@ class WorkloadWriter:
         kept, `extra` annotations written with it, the `cause` said in an Event."""
         if KINDS[wl.kind].reclaim == "evict":
             await self._evict(wl, reason, for_job, cause=cause)
+            return
+        writes = KINDS[wl.kind].status_writes
+        if writes is not None:  # its admission is its own status: evicted there
+            await self._evict_in_status(wl, writes.evicted, reason, for_job, cause=cause)
             return
         meta = wl.obj["metadata"]
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
@@ -342,6 +367,27 @@ class WorkloadWriter:
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
         await self._preempted(wl, wl.ref(), "evicted", reason, for_job, count, cause)
 
+    async def _evict_in_status(
+        self, wl: Workload, evicted: Callable[[Workload, str, str], Obj], reason: str,
+        for_job: str, *, cause: str,
+    ) -> None:  # fmt: skip
+        """Take back the admission of a workload whose object is its own record: said in its
+        status, the reservation held until whatever runs it stops it."""
+        message = f"{cause.lower()} for {for_job}: {reason}"
+        patch = self._status_patch(wl, evicted(wl, cause, message))
+        try:
+            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace, sub="status")
+        except (Conflict, NotFound):
+            self.metrics.write_conflicts.inc()
+            self.wake()
+            return
+        except ApiError as exc:
+            await self.refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
+            return
+        self.remember(wl, updated)
+        count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
+        await self._preempted(wl, updated, "evicted", reason, for_job, count, cause)
+
     async def _preempted(
         self, wl: Workload, obj: Obj, how: str, reason: str, for_job: str, count: int,
         cause: str,
@@ -369,17 +415,24 @@ class WorkloadWriter:
         warning = state.reason.kind in ("queue", "prediction")
         reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
         await self.event(wl.ref(), reason, f"waiting ({text})", warning=warning)
+        writes = KINDS[wl.kind].status_writes
+        if writes is not None:  # said in its own status, as Kueue says it
+            status = writes.pending(wl, text)
+            if status is not None:
+                await self.note(wl, self._status_patch(wl, status), sub="status")
+            return
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
         await self.note(wl, note)
         await self.condition(wl, "False", camel(state.reason.kind), state.reason.message)
 
-    async def note(self, wl: Workload, patch: Obj) -> Obj | None:
-        """An annotation on the workload, best effort: gone or changed meanwhile is nothing,
-        and one the API server refuses is logged, never a reason to stop the queue."""
+    async def note(self, wl: Workload, patch: Obj, *, sub: str = "") -> Obj | None:
+        """An annotation (or, with `sub`, a status) on the workload, best effort: gone or
+        changed meanwhile is nothing, and one the API server refuses is logged, never a reason
+        to stop the queue."""
         if not KINDS[wl.kind].writable:
             return None  # never written (its Events say the same)
         try:
-            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace, sub=sub)
         except (NotFound, Conflict):
             return None
         except ApiError as exc:

@@ -152,6 +152,34 @@ class ResourceLedger:
                 return "; ".join(reasons) or f"ClusterQueue {queue} lists no flavor"
         return out
 
+    def borrowing(self, queue: str, assignment: Assignment) -> bool:
+        """Whether the queue uses more than its nominal quota of a resource in `assignment`'s
+        flavors (what a queue of its cohort may reclaim)."""
+        for resource, flavor in assignment.items():
+            quota = self._quota(queue, flavor, resource) or ResourceQuota(Decimal(0))
+            if self._usage[(queue, flavor, resource)] > quota.nominal:
+                return True
+        return False
+
+    def within_nominal(self, queue: str, asked: Amounts) -> bool:
+        """Whether `asked` fits the queue's own nominal quota (in some flavor of each group),
+        beside what it uses: quota it is owed, which it may reclaim from borrowers."""
+        spec = self._queues.get(queue)
+        if spec is None:
+            return False
+        for group in spec.groups:
+            wanted = {r: a for r, a in asked.items() if r in group.covered and a > 0}
+            if wanted and not any(
+                all(
+                    self._usage[(queue, f.name, r)] + a
+                    <= (self._quota(queue, f.name, r) or ResourceQuota(Decimal(0))).nominal
+                    for r, a in wanted.items()
+                )
+                for f in group.flavors
+            ):
+                return False
+        return True
+
     def take(self, queue: str, assignment: Assignment, asked: Amounts) -> None:
         self._move(queue, assignment, asked, 1)
 
