@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane setup-peers test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
 setup: setup-python setup-native setup-control-plane setup-peers ## install everything the tests and the demo need
 
@@ -95,6 +95,10 @@ bench-predictor: setup-python ## where the predictor's held-out error comes from
 
 bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON; QUEUE_BENCH_ARGS=--limit N: a smoke run)
 	@$(BIN)/python bench/job_queue.py $(QUEUE_BENCH_ARGS)
+
+bench-dispatcher: setup-python setup-control-plane ## the dispatcher beside Kueue on Kueue's scheduler performance test, baseline config (JSON; DISPATCHER_BENCH_ARGS)
+	@bash hack/build-peers.sh
+	@$(BIN)/python bench/dispatcher.py $(DISPATCHER_BENCH_ARGS)
 
 bench-multicluster: setup-python ## one queue over three clusters: alnair vs round-robin, least-loaded, first-fit (JSON)
 	@$(BIN)/python bench/multicluster.py $(MULTICLUSTER_BENCH_ARGS)

@@ -10,10 +10,16 @@ admitted one by its `Finished` condition and, when one is evicted, takes its res
 
 from __future__ import annotations
 
+import asyncio
+import csv
+import os
+import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from alnair.common import resources as r
 from alnair.common.kube import KubeClient, Obj
@@ -183,3 +189,79 @@ async def test_kueue_workloads_are_admitted_wait_and_are_preempted_in_their_stat
             assert explained["gpu_model"] == "V100M32", explained
         finally:
             await running.stop()
+
+
+# --- Kueue's own scheduler performance runner, unchanged ----------------------------------------
+
+GENERATOR = {
+    "cohorts": [{"className": "cohort", "count": 1, "queuesSets": [{
+        "className": "cq", "count": 2, "nominalQuota": 20, "borrowingLimit": 100,
+        "reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+        "workloadsSets": [
+            {"count": 20, "creationIntervalMs": 100, "workloads": [
+                {"className": "small", "runtimeMs": 200, "priority": 50, "request": 1}]},
+            {"count": 6, "creationIntervalMs": 300, "workloads": [
+                {"className": "medium", "runtimeMs": 500, "priority": 100, "request": 5}]},
+            {"count": 3, "creationIntervalMs": 600, "workloads": [
+                {"className": "large", "runtimeMs": 1000, "priority": 200, "request": 20}]},
+        ]}]}],
+}  # fmt: skip
+RANGE = {
+    # generous bounds for a loaded two-core machine: the point is Kueue's checker accepting
+    # what the dispatcher wrote, read by Kueue's own recorder
+    "cmd": {"maxWallMs": 180_000},
+    "clusterQueueClassesMinUsage": {"cq": 1},
+    "wlClassesMaxAvgTimeToAdmissionMs": {"small": 60_000, "medium": 60_000, "large": 60_000},
+}
+
+
+async def test_kueue_performance_runner_and_checker_accept_the_dispatcher(
+    control_plane: ControlPlane, kube: KubeClient, tmp_path: Path
+) -> None:
+    """Kueue's runner creates its cohorts, ClusterQueues, LocalQueues and Workloads, finishes
+    what is admitted and records from the ClusterQueues' status; the dispatcher (its shipped
+    RBAC) admits them. Every Workload is admitted and finished, and Kueue's checker passes."""
+    perf = kueue_folder() / "perf"
+    assert (perf / "runner").exists(), "run hack/build-peers.sh"
+    await apply_crds(kube, kueue_folder() / "crds")
+    config = await shipped_account(control_plane, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    (tmp_path / "generator.yaml").write_text(yaml.safe_dump(GENERATOR))
+    (tmp_path / "rangespec.yaml").write_text(yaml.safe_dump(RANGE))
+    out = tmp_path / "out"
+    out.mkdir()
+    async with KubeClient(config) as as_dispatcher:
+        running = await start_dispatcher(
+            dispatcher_settings(control_plane, "none", queue_api="kueue"), as_dispatcher
+        )
+        started = time.monotonic()
+        try:
+            runner = await asyncio.create_subprocess_exec(
+                str(perf / "runner"), "-o", str(out),
+                f"--generatorConfig={tmp_path / 'generator.yaml'}", "--timeout=150s",
+                "--qps=200", "--burst=400", "--zap-log-level=error",
+                env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            output, _ = await asyncio.wait_for(runner.communicate(), 240)
+            wall = time.monotonic() - started
+        finally:
+            await running.stop()
+    assert runner.returncode == 0, output.decode(errors="replace")[-3000:]
+    rows = list(csv.DictReader((out / "wlStates.csv").open()))
+    assert len(rows) == 2 * (20 + 6 + 3)
+    assert all(int(r["ms to finish"]) > 0 for r in rows), [
+        r for r in rows if r["ms to finish"] == "0"
+    ]
+    stats = out / "alnair.stats.yaml"
+    stats.write_text(yaml.safe_dump({"wallMs": int(wall * 1000), "userMs": 0, "sysMs": 0,
+                                     "maxrss": 0}))  # fmt: skip
+    checker = await asyncio.create_subprocess_exec(
+        str(perf / "checker.test"), "-test.run", "TestScalability", "-test.v",
+        f"-summary={out / 'summary.yaml'}", f"-cmdStats={stats}",
+        f"-range={tmp_path / 'rangespec.yaml'}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    verdict, _ = await asyncio.wait_for(checker.communicate(), 120)
+    assert checker.returncode == 0, verdict.decode(errors="replace")[-3000:]
+    summary = yaml.safe_load((out / "summary.yaml").read_text())
+    assert set(summary["workloadClasses"]) == {"small", "medium", "large"}
