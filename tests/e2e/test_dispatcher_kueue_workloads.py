@@ -142,7 +142,7 @@ async def test_kueue_workloads_are_admitted_wait_and_are_preempted_in_their_stat
         )
         try:
             # Two fit the queue's 4 CPUs; the third waits, said in its QuotaReserved condition.
-            for name, cpu in (("w1", "2"), ("w2", "2"), ("w3", "3")):
+            for name, cpu in (("w1", "2"), ("w2", "2"), ("w3", "2")):
                 await kube.create(WORKLOADS, workload(name, ns, "cpu", cpu=cpu, priority=10), ns)
             w1 = await wait_for(lambda: _admitted(kube, ns, "w1"), 20)
             assert await wait_for(lambda: _admitted(kube, ns, "w2"), 20)
@@ -177,6 +177,28 @@ async def test_kueue_workloads_are_admitted_wait_and_are_preempted_in_their_stat
             # Finished: its quota goes back and the waiting one is admitted.
             await _finish(kube, ns, "w1")
             assert await wait_for(lambda: _admitted(kube, ns, "w3"), 20)
+
+            # A higher priority takes quota back (withinClusterQueue: LowerPriority): one of
+            # the lower ones (both 2 CPUs, priority 10) is evicted, and keeps its reservation
+            # until what runs it gives it back; then the higher one is admitted.
+            await kube.create(WORKLOADS, workload("hi", ns, "cpu", cpu="2", priority=100), ns)
+
+            async def evicted() -> list[tuple[str, Obj]]:
+                out = []
+                for name in ("w2", "w3"):
+                    c = cond(await kube.get(WORKLOADS, name, ns), "Evicted")
+                    if c is not None and c["status"] == "True":
+                        out.append((name, c))
+                return out
+
+            ((victim, ev),) = await wait_for(evicted, 20)  # one was enough
+            assert ev["reason"] == "Preempted" and "hi" in ev["message"], ev
+            assert cond(await kube.get(WORKLOADS, victim, ns), "Preempted")["status"] == "True"
+            assert await _admitted(kube, ns, "hi") is None  # not before the victim gives it back
+            await _release(kube, ns, victim)
+            assert await wait_for(lambda: _admitted(kube, ns, "hi"), 20)
+            assert await wait_for(lambda: events(kube, ns, victim, "Preempted"), 10)
+            assert len(await evicted()) == 1
 
             # A GPU Workload: its model's flavor, and its CPU in the CPU flavor.
             await kube.create(WORKLOADS, workload("g1", ns, "gpu", cpu="1", gpus=2, count=2), ns)

@@ -568,6 +568,9 @@ class Dispatcher(QueueCore):
         where its queue's quota over other resources has room (no policy, no preemption);
         how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
+        hopeless: set[tuple[str, int, tuple[tuple[str, Decimal], ...]]] = set()
+        """(queue, priority, what it asks) that no preemption makes room for in this pass:
+        the same search for the same shape is not made again."""
         order = sorted(
             waiting,
             key=lambda w: (
@@ -583,8 +586,12 @@ class Dispatcher(QueueCore):
             asked = asked_of_queue(wl)
             flavors = ledger.assign(cq, asked)
             if isinstance(flavors, str):
-                state.reason = WaitReason("quota", await self._preempt_plain(wl, cq, asked, ledger)
-                                          or flavors)  # fmt: skip
+                shape = (cq, self._priority(wl), tuple(sorted(asked.items())))
+                taken = None if shape in hopeless else await self._preempt_plain(
+                    wl, cq, asked, ledger)  # fmt: skip
+                if taken is None:
+                    hopeless.add(shape)
+                state.reason = WaitReason("quota", taken or flavors)
                 await self.writer.wait_event(wl, state)
                 continue
             self.fence(f"admission of {wl.key}")

@@ -8,8 +8,8 @@ A workload that does not fit its queue's quota may take quota back:
   (`Any`) or those of lower priority (`LowerPriority`), only while what it asks fits its
   queue's own nominal quota (quota it is owed, never a borrower taking from a borrower).
 
-Candidates are tried borrowers first, then lowest priority, then the most recently admitted,
-until the workload fits; then each chosen one that is not needed after all is put back, so
+Candidates are tried borrowers first, then lowest priority, then the most recently admitted
+(then created), until the workload fits; then each chosen one that is not needed after all is put back, so
 the fewest are preempted. Workloads already told to stop (evicted, still holding their
 reservation until whatever runs them stops them) are counted as gone: while those alone make
 room, nothing more is preempted and the workload waits for them. The GPU models' preemption
@@ -73,7 +73,7 @@ def victims(
         prio = priority(wl)
         cohort = cohort_of(queue)
         owed = ledger.within_nominal(queue, asked)
-        candidates: list[tuple[tuple[int, int, float], Charge]] = []
+        candidates: list[tuple[tuple[int, int, float, float], Charge]] = []
         for c in charges:
             if c.stopping or c.wl.key == wl.key:
                 continue
@@ -84,7 +84,7 @@ def victims(
                     within == "LowerOrNewerEqualPriority"
                     and (theirs < prio or (theirs == prio and c.created_s > created_s))
                 ):
-                    candidates.append(((1, theirs, -c.admitted_s), c))
+                    candidates.append(((1, theirs, -c.admitted_s, -c.created_s), c))
             elif (
                 cohort is not None
                 and cohort_of(c.queue) == cohort
@@ -92,7 +92,7 @@ def victims(
                 and (rules.reclaim == "Any" or (rules.reclaim == "LowerPriority" and theirs < prio))
                 and ledger.borrowing(c.queue, c.assignment)
             ):
-                candidates.append(((0, theirs, -c.admitted_s), c))
+                candidates.append(((0, theirs, -c.admitted_s, -c.created_s), c))
         candidates.sort(key=lambda t: t[0])
         chosen: list[Charge] = []
         for _, c in candidates:

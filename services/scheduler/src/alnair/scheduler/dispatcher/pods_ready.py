@@ -53,6 +53,8 @@ class PodsReady:
         timeout = self.settings.pods_ready_timeout_s
         if not timeout or not kind.writable or ANN_PODS_READY_AT in wl.annotations:
             return False
+        if kind.status_writes is not None:
+            return False  # a Kueue Workload's pods are its job's, which says when they are ready
         if kind.ready(wl):
             updated = await self.writer.note(
                 wl, {"metadata": {"annotations": {ANN_PODS_READY_AT: f"{now:.3f}"}}}
