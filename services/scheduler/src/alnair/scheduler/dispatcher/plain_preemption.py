@@ -9,8 +9,8 @@ A workload that does not fit its queue's quota may take quota back:
   queue's own nominal quota (quota it is owed, never a borrower taking from a borrower).
 
 Candidates are tried borrowers first, then lowest priority, then the most recently admitted
-(then created), until the workload fits; then each chosen one that is not needed after all is put back, so
-the fewest are preempted. Workloads already told to stop (evicted, still holding their
+(then created), until the workload fits; then each chosen one that is not needed after all is
+put back, so the fewest are preempted. Workloads already told to stop (evicted, still holding their
 reservation until whatever runs them stops them) are counted as gone: while those alone make
 room, nothing more is preempted and the workload waits for them. The GPU models' preemption
 is the policy's (`queueing`); this is the second gate, for the rest.
