@@ -105,7 +105,7 @@ def pct(xs: list[float], q: float) -> float:
 def read_results(out: Path) -> dict[str, Any]:
     """The runner's summary and per-workload states as figures."""
     summary = yaml.safe_load((out / "summary.yaml").read_text())
-    rows = list(csv.DictReader((out / "wlStates.csv").open()))
+    rows = list(csv.DictReader((out / "wlStates.csv").read_text().splitlines()))
     classes: dict[str, Any] = {}
     for name in sorted({r["class name"] for r in rows}):
         mine = [r for r in rows if r["class name"] == name]

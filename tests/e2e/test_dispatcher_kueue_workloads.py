@@ -269,7 +269,7 @@ async def test_kueue_performance_runner_and_checker_accept_the_dispatcher(
         finally:
             await running.stop()
     assert runner.returncode == 0, output.decode(errors="replace")[-3000:]
-    rows = list(csv.DictReader((out / "wlStates.csv").open()))
+    rows = list(csv.DictReader((out / "wlStates.csv").read_text().splitlines()))
     assert len(rows) == 2 * (20 + 6 + 3)
     assert all(int(r["ms to finish"]) > 0 for r in rows), [
         r for r in rows if r["ms to finish"] == "0"
