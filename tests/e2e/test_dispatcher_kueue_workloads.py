@@ -237,23 +237,32 @@ RANGE = {
 }
 
 
-async def test_kueue_performance_runner_and_checker_accept_the_dispatcher(
-    control_plane: ControlPlane, kube: KubeClient, tmp_path: Path
-) -> None:
+async def test_kueue_performance_runner_and_checker_accept_the_dispatcher(tmp_path: Path) -> None:
     """Kueue's runner creates its cohorts, ClusterQueues, LocalQueues and Workloads, finishes
     what is admitted and records from the ClusterQueues' status; the dispatcher (its shipped
-    RBAC) admits them. Every Workload is admitted and finished, and Kueue's checker passes."""
+    RBAC) admits them. Every Workload is admitted and finished, and Kueue's checker passes.
+    A control plane of its own: the runner records every ClusterQueue and Workload there is."""
     perf = kueue_folder() / "perf"
     assert (perf / "runner").exists(), "run hack/build-peers.sh"
-    await apply_crds(kube, kueue_folder() / "crds")
-    config = await shipped_account(control_plane, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    plane = ControlPlane(tmp_path / "k8s", kwok=False)
+    await asyncio.to_thread(plane.start)
+    try:
+        await _run_kueue_runner(plane, perf, tmp_path)
+    finally:
+        await asyncio.to_thread(plane.cleanup)
+
+
+async def _run_kueue_runner(plane: ControlPlane, perf: Path, tmp_path: Path) -> None:
+    async with plane.client() as kube:
+        await apply_crds(kube, kueue_folder() / "crds")
+        config = await shipped_account(plane, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
     (tmp_path / "generator.yaml").write_text(yaml.safe_dump(GENERATOR))
     (tmp_path / "rangespec.yaml").write_text(yaml.safe_dump(RANGE))
     out = tmp_path / "out"
     out.mkdir()
     async with KubeClient(config) as as_dispatcher:
         running = await start_dispatcher(
-            dispatcher_settings(control_plane, "none", queue_api="kueue"), as_dispatcher
+            dispatcher_settings(plane, "none", queue_api="kueue"), as_dispatcher
         )
         started = time.monotonic()
         try:
@@ -261,7 +270,7 @@ async def test_kueue_performance_runner_and_checker_accept_the_dispatcher(
                 str(perf / "runner"), "-o", str(out),
                 f"--generatorConfig={tmp_path / 'generator.yaml'}", "--timeout=150s",
                 "--qps=200", "--burst=400", "--zap-log-level=error",
-                env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)},
+                env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
             output, _ = await asyncio.wait_for(runner.communicate(), 240)

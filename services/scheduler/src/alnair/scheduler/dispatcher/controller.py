@@ -20,10 +20,11 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any, get_args
 
 from alnair.common import resources as res
@@ -40,6 +41,7 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
     Obj,
+    Resource,
 )
 from alnair.scheduler.dispatcher import kueue_queues as kq
 from alnair.scheduler.dispatcher.core import (
@@ -80,7 +82,13 @@ from alnair.scheduler.dispatcher.serving import ServingPods
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.trials import ColdStart
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
-from alnair.scheduler.dispatcher.writing import COMPONENT, JobState, WorkloadWriter, ran_s
+from alnair.scheduler.dispatcher.writing import (
+    COMPONENT,
+    JobState,
+    WorkloadWriter,
+    gather_writes,
+    ran_s,
+)
 from alnair.scheduler.queueing import (
     Decisions,
     GpuPool,
@@ -315,6 +323,18 @@ class Dispatcher(QueueCore):
         )
 
     async def reconcile(self) -> None:
+        """One pass over every queue. The explanations it writes (Events, wait reasons) go
+        out side by side at its end, each workload's in order; admissions are written as
+        they are decided, those of workloads without GPUs side by side."""
+        self.writer.defer()
+        try:
+            await self._reconcile()
+        except BaseException:
+            self.writer.drop()
+            raise
+        await self.writer.flush()
+
+    async def _reconcile(self) -> None:
         started = time.perf_counter()
         self.reconciles += 1
         queues = self._read_queues()
@@ -492,6 +512,7 @@ class Dispatcher(QueueCore):
             Counter(cq for _, cq in plain_ws) - admitted_plain,
             Counter(q for q, wl in charges if wl.request.gpus == 0) + admitted_plain,
         )
+        await self.writer.flush()
         await self._write_queue_status(snapshot, decisions, plain_counts)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
@@ -568,6 +589,7 @@ class Dispatcher(QueueCore):
         where its queue's quota over other resources has room (no policy, no preemption);
         how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
+        decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
         hopeless: set[tuple[str, int, tuple[tuple[str, Decimal], ...]]] = set()
         """(queue, priority, what it asks) that no preemption makes room for in this pass:
         the same search for the same shape is not made again."""
@@ -594,11 +616,20 @@ class Dispatcher(QueueCore):
                 state.reason = WaitReason("quota", taken or flavors)
                 await self.writer.wait_event(wl, state)
                 continue
+            # Decided in order (the ledger and the namespace's quota take it now); written
+            # side by side with the others decided in this pass.
             self.fence(f"admission of {wl.key}")
-            if await self.writer.admit_plain(wl, cq, flavors, now):
-                ledger.take(cq, flavors, asked)
-                self.quotas.charge(wl)
+            ledger.take(cq, flavors, asked)
+            self.quotas.charge(wl)
+            decided.append((wl, cq, flavors, asked))
+        written = await gather_writes(
+            partial(self.writer.admit_plain, w, q, f, now) for w, q, f, _ in decided
+        )
+        for (_, cq, flavors, asked), ok in zip(decided, written, strict=True):
+            if ok:
                 admitted[cq] += 1
+            else:  # not written (a conflict wakes the loop, a refusal is said on it)
+                ledger.release(cq, flavors, asked)
         return admitted
 
     async def _preempt_plain(
@@ -758,6 +789,7 @@ class Dispatcher(QueueCore):
             status["admittedWorkloads"] += plain[1][name]
         if self.kueue_objects:
             await self._flag_kueue_objects()
+        writes: list[Callable[[], Awaitable[None]]] = []
         for obj in self.cluster_queues.values():
             name = obj["metadata"]["name"]
             status = statuses[name]
@@ -781,14 +813,7 @@ class Dispatcher(QueueCore):
                     f"ClusterQueue {name} admits nothing: {state.problem if state else ''}",
                     warning=True,
                 )
-            try:
-                await self.kube.patch(
-                    self.cluster_queues.resource, name, {"status": status}, sub="status"
-                )
-            except (NotFound, Conflict):
-                continue
-            except ApiError as exc:
-                log.warning("queue status refused", extra={"queue": name, "error": str(exc)})
+            writes.append(partial(self._write_status, self.cluster_queues.resource, name, status))
         admitted_now = {a.job_id for a in decisions.admissions}
         counts = local_queue_statuses(self.states, self.workloads, admitted_now)
         for lq_obj in self.local_queues.values():
@@ -797,18 +822,22 @@ class Dispatcher(QueueCore):
             current = lq_obj.get("status") or {}
             if all(current.get(k) == v for k, v in status.items()):
                 continue
-            try:
-                await self.kube.patch(
-                    self.local_queues.resource,
-                    meta["name"],
-                    {"status": status},
-                    meta["namespace"],
-                    sub="status",
-                )
-            except (NotFound, Conflict):
-                continue
-            except ApiError as exc:
-                log.warning("queue status refused", extra={"error": str(exc)})
+            writes.append(partial(
+                self._write_status, self.local_queues.resource, meta["name"], status,
+                meta["namespace"],
+            ))  # fmt: skip
+        await gather_writes(writes)
+
+    async def _write_status(
+        self, resource: Resource, name: str, status: Obj, namespace: str | None = None
+    ) -> None:
+        """A queue's status, best effort (gone or changed meanwhile: the next pass writes it)."""
+        try:
+            await self.kube.patch(resource, name, {"status": status}, namespace, sub="status")
+        except (NotFound, Conflict):
+            return
+        except ApiError as exc:
+            log.warning("queue status refused", extra={"queue": name, "error": str(exc)})
 
     async def _flag_kueue_objects(self) -> None:
         """A Warning Event, once per problem, on each ResourceFlavor, Cohort and LocalQueue

@@ -12,14 +12,15 @@ and counted, and the rest of the queue goes on. The decisions themselves are the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from alnair.common.bus import Bus
 from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
@@ -49,6 +50,9 @@ from alnair.scheduler.queueing import JobSpec
 log = logging.getLogger(__name__)
 COMPONENT = "alnair-dispatcher"
 CONDITION_ADMITTED = "alnair.io/Admitted"
+T = TypeVar("T")
+WRITES_IN_FLIGHT = 16
+"""Writes on distinct workloads a reconcile keeps in flight at once (`WorkloadWriter.flush`)."""
 
 
 @dataclass(slots=True)
@@ -102,6 +106,7 @@ class WorkloadWriter:
         self.publish = publish
         self.remember = remember
         self.wake = wake
+        self._deferred: list[Callable[[], Awaitable[Any]]] | None = None
 
     async def shrink(self, wl: Workload, reason: str, for_job: str) -> None:
         """Ask the elastic controller to give back the workers above the minimum."""
@@ -405,15 +410,20 @@ class WorkloadWriter:
         )
 
     async def wait_event(self, wl: Workload, state: JobState) -> None:
-        """One Event per change of wait reason (not per reconcile), and the reason on the Job."""
+        """One Event per change of wait reason (not per reconcile), and the reason on the Job.
+        Within a reconcile (`deferred`) the writes wait for `flush`, each workload's in order."""
         if state.reason is None:
             return
         text = f"{state.reason.kind}: {state.reason.message}"
         if state.reason_evented == state.reason.kind:
             return
         state.reason_evented = state.reason.kind
-        warning = state.reason.kind in ("queue", "prediction")
-        reason = "QueueNotFound" if state.reason.kind == "queue" else "Waiting"
+        kind, message = state.reason.kind, state.reason.message
+        await self.later(lambda: self._say_waiting(wl, kind, message, text))
+
+    async def _say_waiting(self, wl: Workload, kind: str, message: str, text: str) -> None:
+        warning = kind in ("queue", "prediction")
+        reason = "QueueNotFound" if kind == "queue" else "Waiting"
         await self.event(wl.ref(), reason, f"waiting ({text})", warning=warning)
         writes = KINDS[wl.kind].status_writes
         if writes is not None:  # said in its own status, as Kueue says it
@@ -423,7 +433,30 @@ class WorkloadWriter:
             return
         note = {"metadata": {"annotations": {ANN_QUEUE_STATE: f"waiting: {text}"[:512]}}}
         await self.note(wl, note)
-        await self.condition(wl, "False", camel(state.reason.kind), state.reason.message)
+        await self.condition(wl, "False", camel(kind), message)
+
+    # --- writes that need not wait for each other -------------------------------------------
+
+    def defer(self) -> None:
+        """From now on, `later` keeps writes for `flush` (a reconcile's explanations and
+        admissions of distinct workloads, written side by side)."""
+        self._deferred = []
+
+    async def later(self, write: Callable[[], Awaitable[Any]]) -> None:
+        """`write` now, or at `flush` while deferring."""
+        if self._deferred is None:
+            await write()
+        else:
+            self._deferred.append(write)
+
+    async def flush(self) -> None:
+        """Run the kept writes, at most `WRITES_IN_FLIGHT` at once. Deferring ends."""
+        writes, self._deferred = self._deferred or [], None
+        await gather_writes(writes)
+
+    def drop(self) -> None:
+        """Forget the kept writes (the reconcile that kept them failed). Deferring ends."""
+        self._deferred = None
 
     async def note(self, wl: Workload, patch: Obj, *, sub: str = "") -> Obj | None:
         """An annotation (or, with `sub`, a status) on the workload, best effort: gone or
@@ -472,6 +505,17 @@ class WorkloadWriter:
             return
         except ApiError as exc:
             log.warning("condition not written", extra={"job": wl.key, "error": str(exc)})
+
+
+async def gather_writes(writes: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Each write started, at most `WRITES_IN_FLIGHT` at once; their results in order."""
+    slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
+
+    async def one(write: Callable[[], Awaitable[T]]) -> T:
+        async with slots:
+            return await write()
+
+    return list(await asyncio.gather(*(one(w) for w in writes)))
 
 
 def camel(kind: str) -> str:
