@@ -76,7 +76,9 @@ def controller_argv(system: str, kubeconfig: Path) -> tuple[list[str], dict[str,
         "ALNAIR_DISPATCHER_HTTP_PORT": "0",
         "ALNAIR_LOG_LEVEL": "WARNING",
     }
-    return [sys.executable, "-m", "alnair.scheduler.dispatcher"], env
+    profile = os.environ.get("ALNAIR_BENCH_PROFILE")  # a cProfile of the dispatcher, to read
+    prefix = ["-m", "cProfile", "-o", profile] if profile else []
+    return [sys.executable, *prefix, "-m", "alnair.scheduler.dispatcher"], env
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> tuple[int, Any]:

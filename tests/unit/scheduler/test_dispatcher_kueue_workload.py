@@ -190,3 +190,19 @@ def test_quota_owed_is_reclaimed_from_borrowers_of_the_cohort_only() -> None:
     assert pick(lg, charges, 3, 1, reclaim="Never") is None
     # Beyond its own nominal quota it is not owed anything: no reclaim.
     assert pick(lg, charges, 5, 1, reclaim="Any") is None
+
+
+def test_a_borrower_is_never_taken_below_its_own_quota() -> None:
+    """Reclaiming stops at a borrower's nominal quota: taken further, it would be owed quota
+    in turn and take it back (two queues preempting each other for ever)."""
+
+    def q() -> QueueResources:
+        group = ResourceGroup(("cpu",), (FlavorQuotas("f", {"cpu": ResourceQuota(D(4))}),))
+        return QueueResources((group,), "co")
+
+    lg = ResourceLedger({"a": q(), "b": q(), "c": q()})
+    # b and c each use 6 of their 4: the cohort's 12 are all used; b's are the newest.
+    charges = [charge(lg, "c", f"c{i}", 2, 9, float(i)) for i in range(3)]
+    charges += [charge(lg, "b", f"b{i}", 2, 9, 10.0 + i) for i in range(3)]
+    # a is owed 4: b gives back what it borrows (one), then c (b is within its own then).
+    assert pick(lg, charges, 4, 1, reclaim="Any") == ["b2", "c2"]

@@ -208,6 +208,14 @@ class Dispatcher(QueueCore):
         self._usage = ResourceLedger({})
         self._charges: list[Charge] = []
         """What each admitted workload holds of that quota (preemption reads it)."""
+        self._settled: dict[str | None, str | None] = {}
+        """uid -> the resourceVersion at which the object was found finished (skipped while
+        it stays so)."""
+        self._parsed: dict[str, tuple[str, Workload]] = {}
+        """Each workload as last parsed, with the resourceVersion it was parsed from."""
+        self._asked_of: dict[str, tuple[Workload, Mapping[str, Decimal]]] = {}
+        for informer in self.referenced.values():
+            informer.add_handler(self._references_changed)
         """The last reconcile's usage of quota over other resources (queue status)."""
         self._flagged: dict[str, str] = {}
         """Kueue objects given an Event for what Alnair cannot honour: uid -> the problem."""
@@ -352,6 +360,7 @@ class Dispatcher(QueueCore):
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
         self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
+        settled = self._settled
         queued = [
             (
                 obj if KINDS[name].writable else self.serving.with_admission(KINDS[name], obj),
@@ -359,7 +368,9 @@ class Dispatcher(QueueCore):
             )
             for name in self.workload_watches
             for obj in self._objects(name).values()
-            if KINDS[name].queued(obj)
+            # (a finished object, unchanged since: not looked at again)
+            if settled.get(obj["metadata"].get("uid")) != obj["metadata"].get("resourceVersion")
+            and KINDS[name].queued(obj)
         ]
         for obj, kind in queued:
             meta = obj["metadata"]
@@ -368,10 +379,11 @@ class Dispatcher(QueueCore):
             state = self.states.setdefault(key, JobState(key))
             if self.serving.finished(kind, obj) is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
+                if kind.writable and kind.finished_by_pods is None and meta.get("uid"):
+                    settled[meta["uid"]] = meta.get("resourceVersion")
                 continue
             try:
-                seen = kind.resolve(obj, self._lookup) if kind.resolve is not None else obj
-                wl = kind.parse(seen, self.settings.default_restart_cost_s)
+                wl = self._parse(kind, key, obj)
             except InvalidValueError as exc:
                 plain = self._plain_job(kind.kind, obj)
                 if plain is not None:
@@ -465,6 +477,14 @@ class Dispatcher(QueueCore):
                 await self._publish(wl, JobPhase.SUBMITTED, {"queue": cq})
         for key in [k for k in self.states if k not in live_keys]:
             del self.states[key]
+        for key in [k for k in self._parsed if k not in live_keys]:
+            del self._parsed[key]
+        for key in [k for k in self._asked_of if k not in live_keys]:
+            del self._asked_of[key]
+        if len(settled) > 2 * sum(len(self._objects(n)) for n in self.workload_watches):
+            live = {o["metadata"].get("uid") for n in self.workload_watches
+                    for o in self._objects(n).values()}  # fmt: skip
+            self._settled = {u: v for u, v in settled.items() if u in live}
         self.workloads = workloads
         self._wake_at(min(deadlines, default=None))
 
@@ -516,6 +536,33 @@ class Dispatcher(QueueCore):
         await self._write_queue_status(snapshot, decisions, plain_counts)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
+    def _parse(self, kind: WorkloadKind, key: str, obj: Obj) -> Workload:
+        """The workload as its kind reads it, parsed again only when the object changed (by
+        its resourceVersion) or an object kinds read beside it did. A kind whose reading
+        depends on its pods (serving kinds, PodGroups) is read every time."""
+        version = obj["metadata"].get("resourceVersion")
+        cacheable = kind.writable and kind.finished_by_pods is None and version is not None
+        cached = self._parsed.get(key) if cacheable else None
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        seen = kind.resolve(obj, self._lookup) if kind.resolve is not None else obj
+        wl = kind.parse(seen, self.settings.default_restart_cost_s)
+        if cacheable:
+            self._parsed[key] = (str(version), wl)
+        return wl
+
+    def _asked(self, wl: Workload) -> Mapping[str, Decimal]:
+        """`asked_of_queue`, once per parsed workload (the parse is kept while unchanged)."""
+        cached = self._asked_of.get(wl.key)
+        if cached is not None and cached[0] is wl:
+            return cached[1]
+        asked = asked_of_queue(wl)
+        self._asked_of[wl.key] = (wl, asked)
+        return asked
+
+    def _references_changed(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        self._parsed.clear()  # what a kind reads beside its object changed: read them again
+
     # --- quota over other resources than GPUs (Kueue's queues) ---------------------------
 
     def _plain_quota(self) -> dict[str, QueueResources]:
@@ -544,7 +591,7 @@ class Dispatcher(QueueCore):
             return wl  # it waits, with why its queue is inactive
         quota = self._plain_quota().get(cq or "")
         try:
-            asked = asked_of_queue(wl)
+            asked = self._asked(wl)
         except InvalidValueError:
             return None
         return wl if quota is not None and set(asked) <= quota.covered() else None
@@ -559,7 +606,7 @@ class Dispatcher(QueueCore):
         self._charges = []
         for queue, wl in charges:
             try:
-                asked = asked_of_queue(wl)
+                asked = self._asked(wl)
             except InvalidValueError:
                 continue
             raw = wl.annotations.get(ANN_FLAVORS)
@@ -590,9 +637,11 @@ class Dispatcher(QueueCore):
         how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
         decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
-        hopeless: set[tuple[str, int, tuple[tuple[str, Decimal], ...]]] = set()
-        """(queue, priority, what it asks) that no preemption makes room for in this pass:
-        the same search for the same shape is not made again."""
+        short: dict[tuple[str, tuple[tuple[str, Decimal], ...]], str] = {}
+        """(queue, what it asks) -> why it waits, for a shape that did not fit in this pass:
+        admissions only take room, so the same shape does not fit later in the pass either,
+        and a later one of no higher priority (the order) can preempt no more than the first
+        could. Thousands of workloads of a few shapes cost a few searches."""
         order = sorted(
             waiting,
             key=lambda w: (
@@ -605,15 +654,15 @@ class Dispatcher(QueueCore):
             if self._over_resource_quota(wl, state):
                 await self.writer.wait_event(wl, state)
                 continue
-            asked = asked_of_queue(wl)
-            flavors = ledger.assign(cq, asked)
+            asked = self._asked(wl)
+            shape = (cq, tuple(sorted(asked.items())))
+            known = short.get(shape)
+            flavors = ledger.assign(cq, asked) if known is None else known
             if isinstance(flavors, str):
-                shape = (cq, self._priority(wl), tuple(sorted(asked.items())))
-                taken = None if shape in hopeless else await self._preempt_plain(
-                    wl, cq, asked, ledger)  # fmt: skip
-                if taken is None:
-                    hopeless.add(shape)
-                state.reason = WaitReason("quota", taken or flavors)
+                if known is None:
+                    taken = await self._preempt_plain(wl, cq, asked, ledger)
+                    short[shape] = known = taken or flavors
+                state.reason = WaitReason("quota", known)
                 await self.writer.wait_event(wl, state)
                 continue
             # Decided in order (the ledger and the namespace's quota take it now); written
@@ -702,7 +751,7 @@ class Dispatcher(QueueCore):
             if state is not None and self._over_resource_quota(wl, state):
                 await self.writer.wait_event(wl, state)  # room an earlier admission just took
                 continue
-            asked = asked_of_queue(wl)
+            asked = self._asked(wl)
             flavors = ledger.assign(job.queue, asked)
             if isinstance(flavors, str):  # its queue's quota over other resources is short
                 if state is not None:

@@ -16,7 +16,7 @@ A backend says what it does with the policy's decisions: admit here, or place el
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -204,11 +204,14 @@ class QueueCore(ReconcileLoop):
             return None
         return informer.get(f"{namespace}/{name}" if namespace else name)
 
-    def _objects(self, kind: str) -> dict[str, Obj]:
+    def _objects(self, kind: str) -> Mapping[str, Obj]:
         """Every object of `kind` its informers hold, by namespace/name; one labelled both
         ways is held twice, and the newer copy counts."""
+        informers = self.workload_watches.get(kind, ())
+        if len(informers) == 1:
+            return dict(informers[0].store)  # one informer: a copy of its store (callers await)
         merged: dict[str, Obj] = {}
-        for informer in self.workload_watches.get(kind, ()):
+        for informer in informers:
             for key, obj in informer.store.items():
                 if key not in merged or resource_version(merged[key]) < resource_version(obj):
                     merged[key] = obj

@@ -6,7 +6,9 @@ A workload that does not fit its queue's quota may take quota back:
   (`LowerPriority`), or also of equal priority admitted later (`LowerOrNewerEqualPriority`);
 - from queues of its cohort that borrow (`reclaimWithinCohort`): any of their workloads
   (`Any`) or those of lower priority (`LowerPriority`), only while what it asks fits its
-  queue's own nominal quota (quota it is owed, never a borrower taking from a borrower).
+  queue's own nominal quota (quota it is owed, never a borrower taking from a borrower), and
+  only while their queue still borrows once those chosen before are gone (never below what
+  it is owed itself: otherwise two queues would take quota back from each other forever).
 
 Candidates are tried borrowers first, then lowest priority, then the most recently admitted
 (then created), until the workload fits; then each chosen one that is not needed after all is
@@ -96,6 +98,8 @@ def victims(
         candidates.sort(key=lambda t: t[0])
         chosen: list[Charge] = []
         for _, c in candidates:
+            if c.queue != queue and not ledger.borrowing(c.queue, c.assignment):
+                continue  # its queue no longer borrows (after those chosen): nothing owed there
             ledger.release(c.queue, c.assignment, c.asked)
             chosen.append(c)
             if not isinstance(ledger.assign(queue, asked), str):
