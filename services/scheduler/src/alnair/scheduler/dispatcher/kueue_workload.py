@@ -33,6 +33,7 @@ from alnair.common.annotations import object_model
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj, Resource
 from alnair.scheduler.dispatcher import kueue_queues as kq
+from alnair.scheduler.dispatcher.amounts import pod_amounts
 from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_ADMITTED_TYPE,
@@ -49,7 +50,6 @@ from alnair.scheduler.dispatcher.parsing import (
     pod_sets_request,
     restart_cost,
 )
-from alnair.scheduler.dispatcher.resource_quota import pod_amounts
 from alnair.scheduler.dispatcher.workload_kind import Lookup, StatusWrites, WorkloadKind
 
 WORKLOADS = Resource(kq.GROUP, kq.VERSION, "workloads")

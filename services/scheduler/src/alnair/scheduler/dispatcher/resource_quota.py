@@ -20,13 +20,13 @@ refuses anyway (a race with pods no queue controls) is caught by the pods-ready 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from decimal import Decimal
 
 from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer
 from alnair.common.kube import RESOURCEQUOTAS, KubeClient, Obj
+from alnair.scheduler.dispatcher.amounts import Amounts, add, pod_amounts
 from alnair.scheduler.dispatcher.parsing import GPU, PodSet, Workload
 
 log = logging.getLogger(__name__)
@@ -34,42 +34,6 @@ log = logging.getLogger(__name__)
 REQUEST_ALIASES = {"cpu": "requests.cpu", "memory": "requests.memory",
                    "ephemeral-storage": "requests.ephemeral-storage",
                    "count/pods": "pods"}  # fmt: skip
-
-
-Amounts = dict[str, Decimal]
-
-
-def _add(into: Amounts, name: str, amount: Decimal) -> None:
-    into[name] = into.get(name, Decimal(0)) + amount
-
-
-def pod_amounts(template: Obj, where: str) -> Amounts:
-    """One pod's charge against a quota (`requests.X`, `limits.X`), as the API server counts
-    it: containers summed, an init container counted when it asks more than they do."""
-    spec = template.get("spec") or {}
-
-    def charge(containers: Iterable[Obj], field: str) -> list[Amounts]:
-        out = []
-        for c, container in enumerate(containers):
-            reqs = container.get("resources") or {}
-            limits = reqs.get("limits") or {}
-            requests = {**limits, **(reqs.get("requests") or {})}  # limits default requests
-            one: Amounts = {}
-            for kind, amounts in (("requests", requests), ("limits", limits)):
-                for name, q in amounts.items():
-                    at = f"{where}.{field}[{c}].resources.{kind}.{name}".lstrip(".")
-                    _add(one, f"{kind}.{name}", res.parse_quantity(q, at))
-            out.append(one)
-        return out
-
-    total: Amounts = {}
-    for one in charge(spec.get("containers") or [], "spec.containers"):
-        for name, amount in one.items():
-            _add(total, name, amount)
-    for one in charge(spec.get("initContainers") or [], "spec.initContainers"):
-        for name, amount in one.items():
-            total[name] = max(total.get(name, Decimal(0)), amount)
-    return total
 
 
 def workload_amounts(wl: Workload) -> Amounts:
@@ -80,7 +44,7 @@ def workload_amounts(wl: Workload) -> Amounts:
         if pod_set.count <= 0:
             continue
         for name, amount in pod_amounts(pod_set.template, pod_set.where).items():
-            _add(total, name, amount * pod_set.count)
+            add(total, name, amount * pod_set.count)
         pods += pod_set.count
     total["pods"] = Decimal(max(pods, wl.request.pods))  # (a PodGroup states one set)
     return total
@@ -103,7 +67,7 @@ def _charge(held: Amounts, wl: Workload) -> None:
     except InvalidValueError:
         return  # (its own admission was refused the same way: it holds nothing here)
     for name, amount in amounts.items():
-        _add(held, name, amount)
+        add(held, name, amount)
 
 
 def _show(name: str, amount: Decimal) -> str:
