@@ -2,7 +2,8 @@
 and prints its JSON in the promised shape. (Two of them once broke on main for weeks because
 nothing ran them.) `make bench-scheduler`, `make chaos` and `make soak` have their own smoke
 tests (test_bench_scheduler.py, test_chaos.py, test_soak.py); the demo and `make up` are the
-walkthrough's (test_walkthrough.py)."""
+walkthrough's (test_walkthrough.py). `make bench-dispatcher` runs Kueue's performance runner
+(hack/build-peers.sh builds it)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,21 @@ def test_bench_elastic_and_flap() -> None:
         "bench-elastic-flap", 140, FLAP_BENCH_ARGS="--duration-s 4 --period-s 2 --cooldown-s 1"
     )
     assert flap["resizes"] >= 0 and flap["cooldown_s"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_bench_dispatcher_runs_kueues_runner_against_both() -> None:
+    """Kueue's runner and checker against minimalkueue and the dispatcher, at 1% of the
+    baseline's Workloads: both trials end, with every figure and the checker's verdict."""
+    report = make("bench-dispatcher", 230, DISPATCHER_BENCH_ARGS="--scale 0.01 --repeats 1")
+    assert report["benchmark"] == "kueue-scheduler-performance"
+    for system in ("kueue", "alnair"):
+        summary = report["summary"][system]
+        assert summary["trials"] == 1 and summary["failed_trials"] == 0, report["trials"][system]
+        assert set(summary["avg_time_to_admission_s"]) == {"small", "medium", "large"}
+        (trial,) = report["trials"][system]
+        assert all(_figure(trial[k]) for k in ("wall_s", "admissions_per_s", "controller_cpu_s"))
+        assert isinstance(trial["checker"]["passed"], bool)
 
 
 def test_make_schema_writes_one_schema_per_event(tmp_path: Path) -> None:
