@@ -217,8 +217,10 @@ async def test_kueue_workloads_are_admitted_wait_and_are_preempted_in_their_stat
 
 GENERATOR = {
     "cohorts": [{"className": "cohort", "count": 1, "queuesSets": [{
+        # no preemption here (the hand-made test above has it): what is checked is that
+        # Kueue's runner, recorder and checker read what the dispatcher writes
         "className": "cq", "count": 2, "nominalQuota": 20, "borrowingLimit": 100,
-        "reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+        "reclaimWithinCohort": "Never", "withinClusterQueue": "Never",
         "workloadsSets": [
             {"count": 20, "creationIntervalMs": 100, "workloads": [
                 {"className": "small", "runtimeMs": 200, "priority": 50, "request": 1}]},
