@@ -262,9 +262,9 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
             # s1 runs 8 s, so the big job (created after s1 and s2 are admitted) has waited
             # past max_wait_s when s1 ends even on a loaded CI machine; with s1 at 2 s, a slow
             # run created the big job under a second before s1 ended, s3 took s1's GPUs
-            # legitimately and the test failed. s2 runs 10 s past s1: the window in which the
-            # reservation shows.
-            for name, duration in (("s1", 8), ("s2", 18)):
+            # legitimately and the test failed. s2 runs 22 s past s1: the window in which the
+            # reservation shows (10 s was once too short on a loaded CI machine).
+            for name, duration in (("s1", 8), ("s2", 30)):
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=duration), ns)
                 await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
             # An 8-GPU job (parallelism 2 x 4 GPUs, all at once) arrives, then small ones.
@@ -284,7 +284,7 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
             assert await admitted_type(kube, ns, "s3") is None
             assert await admitted_type(kube, ns, "big") is None
             # s2 ends: the big job starts, and only then the small ones.
-            await wait_for(lambda: admitted_type(kube, ns, "big"), 30)
+            await wait_for(lambda: admitted_type(kube, ns, "big"), 45)
             assert await admitted_type(kube, ns, "s3") is None
             await wait_for(lambda: admitted_type(kube, ns, "s3"), 30)
         finally:

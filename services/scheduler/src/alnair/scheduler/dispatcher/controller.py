@@ -560,6 +560,13 @@ class Dispatcher(QueueCore):
         self._asked_of[wl.key] = (wl, asked)
         return asked
 
+    def _readable_ask(self, wl: Workload) -> Mapping[str, Decimal]:
+        """`_asked`, or nothing when its requests cannot be read (said when it is reached)."""
+        try:
+            return self._asked(wl)
+        except InvalidValueError:
+            return {}
+
     def _references_changed(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         self._parsed.clear()  # what a kind reads beside its object changed: read them again
 
@@ -632,9 +639,10 @@ class Dispatcher(QueueCore):
     async def _admit_plain(
         self, waiting: list[tuple[Workload, str]], ledger: ResourceLedger, now: float
     ) -> Counter[str]:
-        """Admit the workloads that ask no GPU, higher priority first, then by arrival, each
-        where its queue's quota over other resources has room (no policy, no preemption);
-        how many were admitted, by queue."""
+        """Admit the workloads that ask no GPU (those within their queue's own quota first,
+        then higher priority, then by arrival), each where its queue's quota over other
+        resources has room, preempting as its queue's rules allow; how many were admitted, by
+        queue."""
         admitted: Counter[str] = Counter()
         decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
         short: dict[tuple[str, tuple[tuple[str, Decimal], ...]], str] = {}
@@ -642,11 +650,14 @@ class Dispatcher(QueueCore):
         admissions only take room, so the same shape does not fit later in the pass either,
         and a later one of no higher priority (the order) can preempt no more than the first
         could. Thousands of workloads of a few shapes cost a few searches."""
+        # Those that fit their queue's own quota go first, then those that would borrow (as
+        # Kueue orders them): otherwise a borrower of higher priority takes the room a
+        # workload owed quota just preempted for, is preempted for it again, and so on.
         order = sorted(
             waiting,
             key=lambda w: (
-                -self._priority(w[0]), str(w[0].obj["metadata"].get("creationTimestamp")),
-                w[0].key,
+                not ledger.within_nominal(w[1], self._readable_ask(w[0])), -self._priority(w[0]),
+                str(w[0].obj["metadata"].get("creationTimestamp")), w[0].key,
             ),
         )  # fmt: skip
         for wl, cq in order:
@@ -654,7 +665,12 @@ class Dispatcher(QueueCore):
             if self._over_resource_quota(wl, state):
                 await self.writer.wait_event(wl, state)
                 continue
-            asked = self._asked(wl)
+            try:
+                asked = self._asked(wl)
+            except InvalidValueError as exc:
+                state.reason = WaitReason("queue", f"its pods' requests cannot be read: {exc}")
+                await self.writer.wait_event(wl, state)
+                continue
             shape = (cq, tuple(sorted(asked.items())))
             known = short.get(shape)
             flavors = ledger.assign(cq, asked) if known is None else known
