@@ -206,6 +206,7 @@ class Dispatcher(QueueCore):
         self.history = UsageHistory(settings.fair_share_half_life_s)
         """Each queue's decayed GPU use, for fair sharing by history (in memory)."""
         self._usage = ResourceLedger({})
+        """The last reconcile's usage of quota over other resources (queue status)."""
         self._charges: list[Charge] = []
         """What each admitted workload holds of that quota (preemption reads it)."""
         self._settled: dict[str | None, str | None] = {}
@@ -214,9 +215,9 @@ class Dispatcher(QueueCore):
         self._parsed: dict[str, tuple[str, Workload]] = {}
         """Each workload as last parsed, with the resourceVersion it was parsed from."""
         self._asked_of: dict[str, tuple[Workload, Mapping[str, Decimal]]] = {}
+        """What each parsed workload asks of its queue's quota (`_asked`)."""
         for informer in self.referenced.values():
             informer.add_handler(self._references_changed)
-        """The last reconcile's usage of quota over other resources (queue status)."""
         self._flagged: dict[str, str] = {}
         """Kueue objects given an Event for what Alnair cannot honour: uid -> the problem."""
         self._deadline: asyncio.TimerHandle | None = None
@@ -361,13 +362,14 @@ class Dispatcher(QueueCore):
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
         self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
         settled = self._settled
+        objects = {name: self._objects(name) for name in self.workload_watches}
         queued = [
             (
                 obj if KINDS[name].writable else self.serving.with_admission(KINDS[name], obj),
                 KINDS[name],
             )
-            for name in self.workload_watches
-            for obj in self._objects(name).values()
+            for name, held in objects.items()
+            for obj in held.values()
             # (a finished object, unchanged since: not looked at again)
             if settled.get(obj["metadata"].get("uid")) != obj["metadata"].get("resourceVersion")
             and KINDS[name].queued(obj)
@@ -481,9 +483,8 @@ class Dispatcher(QueueCore):
             del self._parsed[key]
         for key in [k for k in self._asked_of if k not in live_keys]:
             del self._asked_of[key]
-        if len(settled) > 2 * sum(len(self._objects(n)) for n in self.workload_watches):
-            live = {o["metadata"].get("uid") for n in self.workload_watches
-                    for o in self._objects(n).values()}  # fmt: skip
+        if len(settled) > 2 * sum(len(held) for held in objects.values()):
+            live = {o["metadata"].get("uid") for held in objects.values() for o in held.values()}
             self._settled = {u: v for u, v in settled.items() if u in live}
         self.workloads = workloads
         self._wake_at(min(deadlines, default=None))

@@ -302,16 +302,25 @@ class WorkloadWriter:
             },
             "spec": spec,
         }
+        updated = await self._write_reclaim(wl, patch, f"could not suspend it for {for_job}")
+        if updated is not None:
+            await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
+
+    async def _write_reclaim(
+        self, wl: Workload, patch: Obj, failed: str, sub: str = ""
+    ) -> Obj | None:
+        """Patch a reclaim onto the workload; the written object, or None when it was not
+        written (gone or changed meanwhile wakes the loop; a refusal is said on it as
+        `failed`)."""
         try:
-            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace)
+            return await self.kube.patch(wl.resource, wl.name, patch, wl.namespace, sub=sub)
         except (Conflict, NotFound):
             self.metrics.write_conflicts.inc()
             self.wake()
-            return
+            return None
         except ApiError as exc:
-            await self.refused(wl, "PreemptionFailed", f"could not suspend it for {for_job}", exc)
-            return
-        await self._preempted(wl, updated, "suspended", reason, for_job, count, cause)
+            await self.refused(wl, "PreemptionFailed", failed, exc)
+            return None
 
     async def ungate(
         self, wl: Workload, gpu_type: str, admission: dict[str, str] | None = None
@@ -380,14 +389,10 @@ class WorkloadWriter:
         status, the reservation held until whatever runs it stops it."""
         message = f"{cause.lower()} for {for_job}: {reason}"
         patch = self._status_patch(wl, evicted(wl, cause, message))
-        try:
-            updated = await self.kube.patch(wl.resource, wl.name, patch, wl.namespace, sub="status")
-        except (Conflict, NotFound):
-            self.metrics.write_conflicts.inc()
-            self.wake()
-            return
-        except ApiError as exc:
-            await self.refused(wl, "PreemptionFailed", f"could not evict it for {for_job}", exc)
+        updated = await self._write_reclaim(
+            wl, patch, f"could not evict it for {for_job}", sub="status"
+        )
+        if updated is None:
             return
         self.remember(wl, updated)
         count = int(wl.annotations.get(ANN_PREEMPTIONS, "0") or 0) + 1
