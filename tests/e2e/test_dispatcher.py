@@ -7,8 +7,10 @@ own node pool (a label the dispatcher selects on) and its own queues.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,14 @@ async def _condition(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | N
     return next((c for c in conds if c["type"] == "alnair.io/Admitted"), None)
 
 
+def _since(j: dict[str, Any], kind: str) -> datetime | None:
+    """When the Job's condition `kind` last turned True (None: it is not True)."""
+    for cond in (j.get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind and cond["status"] == "True":
+            return datetime.fromisoformat(cond["lastTransitionTime"])
+    return None
+
+
 async def _completed(kube: KubeClient, ns: str, name: str) -> float | None:
     return finished_at(await job(kube, ns, name))
 
@@ -259,34 +269,39 @@ async def test_a_big_job_holds_its_reservation_against_later_small_ones(
         # A job waiting over 1 s is owed a reservation (production default: 4 hours).
         running = await start_dispatcher(dispatcher_settings(control_plane, ns, max_wait_s=1))
         try:
-            # s1 runs 8 s, so the big job (created after s1 and s2 are admitted) has waited
-            # past max_wait_s when s1 ends even on a loaded CI machine; with s1 at 2 s, a slow
-            # run created the big job under a second before s1 ended, s3 took s1's GPUs
-            # legitimately and the test failed. s2 runs 22 s past s1: the window in which the
-            # reservation shows (10 s was once too short on a loaded CI machine).
-            for name, duration in (("s1", 8), ("s2", 30)):
-                await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=duration), ns)
+            # s1 and s2 hold the 8 GPUs until the test deletes them: no step below depends on
+            # how fast a loaded machine runs (with s1 ending on a timer, a slow start left the
+            # big job under max_wait_s old when s1 ended, and s3 took its GPUs legitimately).
+            for name in ("s1", "s2"):
+                await kube.create(JOBS, gpu_job(name, ns, "ml", 4), ns)
                 await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
             # An 8-GPU job (parallelism 2 x 4 GPUs, all at once) arrives, then small ones.
             big = gpu_job("big", ns, "ml", 4, duration_s=2)
             big["spec"]["parallelism"] = big["spec"]["completions"] = 2
             await kube.create(JOBS, big, ns)
+            created = time.monotonic()
             await wait_for(lambda: explain(running, ns, "big", lambda d: d["reason"]), 10)
             for name in ("s3", "s4"):
                 await kube.create(JOBS, gpu_job(name, ns, "ml", 4, duration_s=2), ns)
-            # s1 ends first: its 4 GPUs stay free for the big job rather than going to s3.
-            await wait_for(lambda: _completed(kube, ns, "s1"), 30)
-            # The dispatcher saw the room free and kept s3 out of it: it says so.
+                await wait_for(lambda n=name: explain(running, ns, n, _reason), 10)
+            await asyncio.sleep(max(0.0, 1.5 - (time.monotonic() - created)))
+            # s1 ends: its 4 GPUs stay free for the big job (waiting past max_wait_s) rather
+            # than going to s3, and the dispatcher says so.
+            await kube.delete(JOBS, "s1", ns, propagation="Background")
             held = await wait_for(
-                lambda: explain(running, ns, "s3", lambda d: _reason(d) == "reservation"), 10
+                lambda: explain(running, ns, "s3", lambda d: _reason(d) == "reservation"), 30
             )
             assert "big" in held["reason"]["message"], held
             assert await admitted_type(kube, ns, "s3") is None
             assert await admitted_type(kube, ns, "big") is None
-            # s2 ends: the big job starts, and only then the small ones.
+            # s2 ends: the big job starts, and the small ones only once it is done.
+            await kube.delete(JOBS, "s2", ns, propagation="Background")
             await wait_for(lambda: admitted_type(kube, ns, "big"), 45)
-            assert await admitted_type(kube, ns, "s3") is None
-            await wait_for(lambda: admitted_type(kube, ns, "s3"), 30)
+            await wait_for(lambda: admitted_type(kube, ns, "s3"), 45)
+            big_done = _since(await job(kube, ns, "big"), "Complete")
+            s3_admitted = _since(await job(kube, ns, "s3"), "alnair.io/Admitted")
+            assert big_done is not None and s3_admitted is not None
+            assert s3_admitted >= big_done, (s3_admitted, big_done)
         finally:
             await running.stop()
 
