@@ -26,6 +26,7 @@ from alnair.common import dra
 from alnair.common import resources as res
 from alnair.common.kube import (
     ADMISSION_POLICY_BINDINGS,
+    APISERVICES,
     JOBS,
     MUTATING_WEBHOOKS,
     NODES,
@@ -141,6 +142,14 @@ EXPECTATIONS = [
     Expectation(
         "alnair-dispatcher",
         allowed=[
+            # The front proxy's CA, for the aggregated query API; reviews of who asks it.
+            Access(
+                "watch",
+                "configmaps",
+                namespace="kube-system",
+                name="extension-apiserver-authentication",
+            ),
+            Access("create", "subjectaccessreviews", "authorization.k8s.io"),
             Access("list", "clusterqueues", "alnair.io"),
             Access("watch", "localqueues", "alnair.io"),
             Access("watch", "cohorts", "alnair.io"),
@@ -220,8 +229,15 @@ EXPECTATIONS = [
                 "admissionregistration.k8s.io",
                 name="alnair-dispatcher",
             ),
+            Access(
+                "patch",
+                "apiservices",
+                "apiregistration.k8s.io",
+                name="v1alpha1.dispatcher.query.alnair.io",
+            ),
         ],
         denied=[
+            Access("patch", "apiservices", "apiregistration.k8s.io", name="v1beta1.metrics.k8s.io"),
             Access("get", "secrets", namespace=NS, name="alnair-nats-users"),
             Access("update", "secrets", namespace=NS, name="alnair-nats-users"),
             Access("delete", "secrets", namespace=NS, name=WEBHOOK_SECRET),
@@ -529,6 +545,10 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             await kube.delete(MUTATING_WEBHOOKS, "alnair-dispatcher")
         with contextlib.suppress(Exception):
             await kube.delete(VALIDATING_WEBHOOKS, "alnair-dispatcher")
+        with contextlib.suppress(Exception):
+            # Unavailable here (no dispatcher runs), it would fail discovery for the later
+            # tests and keep deleted namespaces terminating.
+            await kube.delete(APISERVICES, "v1alpha1.dispatcher.query.alnair.io")
         with contextlib.suppress(Exception):
             await kube.delete(NODES, gpu_node)
         # The node components' policies bind the shipped accounts cluster-wide: later tests

@@ -209,6 +209,14 @@ def test_readme_walkthrough(sh: Shell) -> None:
     assert explained["status"] == "admitted" and explained["gpu_model"] == "V100M32"
     held = sh("kubectl", "get", "events", "--field-selector", "involvedObject.name=queued")
     assert "Admitted" in held, held
+    # The same, as a user asks it: `kubectl alnair` through the API server (the dispatcher's
+    # aggregated API, registered by `make up`).
+    jobs = sh("kubectl", "alnair", "jobs").splitlines()
+    assert jobs[0].split()[:4] == ["NAME", "KIND", "QUEUE", "STATUS"], jobs
+    row = next(line.split() for line in jobs[1:] if line.startswith("queued "))
+    assert row[1] == "Job" and row[3] == "admitted" and row[5] == "V100M32", jobs
+    why = sh("kubectl", "alnair", "why", "job/queued")
+    assert "Status:" in why and "admitted" in why, why
 
     # Down: everything stops, and status says so.
     state = json.loads((sh.dev_dir / "state.json").read_text())

@@ -194,10 +194,13 @@ CLUSTER_SCOPED = {
     "CustomResourceDefinition",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "APIService",
 }
 WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
 WORKER_SECRET_ACCESS = {"alnair-dispatcher-workers"}
 """The hub's Role and RoleBinding on the worker kubeconfigs, in their own namespace."""
+FRONT_PROXY_READERS = {"alnair-dispatcher-front-proxy"}
+"""Bindings to the API server's own Role for aggregated APIs, where that Role lives."""
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -209,6 +212,8 @@ def test_overlay_renders_with_kubectl(overlay: str) -> None:
             # Everything in alnair-system but the hub's Role on the worker kubeconfigs.
             name = obj["metadata"]["name"]
             expected = "alnair-clusters" if name in WORKER_SECRET_ACCESS else "alnair-system"
+            if name in FRONT_PROXY_READERS:
+                expected = "kube-system"
             assert obj["metadata"].get("namespace") == expected, obj["metadata"]["name"]
 
 

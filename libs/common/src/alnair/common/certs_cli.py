@@ -1,13 +1,15 @@
 """`alnair certs`: the serving certificate of a service's webhook, in the Secret the service mounts.
 
     alnair certs --namespace alnair-system --secret alnair-dispatcher-webhook-tls \\
-        --host alnair-dispatcher.alnair-system.svc --webhook alnair-dispatcher
+        --host alnair-dispatcher.alnair-system.svc --webhook alnair-dispatcher \\
+        --apiservice v1alpha1.dispatcher.query.alnair.io
 
 Run by the deploy (a Job of its own, `deploy/kustomize/base/dispatcher/webhook.yaml`) and safe
 to run again: a Secret whose certificate names every host and is valid for more than
 `--renew-days` is kept; otherwise a new CA and certificate replace it (the mounting service
 reloads it, `alnair.common.tls`). Then the CA goes into `clientConfig.caBundle` of every webhook
-of the named Mutating/ValidatingWebhookConfigurations, so the API server trusts the service.
+of the named Mutating/ValidatingWebhookConfigurations and into `spec.caBundle` of the named
+APIServices, so the API server trusts the service.
 Exit status 0 when done, 1 with the reason on stderr.
 """
 
@@ -26,6 +28,7 @@ from cryptography import x509
 
 from alnair.common.errors import AlnairError
 from alnair.common.kube import (
+    APISERVICES,
     MUTATING_WEBHOOKS,
     SECRETS,
     VALIDATING_WEBHOOKS,
@@ -99,6 +102,27 @@ async def _ca_into_webhooks(kube: KubeClient, names: Sequence[str], ca_pem: byte
     return patched
 
 
+async def _ca_into_api_services(kube: KubeClient, names: Sequence[str], ca_pem: bytes) -> int:
+    """The CA into each named APIService's `caBundle` (an aggregated API the service serves
+    on the same certificate); a missing one is skipped, as a webhook configuration is."""
+    bundle = base64.b64encode(ca_pem).decode()
+    patched = 0
+    for name in names:
+        try:
+            api = await kube.get(APISERVICES, name)
+        except NotFound:
+            continue
+        if (api.get("spec") or {}).get("caBundle") == bundle:
+            continue
+        await kube.patch(APISERVICES, name, [
+            {"op": "test", "path": "/metadata/resourceVersion",
+             "value": api["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/spec/caBundle", "value": bundle},
+        ], patch_type="json")  # fmt: skip
+        patched += 1
+    return patched
+
+
 async def ensure(
     kube: KubeClient,
     *,
@@ -106,6 +130,7 @@ async def ensure(
     secret: str,
     hosts: Sequence[str],
     webhooks: Sequence[str] = (),
+    api_services: Sequence[str] = (),
     days: int = 365,
     renew_days: int = 30,
 ) -> Outcome:
@@ -136,6 +161,7 @@ async def ensure(
             await kube.replace(SECRETS, body)
         ca_pem = made.ca_pem
     patched = await _ca_into_webhooks(kube, webhooks, ca_pem)
+    patched += await _ca_into_api_services(kube, api_services, ca_pem)
     return Outcome(bool(why), why or "certificate still good", ca_pem, patched)
 
 
@@ -146,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", action="append", required=True, help="a name the certificate is for")
     p.add_argument("--webhook", action="append", default=[],
                    help="a webhook configuration whose caBundle is set")  # fmt: skip
+    p.add_argument("--apiservice", action="append", default=[],
+                   help="an APIService whose caBundle is set")  # fmt: skip
     p.add_argument("--days", type=int, default=365)
     p.add_argument("--renew-days", type=int, default=30)
     p.add_argument("--kubeconfig", default=None)
@@ -155,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         async with KubeClient.from_config(args.kubeconfig) as kube:
             return await ensure(
                 kube, namespace=args.namespace, secret=args.secret, hosts=args.host,
-                webhooks=args.webhook, days=args.days, renew_days=args.renew_days,
+                webhooks=args.webhook, api_services=args.apiservice, days=args.days,
+                renew_days=args.renew_days,
             )  # fmt: skip
 
     try:
@@ -165,5 +194,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     verb = "issued" if out.issued else "kept"
     print(f"{verb} {args.namespace}/{args.secret} ({out.why}); "
-          f"caBundle set on {out.webhooks_patched} webhook(s)")  # fmt: skip
+          f"caBundle set on {out.webhooks_patched} webhook(s) and APIService(s)")  # fmt: skip
     return 0

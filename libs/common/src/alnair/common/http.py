@@ -102,13 +102,18 @@ async def start_http(
     name: str,
     on_death: Callable[[BaseException], None] | None = None,
     tls: CertReloader | None = None,
+    protocol: type[asyncio.Protocol] | None = None,
 ) -> tuple[uvicorn.Server, asyncio.Task[Any]]:
     """Serve `app` on host:port (HTTPS with `tls`'s live context, whose certificate follows
-    its folder) until the returned task ends."""
+    its folder) until the returned task ends; `protocol`: uvicorn's HTTP protocol class, when
+    not its default (`aggregated.ClientCertH11` shows the application the client's
+    certificate)."""
     tls_options: dict[str, Any] = {}
     if tls is not None:
         context = tls.context
         tls_options = {"ssl_context_factory": lambda _config, _default: context}
+    if protocol is not None:
+        tls_options["http"] = protocol
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, lifespan="off", access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S, **tls_options,

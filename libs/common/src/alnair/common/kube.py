@@ -77,7 +77,7 @@ def _raise_for(status: int, text: str, path: str) -> None:
     except (json.JSONDecodeError, AttributeError):
         reason, message = "", text
     if status in {429, 500, 502, 503, 504}:
-        raise Unavailable(f"{status} {reason}: {message}", delay_s=1.0, path=path)
+        raise Unavailable(f"{status} {reason}: {message}", delay_s=1.0, path=path, status=status)
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
     raise cls(status, reason or str(status), message, path)
 
@@ -125,6 +125,7 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments")
 DAEMONSETS = Resource("apps", "v1", "daemonsets")
 SERVICES = Resource("", "v1", "services")
 SECRETS = Resource("", "v1", "secrets")
+APISERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", namespaced=False)
 RESOURCEQUOTAS = Resource("", "v1", "resourcequotas")
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 LEADERWORKERSETS = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")

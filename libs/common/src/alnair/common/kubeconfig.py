@@ -49,11 +49,15 @@ class KubeConfig:
     """A file holding the bearer token, re-read when it changes (wins over `token`)."""
     exec_plugin: ExecPlugin | None = None
     """A credential plugin run for a token or client certificate until it expires."""
+    namespace: str = ""
+    """The context's namespace (kubectl's default for `-n`); in-cluster, the pod's."""
 
     @classmethod
-    def load(cls, path: str | None = None) -> KubeConfig:
-        """From `path`, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
-        if path is None and (SA_DIR / "token").exists() and "KUBERNETES_SERVICE_HOST" in os.environ:
+    def load(cls, path: str | None = None, context: str | None = None) -> KubeConfig:
+        """From `path`, else in-cluster, else $KUBECONFIG, else ~/.kube/config; its
+        `context`, else its current context."""
+        in_cluster = (SA_DIR / "token").exists() and "KUBERNETES_SERVICE_HOST" in os.environ
+        if path is None and context is None and in_cluster:
             host = os.environ["KUBERNETES_SERVICE_HOST"]
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             # A projected token: the kubelet replaces it before it expires.
@@ -68,13 +72,14 @@ class KubeConfig:
         except OSError as exc:
             raise ConfigError(f"cannot read kubeconfig {path}: {exc}", path=path) from exc
         try:
-            ctx_name = doc["current-context"]
+            ctx_name = context or doc["current-context"]
             ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
             cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
             user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
         except (KeyError, StopIteration, TypeError) as exc:
             raise ConfigError(
-                f"kubeconfig {path} has no usable current context", path=path
+                f"kubeconfig {path} has no usable context {context or 'current-context'}",
+                path=path,
             ) from exc
         base = Path(path).parent
         user = user or {}
@@ -100,6 +105,7 @@ class KubeConfig:
             insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
             token_file=str(base / token_file) if token_file else None,
             exec_plugin=exec_plugin,
+            namespace=str(ctx.get("namespace") or ""),
         )
 
     def ssl_context(

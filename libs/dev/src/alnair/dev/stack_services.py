@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from alnair.common.aggregated import DISPATCHER_GROUP as QUERY_GROUP
+from alnair.common.aggregated import QUERY_VERSION
+from alnair.common.certs_cli import still_good
 from alnair.common.errors import ConfigError
 from alnair.common.kube import KubeClient
-from alnair.common.tls import CA_FILE, CERT_FILE, issue, write_folder
-from alnair.dev.localstack.controlplane import load_manifests, repo_root
+from alnair.common.tls import CA_FILE, CERT_FILE, KEY_FILE, issue, write_folder
+from alnair.dev.localstack.controlplane import load_manifests, register_api_service, repo_root
 from alnair.dev.localstack.procs import free_port
 
 
@@ -78,10 +82,21 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
     }
 
 
+QUERY_SERVICE = "alnair-dispatcher-query"
+"""The ExternalName Service the local stack registers the dispatcher's query API behind."""
+DISPATCHER_HOSTS = ("127.0.0.1", f"{QUERY_SERVICE}.default.svc")
+"""What the webhook (by URL) and the aggregator (by the Service's name) dial."""
+
+
 def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
     folder = (stack.dir / "dispatcher" / "webhook-tls").resolve()
-    if not (folder / CERT_FILE).exists():
-        write_folder(folder, issue(["127.0.0.1"]).secret_data())
+    files = {
+        name: (folder / name).read_bytes()
+        for name in (CERT_FILE, KEY_FILE, CA_FILE)
+        if (folder / name).exists()
+    }
+    if still_good(files, DISPATCHER_HOSTS, dt.timedelta(days=1)):
+        write_folder(folder, issue(DISPATCHER_HOSTS).secret_data())
     return {
         "ALNAIR_DISPATCHER_WEBHOOK_CERT_DIR": str(folder),
         "ALNAIR_DISPATCHER_WEBHOOK_PORT": str(free_port()),
@@ -89,7 +104,8 @@ def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
 
 
 def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> None:
-    """The shipped webhook configurations, pointed at the dispatcher's port by URL."""
+    """The shipped webhook configurations, pointed at the dispatcher's port by URL, and its
+    query API's APIService."""
     root = repo_root() or repo_root(Path(__file__))
     if root is None:
         print("dispatcher webhook not registered: deploy/kustomize is not here", file=sys.stderr)
@@ -108,6 +124,11 @@ def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> Non
         async with KubeClient.from_config(kubeconfig) as kube:
             for config in configs:
                 await kube.apply(config, field_manager="alnair-devstack")
+            # The query API (`kubectl alnair`), registered as an APIService by URL.
+            await register_api_service(
+                kube, QUERY_GROUP, QUERY_VERSION, int(env["ALNAIR_DISPATCHER_WEBHOOK_PORT"]),
+                (folder / CA_FILE).read_bytes(), service=QUERY_SERVICE,
+            )  # fmt: skip
 
     asyncio.run(apply())
 

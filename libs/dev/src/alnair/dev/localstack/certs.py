@@ -14,6 +14,9 @@ from cryptography.x509.oid import NameOID
 
 from alnair.common.tls import new_ca
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The common name of the API server's client certificate towards aggregated APIs."""
+
 
 @dataclass(frozen=True)
 class Pki:
@@ -25,6 +28,9 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    front_proxy_ca: Path
+    front_proxy_cert: Path
+    front_proxy_key: Path
 
 
 def _write_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, path: Path) -> None:
@@ -87,6 +93,24 @@ def make_pki(directory: Path) -> Pki:
         return b.sign(ca_key, hashes.SHA256()), key
 
     serving, serving_key = leaf("kube-apiserver", None, server=True)
+    # The aggregation layer's own CA: the client certificate the API server presents to
+    # aggregated APIs is trusted for request headers only, never as a user.
+    proxy_ca_name = _name("alnair-local-front-proxy-ca")
+    proxy_ca, proxy_ca_key = new_ca(proxy_ca_name, now, later)
+    proxy_key = ec.generate_private_key(ec.SECP256R1())
+    proxy = (
+        x509.CertificateBuilder()
+        .subject_name(_name(FRONT_PROXY_CLIENT))
+        .issuer_name(proxy_ca_name)
+        .public_key(proxy_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(proxy_ca_key, hashes.SHA256())
+    )
     admin, admin_key = leaf("alnair-admin", "system:masters", server=False)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
@@ -99,6 +123,9 @@ def make_pki(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        front_proxy_ca=directory / "front-proxy-ca.crt",
+        front_proxy_cert=directory / "front-proxy-client.crt",
+        front_proxy_key=directory / "front-proxy-client.key",
     )
     pem = serialization.Encoding.PEM
     pki.ca_cert.write_bytes(ca.public_bytes(pem))
@@ -108,6 +135,9 @@ def make_pki(directory: Path) -> Pki:
     pki.admin_cert.write_bytes(admin.public_bytes(pem))
     _write_key(admin_key, pki.admin_key)
     _write_key(sa_key, pki.sa_key)
+    pki.front_proxy_ca.write_bytes(proxy_ca.public_bytes(pem))
+    pki.front_proxy_cert.write_bytes(proxy.public_bytes(pem))
+    _write_key(proxy_key, pki.front_proxy_key)
     pki.sa_pub.write_bytes(
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     )

@@ -12,6 +12,8 @@ the pod's `alnair.io/duration`). CRDs are applied from the same manifests that s
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import os
 import re
 import shutil
@@ -27,8 +29,17 @@ import yaml
 
 from alnair.common import resources as r
 from alnair.common.errors import ConfigError, InvalidValueError
-from alnair.common.kube import CRDS, NODES, KubeClient, NotFound, Obj
-from alnair.dev.localstack.certs import Pki, make_pki
+from alnair.common.kube import (
+    APISERVICES,
+    CRDS,
+    NODES,
+    SERVICES,
+    KubeClient,
+    NotFound,
+    Obj,
+    Resource,
+)
+from alnair.dev.localstack.certs import FRONT_PROXY_CLIENT, Pki, make_pki
 from alnair.dev.localstack.procs import ManagedProcess, free_port
 
 K8S_VERSION = os.environ.get("ALNAIR_K8S_VERSION", "v1.36.3")
@@ -213,6 +224,15 @@ class ControlPlane:
                 "--tls-cert-file", str(pki.serving_cert),
                 "--tls-private-key-file", str(pki.serving_key),
                 "--client-ca-file", str(pki.ca_cert),
+                # The aggregation layer (APIServices): the API server's front-proxy identity.
+                "--requestheader-client-ca-file", str(pki.front_proxy_ca),
+                "--requestheader-allowed-names", FRONT_PROXY_CLIENT,
+                "--requestheader-username-headers", "X-Remote-User",
+                "--requestheader-uid-headers", "X-Remote-Uid",
+                "--requestheader-group-headers", "X-Remote-Group",
+                "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+                "--proxy-client-cert-file", str(pki.front_proxy_cert),
+                "--proxy-client-key-file", str(pki.front_proxy_key),
                 "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
                 "--service-account-key-file", str(pki.sa_pub),
                 "--service-account-signing-key-file", str(pki.sa_key),
@@ -375,6 +395,54 @@ class ControlPlane:
         finally:
             if own:
                 await client.close()
+
+
+async def register_api_service(
+    kube: KubeClient,
+    group: str,
+    version: str,
+    port: int,
+    ca_pem: bytes,
+    *,
+    service: str,
+    namespace: str = "default",
+) -> None:
+    """Register an aggregated API served on this machine's loopback `port` (the local stack's
+    "register it by URL"): an ExternalName Service for `localhost`, which the aggregator
+    dials without endpoints or a service network, and the APIService trusting `ca_pem`. The
+    serving certificate must name `<service>.<namespace>.svc`, the name the aggregator checks.
+    Replaces what an earlier call registered."""
+    svc: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service, "namespace": namespace},
+        "spec": {
+            "type": "ExternalName",
+            "externalName": "localhost",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        },
+    }
+    api: Obj = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"{version}.{group}"},
+        "spec": {
+            "group": group,
+            "version": version,
+            "service": {"name": service, "namespace": namespace, "port": port},
+            "caBundle": base64.b64encode(ca_pem).decode(),
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+        },
+    }
+    placed: list[tuple[Resource, Obj, str | None]] = [
+        (SERVICES, svc, namespace),
+        (APISERVICES, api, None),
+    ]
+    for resource, obj, ns in placed:
+        with contextlib.suppress(NotFound):
+            await kube.delete(resource, obj["metadata"]["name"], ns)
+        await kube.create(resource, obj, ns)
 
 
 def _ready_and_untainted(node: Obj) -> bool:

@@ -17,10 +17,11 @@ import asyncio
 import logging
 from typing import Any
 
+from alnair.common.aggregated import ClientCertH11, FrontProxyWatch, install_aggregated
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.common.http import bound_port, start_http, stop_http
-from alnair.common.httpauth import guard_reads
+from alnair.common.httpauth import TokenReviewer, guard_reads
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
@@ -33,6 +34,7 @@ from alnair.scheduler.dispatcher.hub_api import build_hub_api
 from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.predictions import PredictorClient
+from alnair.scheduler.dispatcher.query_api import QUERY_API, add_query_routes
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.webhook import build_webhook_api
 
@@ -82,7 +84,7 @@ class Running:
     @property
     def tasks(self) -> set[asyncio.Task[Any]]:
         """What must keep running: one ending is the dispatcher failing."""
-        webhook = {self.webhook.http, self.webhook.watcher} if self.webhook else set()
+        webhook = self.webhook.tasks if self.webhook else set()
         campaign = {self.campaign} if self.campaign else set()  # it ends: leadership lost
         return {self.loop, self.http, *webhook, *campaign}
 
@@ -105,12 +107,23 @@ class Running:
 
 
 class Webhook:
-    """The admission webhook's HTTPS server and the watch that reloads its certificate."""
+    """The secure server: the admission webhook and the aggregated query API
+    (`query_api.py`), over HTTPS; the watch that reloads its certificate and the one that
+    follows the API server's front-proxy CA."""
 
-    def __init__(self, tls: CertReloader, server: Any, http: asyncio.Task[Any]) -> None:
+    def __init__(
+        self,
+        tls: CertReloader,
+        server: Any,
+        http: asyncio.Task[Any],
+        front: FrontProxyWatch | None = None,
+        front_task: asyncio.Task[Any] | None = None,
+    ) -> None:
         self.tls = tls
         self.server = server
         self.http = http
+        self.front = front
+        self.front_task = front_task
         self._stop = asyncio.Event()
         self.watcher = spawn(tls.watch(self._stop), name="dispatcher.webhook-certs")
 
@@ -118,23 +131,47 @@ class Webhook:
     def url(self) -> str:
         return f"https://127.0.0.1:{bound_port(self.server)}"
 
+    @property
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        front = {self.front_task} if self.front_task else set()
+        return {self.http, self.watcher, *front}
+
     @classmethod
     async def start(
-        cls, settings: DispatcherSettings, metrics: DispatcherMetrics, dispatcher: Dispatcher
+        cls,
+        settings: DispatcherSettings,
+        metrics: DispatcherMetrics,
+        dispatcher: Dispatcher,
+        kube: KubeClient,
     ) -> Webhook:
         assert settings.webhook_cert_dir is not None
         tls = CertReloader(settings.webhook_cert_dir)
+        app = build_webhook_api(metrics, dispatcher.validate_queue)
+        front = front_task = None
+        if settings.query_api:
+            front = FrontProxyWatch(kube, tls.context)
+            front_task = spawn(front.informer.run(), name="dispatcher.front-proxy")
+            await front.informer.synced.wait()
+            reviewer = TokenReviewer(
+                kube, audiences=settings.http_auth_audiences, cache_s=settings.http_auth_cache_s
+            )
+            add_query_routes(app, dispatcher)
+            install_aggregated(app, QUERY_API, front=front, reviewer=reviewer,
+                               service="dispatcher")  # fmt: skip
         server, http = await start_http(
-            build_webhook_api(metrics, dispatcher.validate_queue),
-            settings.http_host, settings.webhook_port,
-            name="dispatcher.webhook", tls=tls,
+            app, settings.http_host, settings.webhook_port,
+            name="dispatcher.webhook", tls=tls, protocol=ClientCertH11,
         )  # fmt: skip
-        return cls(tls, server, http)
+        return cls(tls, server, http, front, front_task)
 
     async def stop(self) -> None:
         self._stop.set()
         await stop_http(self.server, self.http)
-        await asyncio.gather(self.watcher, return_exceptions=True)
+        if self.front_task is not None:
+            self.front_task.cancel()
+        await asyncio.gather(
+            self.watcher, *([self.front_task] if self.front_task else []), return_exceptions=True
+        )
 
 
 async def start(settings: DispatcherSettings, kube: KubeClient | None = None) -> Running:
@@ -169,7 +206,7 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     )
     webhook = None
     if settings.webhook_cert_dir and isinstance(dispatcher, Dispatcher):
-        webhook = await Webhook.start(settings, metrics, dispatcher)
+        webhook = await Webhook.start(settings, metrics, dispatcher, kube)
     lease = settings.lease_name or ("alnair-hub" if settings.mode == "hub" else "alnair-dispatcher")
     elector = elector_for(settings, kube, lease)
     campaign = None

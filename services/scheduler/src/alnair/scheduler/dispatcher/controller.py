@@ -192,6 +192,8 @@ class Dispatcher(QueueCore):
         self.quotas = NamespaceQuotas(kube)
         watching.append(self.quotas.informer)
         self.workloads: dict[str, Workload] = {}
+        self.queue_report: dict[str, dict[str, Any]] = {}
+        """Each ClusterQueue's status as the last reconcile counted it (`queue_status.py`)."""
         self.states: dict[str, JobState] = {}
         self.writer = WorkloadWriter(
             kube, metrics, self.states, self.serving,
@@ -853,6 +855,7 @@ class Dispatcher(QueueCore):
         for name, status in statuses.items():
             status["pendingWorkloads"] += plain[0][name]
             status["admittedWorkloads"] += plain[1][name]
+        self.queue_report = statuses
         if self.kueue_objects:
             await self._flag_kueue_objects()
         writes: list[Callable[[], Awaitable[None]]] = []

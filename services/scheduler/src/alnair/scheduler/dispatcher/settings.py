@@ -94,6 +94,12 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
     webhook_port: int = Field(
         default=9443, ge=0, le=65535, description="HTTPS port of the admission webhook (0: any)"
     )
+    query_api: bool = Field(
+        default=True,
+        description="serve the aggregated query API (dispatcher.query.alnair.io/v1alpha1: "
+        "queues, queued workloads, why one waits) on the webhook's HTTPS port, for an "
+        "APIService; users reach it through the API server with their own RBAC",
+    )
     queue_api: Literal["alnair", "kueue"] = Field(
         default="alnair",
         description="whose queue objects to read: alnair (alnair.io ClusterQueue, LocalQueue, "

@@ -1,0 +1,222 @@
+"""The dispatcher's aggregated query API and `kubectl alnair`, through the real API server
+(issue 29): registered as an APIService, reached with kubectl's own credentials, RBAC checked
+by the API server and again by the dispatcher, and each refusal shown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from alnair.common.kube import APISERVICES, JOBS, KubeClient, Resource
+from alnair.common.tls import issue, write_folder
+from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.controlplane import register_api_service
+from alnair.dev.waiting import wait_for
+from alnair.scheduler.dispatcher.app import start as start_dispatcher
+from alnair.scheduler.dispatcher.query_api import GROUP, VERSION
+from dispatcher_support import (
+    POOL,
+    admitted_type,
+    cluster_queue,
+    dispatcher_settings,
+    explain,
+    gpu_job,
+    local_queue,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
+CLUSTERQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "clusterqueues", namespaced=False)
+LOCALQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "localqueues")
+BIN = Path(sys.executable).parent
+SERVICE = "alnair-dispatcher-query"
+
+
+async def sh(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """kubectl (the real one; `kubectl alnair` is found on PATH as a user's would be), run
+    beside the event loop the dispatcher under test serves on."""
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cp.kubeconfig)}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "kubectl"), *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    done = subprocess.CompletedProcess(list(args), proc.returncode or 0, out.decode(), err.decode())
+    if check and done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {done.returncode}: {done.stderr}")
+    return done
+
+
+async def _available(kube: KubeClient) -> bool:
+    api = await kube.get(APISERVICES, f"{VERSION}.{GROUP}")
+    conds = (api.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
+
+
+async def test_queues_and_jobs_through_the_api_server_with_rbac(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    cp = control_plane
+    await cp.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
+    await kube.create(CLUSTERQUEUES_ALNAIR, cluster_queue(f"q-{ns}", None, {"V100M32": 8}))
+    await kube.create(LOCALQUEUES_ALNAIR, local_queue("ml", ns, f"q-{ns}"), ns)
+    # The serving certificate names what the aggregator checks: <service>.<namespace>.svc.
+    issued = issue([f"{SERVICE}.default.svc", "127.0.0.1"])
+    write_folder(tmp_path / "tls", issued.secret_data())
+    running = await start_dispatcher(
+        dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0)
+    )
+    try:
+        assert running.webhook is not None
+        port = int(running.webhook.url.rsplit(":", 1)[1])
+        await register_api_service(kube, GROUP, VERSION, port, issued.ca_pem, service=SERVICE)
+        await wait_for(lambda: _available(kube), 60, what="APIService Available")
+
+        await kube.create(JOBS, gpu_job("small", ns, "ml", 4), ns)
+        await wait_for(lambda: admitted_type(kube, ns, "small"), 20)
+        await kube.create(JOBS, gpu_job("large", ns, "ml", 8), ns)
+        await wait_for(lambda: explain(running, ns, "large", lambda d: d["reason"]), 20)
+        await wait_for(lambda: _pending_counted(running, f"q-{ns}"), 20)
+
+        # kubectl's own credentials (an administrator here): raw reads of each resource.
+        raw = await sh(
+            cp, "get", "--raw", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/queuedworkloads"
+        )
+        doc = json.loads(raw.stdout)
+        assert doc["kind"] == "QueuedWorkloadList"
+        assert [(i["job"], i["status"]) for i in doc["items"]] == [
+            (f"{ns}/large", "waiting"), (f"{ns}/small", "admitted"),
+        ]  # fmt: skip
+
+        # `kubectl alnair`, table and JSON, against the state made above.
+        queues = (await sh(cp, "alnair", "queues")).stdout.splitlines()
+        assert queues[0].split() == [
+            "NAME", "COHORT", "ACTIVE", "PENDING", "ADMITTED", "NOMINAL", "USED", "BORROWED",
+            "LENT",
+        ]  # fmt: skip
+        row = next(line for line in queues if line.startswith(f"q-{ns} "))
+        assert row.split() == [f"q-{ns}", "<none>", "True", "1", "1", "V100M32=8", "V100M32=4",
+                               "0", "0"]  # fmt: skip
+        as_json = json.loads((await sh(cp, "alnair", "queues", "-o", "json")).stdout)
+        ours = next(q for q in as_json["items"] if q["name"] == f"q-{ns}")
+        assert ours == {
+            "name": f"q-{ns}", "cohort": None, "active": True, "problem": None,
+            "nominal": {"V100M32": 8}, "borrowingLimit": {}, "used": {"V100M32": 4},
+            "borrowed": 0, "lent": 0, "pending": 1, "admitted": 1,
+        }  # fmt: skip
+        jobs = (await sh(cp, "alnair", "jobs", "-n", ns)).stdout
+        assert [line.split()[:6] for line in jobs.splitlines()] == [
+            ["NAME", "KIND", "QUEUE", "STATUS", "POSITION", "GPU-MODEL"],
+            ["large", "Job", "ml", "waiting", "1", "<none>"],
+            ["small", "Job", "ml", "admitted", "<none>", "V100M32"],
+        ]
+        assert jobs.splitlines()[1].split()[-1] == "quota", jobs
+        why = (await sh(cp, "alnair", "why", "job/large", "-n", ns)).stdout
+        fields = dict(line.split(":", 1) for line in why.splitlines())
+        assert fields["Workload"].strip() == f"Job {ns}/large"
+        assert fields["Status"].strip() == "waiting"
+        assert fields["Queue"].strip() == f"ml (ClusterQueue q-{ns})"
+        assert fields["Waits for"].strip() == "quota"
+        why_json = json.loads(
+            (await sh(cp, "alnair", "why", "job/large", "-n", ns, "-o", "json")).stdout
+        )
+        assert why_json["kind"] == "WorkloadExplanation"
+        assert why_json["workload"]["position"] == 1
+        unknown = await sh(cp, "alnair", "why", "job/nothing", "-n", ns, check=False)
+        assert unknown.returncode == 1 and "no queued Job" in unknown.stderr, unknown.stderr
+
+        # A user without RBAC: the API server refuses before the dispatcher is asked.
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/queuedworkloads"
+        refused = await sh(cp, "get", "--raw", path, "--as", f"alice-{ns}", check=False)
+        assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+        # Granted in this namespace only: read here, refused elsewhere.
+        await _grant(kube, ns, f"alice-{ns}")
+        allowed = await sh(cp, "get", "--raw", path, "--as", f"alice-{ns}")
+        assert len(json.loads(allowed.stdout)["items"]) == 2
+        other = await sh(cp, "get", "--raw", path.replace(f"/{ns}/", "/default/"), "--as",
+                   f"alice-{ns}", check=False)  # fmt: skip
+        assert other.returncode != 0 and "forbidden" in other.stderr.lower()
+
+        await _direct_calls(cp, port, issued.ca_pem, ns)
+    finally:
+        await running.stop()
+    # Registered, nobody answering: one line naming the dispatcher.
+    down = await sh(cp, "alnair", "queues", check=False)
+    assert down.returncode == 1 and down.stderr.count("\n") == 1, down.stderr
+    assert "dispatcher" in down.stderr and "not answering" in down.stderr, down.stderr
+    # Not registered at all.
+    await kube.delete(APISERVICES, f"{VERSION}.{GROUP}")
+    await wait_for(lambda: _unserved(cp), 30, what="discovery forgets the group")
+    gone = await sh(cp, "alnair", "jobs", "-n", ns, check=False)
+    assert gone.returncode == 1 and gone.stderr.count("\n") == 1, gone.stderr
+    assert "dispatcher is not deployed" in gone.stderr and f"{VERSION}.{GROUP}" in gone.stderr
+
+
+async def _unserved(cp: ControlPlane) -> bool:
+    done = await sh(cp, "get", "--raw", f"/apis/{GROUP}/{VERSION}", check=False)
+    said = (done.stderr + done.stdout).lower()
+    return done.returncode != 0 and ("notfound" in said or "not found" in said)
+
+
+async def _pending_counted(running: Any, queue: str) -> bool:
+    report = running.dispatcher.queue_report.get(queue) or {}
+    return report.get("pendingWorkloads") == 1 and report.get("admittedWorkloads") == 1
+
+
+async def _grant(kube: KubeClient, ns: str, user: str) -> None:
+    await kube.create(ROLES, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "query-view", "namespace": ns},
+        "rules": [{"apiGroups": [GROUP], "resources": ["*"], "verbs": ["get", "list"]}],
+    }, ns)  # fmt: skip
+    await kube.create(ROLEBINDINGS, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "query-view", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "query-view"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }, ns)  # fmt: skip
+    # RBAC's cache: the binding applies within a moment.
+    await asyncio.sleep(0.5)
+
+
+async def _direct_calls(cp: ControlPlane, port: int, ca_pem: bytes, ns: str) -> None:
+    """The dispatcher trusts the identity headers only from the front proxy's certificate,
+    and authorizes that identity itself."""
+    assert cp.pki is not None
+    url = f"https://127.0.0.1:{port}/apis/{GROUP}/{VERSION}/namespaces/{ns}/queuedworkloads"
+    plain = ssl.create_default_context(cadata=ca_pem.decode())
+    forged = {"X-Remote-User": "system:admin", "X-Remote-Group": "system:masters"}
+    async with httpx.AsyncClient(verify=plain) as http:
+        resp = await http.get(url, headers=forged)
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["kind"] == "Status"
+    # The front proxy's own certificate, naming a user RBAC knows nothing of: refused by the
+    # dispatcher's own SubjectAccessReview.
+    proxy = ssl.create_default_context(cadata=ca_pem.decode())
+    proxy.load_cert_chain(str(cp.pki.front_proxy_cert), str(cp.pki.front_proxy_key))
+    async with httpx.AsyncClient(verify=proxy) as http:
+        resp = await http.get(url, headers={"X-Remote-User": "mallory"})
+        assert resp.status_code == 403, resp.text
+        assert "mallory" in resp.json()["message"]
+        resp = await http.get(url, headers={"X-Remote-User": f"alice-{ns}"})
+        assert resp.status_code == 200, resp.text
+    # A client certificate from another CA (the cluster's own admin): the handshake fails.
+    other = ssl.create_default_context(cadata=ca_pem.decode())
+    other.load_cert_chain(str(cp.pki.admin_cert), str(cp.pki.admin_key))
+    with pytest.raises(httpx.HTTPError):
+        async with httpx.AsyncClient(verify=other) as http:
+            await http.get(url, headers=forged)
