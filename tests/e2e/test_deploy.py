@@ -96,6 +96,13 @@ EXPECTATIONS = [
     Expectation(
         "alnair-scheduler",
         allowed=[
+            # The front proxy's CA, for its aggregated query API.
+            Access(
+                "watch",
+                "configmaps",
+                namespace="kube-system",
+                name="extension-apiserver-authentication",
+            ),
             Access("list", "nodes"),
             Access("watch", "nodes"),
             Access("list", "pods"),
@@ -217,6 +224,13 @@ EXPECTATIONS = [
             Access("create", "secrets", namespace=NS),
             Access("get", "secrets", namespace=NS, name=WEBHOOK_SECRET),
             Access("update", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access("update", "secrets", namespace=NS, name="alnair-scheduler-query-tls"),
+            Access(
+                "patch",
+                "apiservices",
+                "apiregistration.k8s.io",
+                name="v1alpha1.scheduler.query.alnair.io",
+            ),
             Access(
                 "patch",
                 "mutatingwebhookconfigurations",
@@ -549,6 +563,8 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
             # Unavailable here (no dispatcher runs), it would fail discovery for the later
             # tests and keep deleted namespaces terminating.
             await kube.delete(APISERVICES, "v1alpha1.dispatcher.query.alnair.io")
+        with contextlib.suppress(Exception):
+            await kube.delete(APISERVICES, "v1alpha1.scheduler.query.alnair.io")
         with contextlib.suppress(Exception):
             await kube.delete(NODES, gpu_node)
         # The node components' policies bind the shipped accounts cluster-wide: later tests

@@ -5,6 +5,7 @@ by the API server and again by the dispatcher, and each refusal shown."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import ssl
@@ -16,11 +17,15 @@ from typing import Any
 import httpx
 import pytest
 
-from alnair.common.kube import APISERVICES, JOBS, KubeClient, Resource
+from alnair.common import resources as r
+from alnair.common.aggregated import SCHEDULER_GROUP
+from alnair.common.kube import APISERVICES, JOBS, PODS, KubeClient, NotFound, Resource
 from alnair.common.tls import issue, write_folder
+from alnair.dev.builders import make_pod
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import register_api_service
 from alnair.dev.waiting import wait_for
+from alnair.scheduler.app import start_query
 from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.query_api import GROUP, VERSION
 from dispatcher_support import (
@@ -32,6 +37,7 @@ from dispatcher_support import (
     gpu_job,
     local_queue,
 )
+from scheduler_support import Running, pool, seen_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +47,7 @@ CLUSTERQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "clusterqueues", namesp
 LOCALQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "localqueues")
 BIN = Path(sys.executable).parent
 SERVICE = "alnair-dispatcher-query"
+SCHEDULER_SERVICE = "alnair-scheduler-query"
 
 
 async def sh(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -60,8 +67,8 @@ async def sh(cp: ControlPlane, *args: str, check: bool = True) -> subprocess.Com
     return done
 
 
-async def _available(kube: KubeClient) -> bool:
-    api = await kube.get(APISERVICES, f"{VERSION}.{GROUP}")
+async def _available(kube: KubeClient, group: str = GROUP) -> bool:
+    api = await kube.get(APISERVICES, f"{VERSION}.{group}")
     conds = (api.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
 
@@ -220,3 +227,80 @@ async def _direct_calls(cp: ControlPlane, port: int, ca_pem: bytes, ns: str) -> 
     with pytest.raises(httpx.HTTPError):
         async with httpx.AsyncClient(verify=other) as http:
             await http.get(url, headers=forged)
+
+
+async def test_gpus_top_and_why_pod_through_the_api_server(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    cp = control_plane
+    (node,) = await pool(cp, kube, "1x T4:4", ns)
+    issued = issue([f"{SCHEDULER_SERVICE}.default.svc", "127.0.0.1"])
+    write_folder(tmp_path / "tls", issued.secret_data())
+    running = Running(
+        kube, query_cert_dir=str(tmp_path / "tls"), query_port=0, http_host="127.0.0.1"
+    )
+    sched = await running.start()
+    secure = await start_query(sched.settings, kube, sched)
+    assert secure is not None
+    try:
+        await register_api_service(
+            kube, SCHEDULER_GROUP, VERSION, secure.port, issued.ca_pem, service=SCHEDULER_SERVICE
+        )
+        await wait_for(lambda: _available(kube, SCHEDULER_GROUP), 60, what="APIService Available")
+        await seen_ready(sched, [node])
+        await kube.create(PODS, make_pod("whole", ns).pool(ns).gpus(2).obj(), ns)
+        await kube.create(PODS, make_pod("half", ns).pool(ns).fraction(50, 2000).obj(), ns)
+        await kube.create(PODS, make_pod("huge", ns).pool(ns).gpus(8).obj(), ns)
+        whole = await wait_for(lambda: _bound(kube, ns, "whole"), 30)
+        half = await wait_for(lambda: _bound(kube, ns, "half"), 30)
+        held = [int(g) for g in whole["metadata"]["annotations"][r.ANN_GPU_INDICES].split(",")]
+        shared = int(half["metadata"]["annotations"][r.ANN_GPU_INDICES])
+        # What the profiler reports on the bus: a GPU gone bad, the half pod's measured use.
+        idle = next(g for g in range(4) if g not in held and g != shared)
+        sched.on_gpu_health(node, idle, False)
+        sched.on_gpu_util(node, shared, 40.0, half["metadata"]["uid"], 1024.0)
+
+        table = (await sh(cp, "alnair", "gpus")).stdout.splitlines()
+        assert table[0].split() == [
+            "NODE", "MODEL", "GPU", "HEALTHY", "UTIL", "USED", "HOLDERS", "NODE-FRAGMENTATION",
+        ]  # fmt: skip
+        rows = {int(line.split()[2]): line.split() for line in table if line.startswith(node)}
+        # The one healthy free GPU's half is all that is free, and it is stranded in a GPU a
+        # pod already holds (the unhealthy GPU counts as no free capacity).
+        frag = "1"
+        for g in held:
+            assert rows[g] == [node, "T4", str(g), "True", "0%", "1", f"{ns}/whole=1", frag]
+        assert rows[shared] == [node, "T4", str(shared), "True", "40%", "0.5", f"{ns}/half=0.5",
+                                frag]  # fmt: skip
+        assert rows[idle] == [node, "T4", str(idle), "False", "0%", "0", "<none>", frag]
+        as_json = json.loads((await sh(cp, "alnair", "gpus", "-o", "json")).stdout)
+        ours = next(n for n in as_json["items"] if n["node"] == node)
+        assert ours["freeMilli"] == 500 and ours["strandedMilli"] == 500
+
+        top = (await sh(cp, "alnair", "top", "-n", ns)).stdout.splitlines()
+        assert top[0].split() == ["POD", "NODE", "GPU", "SHARE", "UTIL", "MEMORY"]
+        assert sorted(line.split() for line in top[1:]) == sorted(
+            [["half", node, str(shared), "0.5", "40%", "1024Mi"]]
+            + [["whole", node, str(g), "1", "<none>", "<none>"] for g in held]
+        )
+        why = (await sh(cp, "alnair", "why", "pod/huge", "-n", ns)).stdout
+        lines = why.splitlines()
+        fields = {k: v.strip() for k, v in (line.split(":", 1) for line in lines if line[0] != " ")}
+        assert fields["Pod"] == f"{ns}/huge" and fields["Node"] == "<none>"
+        assert fields["Request"] == "8 GPU, 1000m CPU, 1024Mi", fields
+        # Every filter's verdict, by reason: our node lacks whole GPUs.
+        filtered = [fields["Filtered"]] + [line.strip() for line in lines if line[0] == " "]
+        assert f"Insufficient whole GPUs (1 node): {node}" in filtered, why
+        missing = await sh(cp, "alnair", "why", "pod/nothing", "-n", ns, check=False)
+        assert missing.returncode == 1 and "not found" in missing.stderr, missing.stderr
+    finally:
+        await secure.stop()
+        await running.stop()
+        with contextlib.suppress(NotFound):
+            await kube.delete(APISERVICES, f"{VERSION}.{SCHEDULER_GROUP}")
+
+
+async def _bound(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    pod = await kube.get(PODS, name, ns)
+    return pod if pod["spec"].get("nodeName") else None

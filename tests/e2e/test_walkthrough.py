@@ -217,6 +217,9 @@ def test_readme_walkthrough(sh: Shell) -> None:
     assert row[1] == "Job" and row[3] == "admitted" and row[5] == "V100M32", jobs
     why = sh("kubectl", "alnair", "why", "job/queued")
     assert "Status:" in why and "admitted" in why, why
+    gpus = sh("kubectl", "alnair", "gpus").splitlines()
+    assert gpus[0].split()[:3] == ["NODE", "MODEL", "GPU"], gpus
+    assert any(line.split()[1] == "V100M32" for line in gpus[1:]), gpus
 
     # Down: everything stops, and status says so.
     state = json.loads((sh.dev_dir / "state.json").read_text())

@@ -13,7 +13,16 @@ from cryptography.x509.oid import NameOID
 
 from alnair.common.aggregated import FrontProxy, GroupVersion, Resource
 from alnair.common.httpauth import Access
-from alnair.common.kubectl_alnair import ago_or_in, jobs_table, queues_table, table, why_text
+from alnair.common.kubectl_alnair import (
+    ago_or_in,
+    gpus_table,
+    jobs_table,
+    queues_table,
+    table,
+    top_table,
+    why_pod_text,
+    why_text,
+)
 from alnair.common.tls import new_ca
 
 NOW = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)
@@ -144,3 +153,38 @@ def test_the_plugin_renders_queues_jobs_and_why() -> None:
     assert fields["Queue"] == "ml (ClusterQueue team-a)"
     assert fields["Because"] == "held for big"
     assert fields["Predicted start"] == "in 60s"
+
+
+def test_the_plugin_renders_gpus_top_and_why_a_pod_waits() -> None:
+    gpus = {"items": [{
+        "node": "n1", "model": "T4", "fragmentation": 0.5, "gpus": [
+            {"index": 0, "healthy": True, "utilizationPct": 40.0, "usedMilli": 500,
+             "holders": [{"pod": "ml/a", "milli": 300}, {"pod": "ml/b", "milli": 200}]},
+            {"index": 1, "healthy": False, "utilizationPct": 0.0, "usedMilli": 0, "holders": []},
+        ],
+    }]}  # fmt: skip
+    rows = [line.split() for line in gpus_table(gpus).splitlines()[1:]]
+    assert rows == [
+        ["n1", "T4", "0", "True", "40%", "0.5", "ml/a=0.3,ml/b=0.2", "0.5"],
+        ["n1", "T4", "1", "False", "0%", "0", "<none>", "0.5"],
+    ]
+    top = {"items": [{"pod": "ml/a", "node": "n1", "gpus": [
+        {"index": 0, "milli": 300, "utilizationPct": 25.0, "memoryMiB": 2048.4},
+    ]}]}  # fmt: skip
+    assert top_table(top, all_namespaces=True).splitlines()[1].split() == [
+        "ml", "a", "n1", "0", "0.3", "25%", "2048Mi",
+    ]  # fmt: skip
+    pod = {
+        "pod": "ml/big", "node": None, "message": "0/5 nodes are available",
+        "request": {"num_gpu": 1, "gpu_milli": 500, "cpu_milli": 100, "memory_mib": 64},
+        "filtered": {"a": "Insufficient GPU memory", "b": "Insufficient GPU memory",
+                     "c": "node selector mismatch", "d": "Insufficient GPU memory",
+                     "e": "Insufficient GPU memory"},
+    }  # fmt: skip
+    lines = why_pod_text(pod).splitlines()
+    assert lines[2].split(":", 1)[1].strip() == "1 GPU x 0.5, 100m CPU, 64Mi"
+    # The filters' verdicts grouped by reason, the largest group first, a few nodes named.
+    assert lines[4].split(":", 1)[1].strip() == (
+        "Insufficient GPU memory (4 nodes): a, b, d, and 1 more"
+    )
+    assert lines[5].strip() == "node selector mismatch (1 node): c"

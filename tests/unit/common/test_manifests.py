@@ -197,9 +197,12 @@ CLUSTER_SCOPED = {
     "APIService",
 }
 WEBHOOK_SECRET = "alnair-dispatcher-webhook-tls"
+QUERY_SECRET = "alnair-scheduler-query-tls"
+"""The serving certificates the certificate Job keeps: the dispatcher's webhook and query API,
+the scheduler's query API."""
 WORKER_SECRET_ACCESS = {"alnair-dispatcher-workers"}
 """The hub's Role and RoleBinding on the worker kubeconfigs, in their own namespace."""
-FRONT_PROXY_READERS = {"alnair-dispatcher-front-proxy"}
+FRONT_PROXY_READERS = {"alnair-dispatcher-front-proxy", "alnair-scheduler-front-proxy"}
 """Bindings to the API server's own Role for aggregated APIs, where that Role lives."""
 
 
@@ -313,11 +316,15 @@ def test_each_service_listens_on_its_own_port_and_probes_routes_it_serves(overla
         (c,) = pod["spec"]["containers"]
         assert env_of(c)[port_env(key[1], service)] == str(port), key
         assert c["ports"][0] == {"name": "http", "containerPort": port}, key
-        # Besides its API, a port only for the admission webhook (HTTPS), with its own env.
+        # Besides its API, an HTTPS port: the dispatcher's admission webhook and query API, the
+        # scheduler's query API; each with its own env.
         extra = {p["name"]: p["containerPort"] for p in c["ports"][1:]}
-        assert extra == ({"webhook": 9443} if key[1] == "alnair-dispatcher" else {}), key
+        secure = {"alnair-dispatcher": ({"webhook": 9443}, "ALNAIR_DISPATCHER_WEBHOOK_PORT"),
+                  "alnair-scheduler": ({"query": 9444}, "ALNAIR_SCHEDULER_QUERY_PORT")}  # fmt: skip
+        wanted, env = secure.get(key[1], ({}, ""))
+        assert extra == wanted, key
         if extra:
-            assert env_of(c)["ALNAIR_DISPATCHER_WEBHOOK_PORT"] == "9443", key
+            assert env_of(c)[env] == str(next(iter(wanted.values()))), key
         assert pod["metadata"].get("annotations", {}).get("prometheus.io/port") == str(port), key
         routes = served_routes(service)
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -449,7 +456,7 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
                     # limited to a name), reads and replaces that one only; never lists.
                     assert kind == "Role" and role["metadata"]["namespace"] == "alnair-system"
                     assert rule["verbs"] == ["create"] or (
-                        rule.get("resourceNames") == [WEBHOOK_SECRET]
+                        rule.get("resourceNames") == [WEBHOOK_SECRET, QUERY_SECRET]
                         and set(rule["verbs"]) <= {"get", "update"}
                     ), f"{name}: {rule}"
                 elif "secrets" in rule["resources"]:

@@ -979,8 +979,10 @@ def test_a_shared_gpus_use_is_the_sum_of_its_pods_and_idle_again_when_they_end()
     cache.upsert_node(node("n2", 2))
     for name, uid in (("a", "ua"), ("b", "ub")):
         cache.add_bound(bound(name, "n1", 1, "0", uid))
-    cache.set_gpu_util("n1", 0, 30.0, "ua")
+    cache.set_gpu_util("n1", 0, 30.0, "ua", 1024.0)
     cache.set_gpu_util("n1", 0, 45.0, "ub")
+    # Each pod's measured GPU memory is kept too (`kubectl alnair top`), and goes with it.
+    assert cache.mem_of_pod["ua"] == {("n1", 0): 1024.0}
     snap = cache.snapshot()
     assert cache.util[("n1", 0)] == 75.0 and float(snap.gpu_util[0, 0]) == 75.0
     cache.set_gpu_util("n1", 0, 70.0, "ub")  # a newer sample replaces that pod's own share
@@ -991,6 +993,7 @@ def test_a_shared_gpus_use_is_the_sum_of_its_pods_and_idle_again_when_they_end()
     assert float(snap.gpu_util[0, 0]) == 30.0
     cache.remove_pod("ua")
     assert ("n1", 0) not in cache.util and float(snap.gpu_util[0, 0]) == 0.0
+    assert "ua" not in cache.mem_of_pod and "ub" not in cache.mem_of_pod
 
     # The score follows: a whole-GPU pod goes to the node whose GPUs are measured idle.
     cache.add_bound(bound("c", "n1", 1, "1", "uc"))

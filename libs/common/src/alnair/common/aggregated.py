@@ -30,6 +30,7 @@ stops being trusted without a restart.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -46,14 +47,20 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from alnair.common.http import bound_port, start_http, stop_http
 from alnair.common.httpauth import Access, Identity, TokenReviewer
 from alnair.common.informer import Informer
 from alnair.common.kube import CONFIGMAPS, KubeClient, Obj, Unavailable
+from alnair.common.settings import ServiceSettings
+from alnair.common.tasks import spawn
+from alnair.common.tls import CertReloader
 
 log = logging.getLogger(__name__)
 
 DISPATCHER_GROUP = "dispatcher.query.alnair.io"
 """The dispatcher's aggregated API group (queues, queued workloads, why one waits)."""
+SCHEDULER_GROUP = "scheduler.query.alnair.io"
+"""The scheduler's aggregated API group (GPUs and their holders, pod metrics, why a pod waits)."""
 QUERY_VERSION = "v1alpha1"
 """The version every Alnair query API serves."""
 
@@ -346,3 +353,81 @@ async def _who(
     except Unavailable:
         return None, "cannot verify the token right now"
     return (identity, "") if identity else (None, "the API server does not authenticate it")
+
+
+class SecureServer:
+    """A service's HTTPS listener for its aggregated API (and, in the dispatcher, its admission
+    webhook beside it): the certificate of `cert_dir`, reloaded when the mounted Secret
+    changes; the front proxy's CA, followed by a watch; `install_aggregated` on `app` when
+    `api` is given."""
+
+    def __init__(
+        self,
+        tls: CertReloader,
+        server: Any,
+        http: asyncio.Task[Any],
+        front: FrontProxyWatch | None,
+        front_task: asyncio.Task[Any] | None,
+        name: str,
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.tls = tls
+        self.server = server
+        self.http = http
+        self.front = front
+        self.front_task = front_task
+        self._stop = asyncio.Event()
+        self.watcher = spawn(tls.watch(self._stop), name=f"{name}-certs", on_death=on_death)
+
+    @property
+    def port(self) -> int:
+        return bound_port(self.server)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        """What must keep running (one ending is the service failing)."""
+        front = {self.front_task} if self.front_task else set()
+        return {self.http, self.watcher, *front}
+
+    @classmethod
+    async def start(
+        cls,
+        app: FastAPI,
+        *,
+        api: GroupVersion | None,
+        kube: KubeClient,
+        settings: ServiceSettings,
+        cert_dir: str,
+        port: int,
+        name: str,
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> SecureServer:
+        tls = CertReloader(cert_dir)
+        front = front_task = None
+        if api is not None:
+            front = FrontProxyWatch(kube, tls.context)
+            front_task = spawn(front.informer.run(), name=f"{name}.front-proxy", on_death=on_death)
+            await front.informer.synced.wait()
+            # Always authorized, whatever ALNAIR_HTTP_AUTH says: an aggregated API is never
+            # open, and the reviews ask the API server the caller already went through.
+            reviewer = TokenReviewer(
+                kube, audiences=settings.http_auth_audiences, cache_s=settings.http_auth_cache_s
+            )
+            install_aggregated(app, api, front=front, reviewer=reviewer, service=name)
+        server, http = await start_http(
+            app, settings.http_host, port, name=name, tls=tls, protocol=ClientCertH11,
+            on_death=on_death,
+        )  # fmt: skip
+        return cls(tls, server, http, front, front_task, name, on_death)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await stop_http(self.server, self.http)
+        if self.front_task is not None:
+            self.front_task.cancel()
+        waited = [self.watcher, *([self.front_task] if self.front_task else [])]
+        await asyncio.gather(*waited, return_exceptions=True)

@@ -3,9 +3,14 @@
     kubectl alnair queues                     # every ClusterQueue: quota, use, borrowed, lent
     kubectl alnair jobs [-n NS | -A]          # queued workloads: position, reason, predictions
     kubectl alnair why KIND/NAME [-n NS]      # why one workload waits (job/train, jobset/x, ...)
+    kubectl alnair why pod/NAME [-n NS]       # why a pod waits: each filter's verdict on nodes
+    kubectl alnair gpus                       # per node and GPU: holders, use, health, fragments
+    kubectl alnair top [-n NS | -A]           # per pod: its GPUs, share, utilization, memory
 
 Installed with the package as `kubectl-alnair` (kubectl finds plugins on PATH), and as
-`alnair queues|jobs|why`. Each verb takes `-o table|json|yaml`, `--kubeconfig`, `--context`.
+`alnair queues|jobs|why|gpus|top`. Queues and workloads come from the dispatcher, GPUs, pod
+metrics and pods from the scheduler. Each verb takes `-o table|json|yaml`, `--kubeconfig`,
+`--context`.
 
 It reads the services' aggregated APIs through the API server (`alnair.common.aggregated`),
 with the kubeconfig's own credentials: the API server authenticates the user and checks RBAC,
@@ -26,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from alnair.common.aggregated import DISPATCHER_GROUP, QUERY_VERSION
+from alnair.common.aggregated import DISPATCHER_GROUP, QUERY_VERSION, SCHEDULER_GROUP
 from alnair.common.errors import ConfigError
 from alnair.common.kube import ApiError, KubeClient, Unavailable
 from alnair.common.kubeconfig import KubeConfig
@@ -52,6 +57,7 @@ class QueryApi:
 
 
 DISPATCHER = QueryApi("dispatcher", DISPATCHER_GROUP, QUERY_VERSION)
+SCHEDULER = QueryApi("scheduler", SCHEDULER_GROUP, QUERY_VERSION)
 
 KIND_PLURALS = {
     "job": "jobs", "jobs": "jobs",
@@ -208,6 +214,70 @@ def why_text(doc: dict[str, Any], now: float) -> str:
     return "".join(f"{(k + ':').ljust(width)}{_cell(v)}\n" for k, v in fields)
 
 
+def _gpus(milli: int) -> str:
+    """Milli-GPU as GPUs: 1000 -> 1, 500 -> 0.5."""
+    return f"{milli / 1000:g}"
+
+
+def gpus_table(doc: dict[str, Any]) -> str:
+    rows = []
+    for node in doc.get("items") or ():
+        for gpu in node["gpus"]:
+            holders = ",".join(f"{h['pod']}={_gpus(h['milli'])}" for h in gpu.get("holders") or ())
+            rows.append((
+                node["node"], node["model"], gpu["index"],
+                "True" if gpu["healthy"] else "False", f"{gpu['utilizationPct']:g}%",
+                _gpus(gpu["usedMilli"]), holders, f"{node['fragmentation']:g}",
+            ))  # fmt: skip
+    headers = ("NODE", "MODEL", "GPU", "HEALTHY", "UTIL", "USED", "HOLDERS", "NODE-FRAGMENTATION")
+    return table(headers, rows)
+
+
+def top_table(doc: dict[str, Any], *, all_namespaces: bool) -> str:
+    rows = []
+    for item in doc.get("items") or ():
+        namespace, _, name = str(item["pod"]).partition("/")
+        for gpu in item["gpus"]:
+            util, memory = gpu.get("utilizationPct"), gpu.get("memoryMiB")
+            row = [
+                name, item["node"], gpu["index"], _gpus(gpu["milli"]),
+                None if util is None else f"{util:g}%",
+                None if memory is None else f"{memory:.0f}Mi",
+            ]  # fmt: skip
+            rows.append([namespace, *row] if all_namespaces else row)
+    headers = ["POD", "NODE", "GPU", "SHARE", "UTIL", "MEMORY"]
+    return table(["NAMESPACE", *headers] if all_namespaces else headers, rows)
+
+
+def why_pod_text(doc: dict[str, Any]) -> str:
+    """The scheduler's explanation of a pod; its filters' verdicts grouped by reason."""
+    request = doc.get("request") or {}
+    gpus = request.get("num_gpu") or 0
+    milli = request.get("gpu_milli") or 0
+    share = f" x {_gpus(milli)}" if 0 < milli < 1000 else ""
+    asked = f"{gpus} GPU{share}, {request.get('cpu_milli', 0)}m CPU, "
+    asked += f"{request.get('memory_mib', 0)}Mi"
+    fields: list[tuple[str, Any]] = [
+        ("Pod", doc["pod"]),
+        ("Node", doc.get("node")),
+        ("Request", asked if request else None),
+        ("Message", doc.get("message") or doc.get("error")),
+    ]
+    if place := doc.get("would_place"):
+        fields.append(("Would place", f"{place['node']} GPUs {place['gpus']}"))
+    groups: dict[str, list[str]] = {}
+    for node, why in (doc.get("filtered") or {}).items():
+        groups.setdefault(str(why), []).append(node)
+    for k, (why, nodes) in enumerate(sorted(groups.items(), key=lambda g: -len(g[1]))):
+        shown = ", ".join(nodes[:3]) + (f", and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        many = "node" if len(nodes) == 1 else "nodes"
+        fields.append(("Filtered" if k == 0 else "", f"{why} ({len(nodes)} {many}): {shown}"))
+    for k, (node, score) in enumerate(list((doc.get("scores") or {}).items())[:3]):
+        fields.append(("Best nodes" if k == 0 else "", f"{node} {score['total']:.3g}"))
+    width = max(len(k) for k, _ in fields) + 2
+    return "".join(f"{(k + ':' if k else '').ljust(width)}{_cell(v)}\n" for k, v in fields)
+
+
 def render(doc: Any, output: str, as_table: Callable[[], str]) -> str:
     if output == "json":
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -229,8 +299,11 @@ def _parser() -> argparse.ArgumentParser:
     verbs.add_parser("queues", parents=[common], help="every ClusterQueue's quota and use")
     jobs = verbs.add_parser("jobs", parents=[common], help="queued workloads in a namespace")
     jobs.add_argument("-A", "--all-namespaces", action="store_true")
-    why = verbs.add_parser("why", parents=[common], help="why one workload waits")
+    why = verbs.add_parser("why", parents=[common], help="why one workload or pod waits")
     why.add_argument("target", metavar="KIND/NAME")
+    verbs.add_parser("gpus", parents=[common], help="every node's GPUs: holders, use, health")
+    top = verbs.add_parser("top", parents=[common], help="pods' GPU share, utilization, memory")
+    top.add_argument("-A", "--all-namespaces", action="store_true")
     return p
 
 
@@ -247,11 +320,22 @@ async def run(args: argparse.Namespace) -> str:
             path = "/queuedworkloads" if every else f"/namespaces/{namespace}/queuedworkloads"
             doc = await fetch(kube, DISPATCHER, path)
             return render(doc, args.output, lambda: jobs_table(doc, all_namespaces=every, now=now))
+        if args.verb == "gpus":
+            doc = await fetch(kube, SCHEDULER, "/gpus")
+            return render(doc, args.output, lambda: gpus_table(doc))
+        if args.verb == "top":
+            every = bool(args.all_namespaces)
+            path = "/podmetrics" if every else f"/namespaces/{namespace}/podmetrics"
+            doc = await fetch(kube, SCHEDULER, path)
+            return render(doc, args.output, lambda: top_table(doc, all_namespaces=every))
         kind, slash, name = str(args.target).partition("/")
         plural = KIND_PLURALS.get(kind.lower())
         if not slash or not name or plural is None:
             known = ", ".join(sorted(set(KIND_PLURALS.values())))
             raise PluginError(f"why takes KIND/NAME, not {args.target!r} (kinds: {known})")
+        if plural == "pods":
+            doc = await fetch(kube, SCHEDULER, f"/namespaces/{namespace}/pods/{name}")
+            return render(doc, args.output, lambda: why_pod_text(doc["pod"]))
         doc = await fetch(kube, DISPATCHER, f"/namespaces/{namespace}/{plural}/{name}")
         return render(doc, args.output, lambda: why_text(doc["workload"], now))
 
@@ -278,6 +362,8 @@ def verb(name: str) -> Callable[[Sequence[str]], int]:
 queues = verb("queues")
 jobs = verb("jobs")
 why = verb("why")
+gpus = verb("gpus")
+top = verb("top")
 
 
 if __name__ == "__main__":

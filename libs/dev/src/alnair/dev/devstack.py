@@ -26,9 +26,11 @@ starts once its `python -m` module exists; `optional` ones (the device plugin, w
 kubelet that KWOK nodes do not have) start only when named with `--with`.
 
 The dispatcher serves its admission webhook (HTTPS, a certificate for 127.0.0.1 kept in
-`<dir>/dispatcher/webhook-tls`) and, once it is ready, the shipped webhook configurations are
+`<dir>/dispatcher/tls`) and, once it is ready, the shipped webhook configurations are
 registered by URL (the local control plane routes no Services): a queue-labelled Job created
-without `suspend` is held for its queue, as in a cluster.
+without `suspend` is held for its queue, as in a cluster. The dispatcher's and the scheduler's
+query APIs (`kubectl alnair`) are registered as APIServices behind ExternalName Services for
+`localhost`, which the aggregator dials without a service network.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from alnair.common.aggregated import DISPATCHER_GROUP as QUERY_GROUP
-from alnair.common.aggregated import QUERY_VERSION
+from alnair.common.aggregated import DISPATCHER_GROUP, QUERY_VERSION, SCHEDULER_GROUP
 from alnair.common.certs_cli import still_good
 from alnair.common.errors import ConfigError
 from alnair.common.kube import KubeClient
@@ -82,25 +81,67 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
     }
 
 
-QUERY_SERVICE = "alnair-dispatcher-query"
-"""The ExternalName Service the local stack registers the dispatcher's query API behind."""
-DISPATCHER_HOSTS = ("127.0.0.1", f"{QUERY_SERVICE}.default.svc")
-"""What the webhook (by URL) and the aggregator (by the Service's name) dial."""
-
-
-def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
-    folder = (stack.dir / "dispatcher" / "webhook-tls").resolve()
+def _secure_folder(stack: StackInfo, service: str, hosts: tuple[str, ...]) -> Path:
+    """A service's serving certificate for the local stack, made again when it does not name
+    every host (or is within a day of expiry)."""
+    folder = (stack.dir / service / "tls").resolve()
     files = {
         name: (folder / name).read_bytes()
         for name in (CERT_FILE, KEY_FILE, CA_FILE)
         if (folder / name).exists()
     }
-    if still_good(files, DISPATCHER_HOSTS, dt.timedelta(days=1)):
-        write_folder(folder, issue(DISPATCHER_HOSTS).secret_data())
+    if still_good(files, hosts, dt.timedelta(days=1)):
+        write_folder(folder, issue(hosts).secret_data())
+    return folder
+
+
+def _query_service(service: str) -> str:
+    """The ExternalName Service the local stack registers a service's query API behind."""
+    return f"alnair-{service}-query"
+
+
+def _hosts(service: str) -> tuple[str, ...]:
+    """What the API server dials: 127.0.0.1 (webhooks, by URL) and, for the aggregator, the
+    query Service's name."""
+    return ("127.0.0.1", f"{_query_service(service)}.default.svc")
+
+
+def _register_query_api(kubeconfig: str, service: str, group: str, port: str, ca: Path) -> None:
+    """The service's aggregated API, registered by URL (`kubectl alnair`)."""
+
+    ca_pem = ca.read_bytes()
+
+    async def register() -> None:
+        async with KubeClient.from_config(kubeconfig) as kube:
+            await register_api_service(
+                kube, group, QUERY_VERSION, int(port), ca_pem, service=_query_service(service)
+            )
+
+    asyncio.run(register())
+
+
+def _dispatcher_env(stack: StackInfo) -> dict[str, str]:
+    folder = _secure_folder(stack, "dispatcher", _hosts("dispatcher"))
     return {
         "ALNAIR_DISPATCHER_WEBHOOK_CERT_DIR": str(folder),
         "ALNAIR_DISPATCHER_WEBHOOK_PORT": str(free_port()),
     }
+
+
+def _scheduler_env(stack: StackInfo) -> dict[str, str]:
+    folder = _secure_folder(stack, "scheduler", _hosts("scheduler"))
+    return {
+        "ALNAIR_SCHEDULER_QUERY_CERT_DIR": str(folder),
+        "ALNAIR_SCHEDULER_QUERY_PORT": str(free_port()),
+    }
+
+
+def _register_scheduler_query(kubeconfig: str, env: Mapping[str, str]) -> None:
+    folder = Path(env["ALNAIR_SCHEDULER_QUERY_CERT_DIR"])
+    _register_query_api(
+        kubeconfig, "scheduler", SCHEDULER_GROUP, env["ALNAIR_SCHEDULER_QUERY_PORT"],
+        folder / CA_FILE,
+    )  # fmt: skip
 
 
 def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> None:
@@ -124,13 +165,12 @@ def _register_dispatcher_webhook(kubeconfig: str, env: Mapping[str, str]) -> Non
         async with KubeClient.from_config(kubeconfig) as kube:
             for config in configs:
                 await kube.apply(config, field_manager="alnair-devstack")
-            # The query API (`kubectl alnair`), registered as an APIService by URL.
-            await register_api_service(
-                kube, QUERY_GROUP, QUERY_VERSION, int(env["ALNAIR_DISPATCHER_WEBHOOK_PORT"]),
-                (folder / CA_FILE).read_bytes(), service=QUERY_SERVICE,
-            )  # fmt: skip
 
     asyncio.run(apply())
+    _register_query_api(
+        kubeconfig, "dispatcher", DISPATCHER_GROUP, env["ALNAIR_DISPATCHER_WEBHOOK_PORT"],
+        folder / CA_FILE,
+    )  # fmt: skip
 
 
 def _agent_env(stack: StackInfo) -> dict[str, str]:
@@ -163,6 +203,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
         ("alnair.scheduler",),
         "ALNAIR_SCHEDULER_HTTP_PORT",
         "binds pods with schedulerName: alnair; explains every decision",
+        env=_scheduler_env,
+        after_ready=_register_scheduler_query,
     ),
     # Hooks: these start as soon as their `python -m` module exists.
     ServiceSpec(

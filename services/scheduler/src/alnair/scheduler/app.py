@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from alnair.common.http import start_http
+from fastapi import FastAPI
+
+from alnair.common.aggregated import SecureServer
+from alnair.common.http import install_problem_handlers, start_http
 from alnair.common.httpauth import guard_reads
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector
@@ -23,6 +27,7 @@ from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler.api import build_api
 from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.metrics import SchedulerMetrics
+from alnair.scheduler.query_api import QUERY_API, add_query_routes
 from alnair.scheduler.settings import SchedulerSettings
 
 if TYPE_CHECKING:
@@ -74,6 +79,7 @@ async def serve(settings: SchedulerSettings) -> int:
         name="scheduler.http",
         on_death=on_death,
     )
+    secure = await start_query(settings, kube, scheduler, on_death)
     elector: LeaderElector | None = None
     loop: asyncio.Task[None] | None = None
     campaign: asyncio.Task[None] | None = None
@@ -102,6 +108,8 @@ async def serve(settings: SchedulerSettings) -> int:
         return 1
     finally:
         server.should_exit = True
+        if secure is not None:
+            await secure.stop()
         for task in (loop, campaign):
             if task is not None:
                 task.cancel()
@@ -119,6 +127,25 @@ async def serve(settings: SchedulerSettings) -> int:
         await kube.close()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await http
+
+
+async def start_query(
+    settings: SchedulerSettings,
+    kube: KubeClient,
+    scheduler: Scheduler,
+    on_death: Callable[[BaseException], None] | None = None,
+) -> SecureServer | None:
+    """The aggregated query API (`query_api.py`) on its HTTPS port, when a certificate is
+    configured. Every replica serves it: each keeps the cache it reads warm."""
+    if not settings.query_cert_dir:
+        return None
+    app = FastAPI(title="alnair-scheduler-query", version="0.1.0")
+    install_problem_handlers(app)
+    add_query_routes(app, scheduler)
+    return await SecureServer.start(
+        app, api=QUERY_API, kube=kube, settings=settings, cert_dir=settings.query_cert_dir,
+        port=settings.query_port, name="scheduler.query", on_death=on_death,
+    )  # fmt: skip
 
 
 async def _serve_until_signalled(settings: SchedulerSettings) -> int:

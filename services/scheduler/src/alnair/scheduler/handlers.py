@@ -53,7 +53,9 @@ async def subscribe(bus: Bus, scheduler: Scheduler, identity: str) -> list[Subsc
 
     async def on_metric(ev: PodMetric, env: Envelope[PodMetric]) -> None:
         if ev.gpu_index is not None:
-            scheduler.on_gpu_util(ev.node, ev.gpu_index, ev.gpu_util_pct, ev.pod_uid)
+            scheduler.on_gpu_util(
+                ev.node, ev.gpu_index, ev.gpu_util_pct, ev.pod_uid, ev.gpu_mem_used_mib
+            )
 
     async def on_job(ev: JobEvent, env: Envelope[JobEvent]) -> None:
         if ev.phase in (JobPhase.COMPLETED, JobPhase.FAILED):

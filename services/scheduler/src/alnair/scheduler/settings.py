@@ -22,6 +22,15 @@ class SchedulerSettings(ServiceSettings, LeaderElectionSettings):
     scheduler_name: str = Field(
         default="alnair", description="pods with this spec.schedulerName are ours"
     )
+    query_cert_dir: str | None = Field(
+        default=None,
+        description="folder of the serving certificate (tls.crt, tls.key: a mounted Secret, "
+        "reloaded when it changes) of the aggregated query API (scheduler.query.alnair.io/"
+        "v1alpha1: GPUs and their holders, pod metrics, why a pod waits); unset: not served",
+    )
+    query_port: int = Field(
+        default=9444, ge=0, le=65535, description="HTTPS port of the query API (0: any)"
+    )
     policy: str = Field(
         default="alnair",
         description="placement policy (alnair, FGD, BestFit, DotProd, GpuPacking, "

@@ -17,16 +17,15 @@ import asyncio
 import logging
 from typing import Any
 
-from alnair.common.aggregated import ClientCertH11, FrontProxyWatch, install_aggregated
+from alnair.common.aggregated import SecureServer
 from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
-from alnair.common.http import bound_port, start_http, stop_http
-from alnair.common.httpauth import TokenReviewer, guard_reads
+from alnair.common.http import bound_port, start_http
+from alnair.common.httpauth import guard_reads
 from alnair.common.kube import KubeClient
 from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import on_stop_signals, spawn
-from alnair.common.tls import CertReloader
 from alnair.scheduler.dispatcher.api import build_api
 from alnair.scheduler.dispatcher.controller import Dispatcher
 from alnair.scheduler.dispatcher.hub import Hub
@@ -63,7 +62,7 @@ class Running:
         loop: asyncio.Task[Any],
         http: asyncio.Task[Any],
         server: Any,
-        webhook: Webhook | None = None,
+        webhook: SecureServer | None = None,
         elector: LeaderElector | None = None,
         campaign: asyncio.Task[Any] | None = None,
     ) -> None:
@@ -106,72 +105,20 @@ class Running:
         await self.kube.close()
 
 
-class Webhook:
+async def start_webhook(
+    settings: DispatcherSettings, metrics: DispatcherMetrics, dispatcher: Dispatcher,
+    kube: KubeClient,
+) -> SecureServer:  # fmt: skip
     """The secure server: the admission webhook and the aggregated query API
-    (`query_api.py`), over HTTPS; the watch that reloads its certificate and the one that
-    follows the API server's front-proxy CA."""
-
-    def __init__(
-        self,
-        tls: CertReloader,
-        server: Any,
-        http: asyncio.Task[Any],
-        front: FrontProxyWatch | None = None,
-        front_task: asyncio.Task[Any] | None = None,
-    ) -> None:
-        self.tls = tls
-        self.server = server
-        self.http = http
-        self.front = front
-        self.front_task = front_task
-        self._stop = asyncio.Event()
-        self.watcher = spawn(tls.watch(self._stop), name="dispatcher.webhook-certs")
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{bound_port(self.server)}"
-
-    @property
-    def tasks(self) -> set[asyncio.Task[Any]]:
-        front = {self.front_task} if self.front_task else set()
-        return {self.http, self.watcher, *front}
-
-    @classmethod
-    async def start(
-        cls,
-        settings: DispatcherSettings,
-        metrics: DispatcherMetrics,
-        dispatcher: Dispatcher,
-        kube: KubeClient,
-    ) -> Webhook:
-        assert settings.webhook_cert_dir is not None
-        tls = CertReloader(settings.webhook_cert_dir)
-        app = build_webhook_api(metrics, dispatcher.validate_queue)
-        front = front_task = None
-        if settings.query_api:
-            front = FrontProxyWatch(kube, tls.context)
-            front_task = spawn(front.informer.run(), name="dispatcher.front-proxy")
-            await front.informer.synced.wait()
-            reviewer = TokenReviewer(
-                kube, audiences=settings.http_auth_audiences, cache_s=settings.http_auth_cache_s
-            )
-            add_query_routes(app, dispatcher)
-            install_aggregated(app, QUERY_API, front=front, reviewer=reviewer,
-                               service="dispatcher")  # fmt: skip
-        server, http = await start_http(
-            app, settings.http_host, settings.webhook_port,
-            name="dispatcher.webhook", tls=tls, protocol=ClientCertH11,
-        )  # fmt: skip
-        return cls(tls, server, http, front, front_task)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await stop_http(self.server, self.http)
-        if self.front_task is not None:
-            self.front_task.cancel()
-        await asyncio.gather(
-            self.watcher, *([self.front_task] if self.front_task else []), return_exceptions=True
-        )
+    (`query_api.py`, unless `query_api` is off) on one HTTPS port."""
+    assert settings.webhook_cert_dir is not None
+    app = build_webhook_api(metrics, dispatcher.validate_queue)
+    if settings.query_api:
+        add_query_routes(app, dispatcher)
+    return await SecureServer.start(
+        app, api=QUERY_API if settings.query_api else None, kube=kube, settings=settings,
+        cert_dir=settings.webhook_cert_dir, port=settings.webhook_port, name="dispatcher.webhook",
+    )  # fmt: skip
 
 
 async def start(settings: DispatcherSettings, kube: KubeClient | None = None) -> Running:
@@ -206,7 +153,7 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     )
     webhook = None
     if settings.webhook_cert_dir and isinstance(dispatcher, Dispatcher):
-        webhook = await Webhook.start(settings, metrics, dispatcher, kube)
+        webhook = await start_webhook(settings, metrics, dispatcher, kube)
     lease = settings.lease_name or ("alnair-hub" if settings.mode == "hub" else "alnair-dispatcher")
     elector = elector_for(settings, kube, lease)
     campaign = None

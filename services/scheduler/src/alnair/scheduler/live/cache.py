@@ -131,6 +131,9 @@ class SchedulerCache:
         """Each pod's latest measured share of each GPU it runs on (by pod uid)."""
         self.util_of_pod: dict[str, set[tuple[str, int]]] = {}
         """The GPUs each pod has a share on (so a pod's end finds them at once)."""
+        self.mem_of_pod: dict[str, dict[tuple[str, int], float]] = {}
+        """Each pod's latest measured GPU memory (MiB) per GPU it runs on (`kubectl alnair
+        top`); gone with the pod."""
         self._snap: ClusterSnapshot | None = None
         self._memory_table: dict[str, int] | None = None
         self.rebuilds = 0
@@ -285,6 +288,7 @@ class SchedulerCache:
     def remove_pod(self, uid: str) -> bool:
         """A pod finished or was deleted; returns True if it held resources."""
         self.nominations.gone(uid)
+        self.mem_of_pod.pop(uid, None)
         for node, gpu in self.util_of_pod.pop(uid, ()):
             self.util_shares.get((node, gpu), {}).pop(uid, None)
             self._set_util(node, gpu)  # an idle GPU reads idle again
@@ -332,7 +336,9 @@ class SchedulerCache:
                 snap.generation[i] += 1
         return healthy
 
-    def set_gpu_util(self, node: str, gpu: int, pct: float, pod_uid: str = "") -> None:
+    def set_gpu_util(
+        self, node: str, gpu: int, pct: float, pod_uid: str = "", mem_mib: float = 0.0
+    ) -> None:
         """A pod's measured share of one GPU (the profiler's latest sample). A shared GPU's
         use is the sum over the pods on it, not the last one heard; a pod's share goes when
         the pod does (`remove_pod`). A sample for a pod not bound here (one that just ended)
@@ -341,6 +347,8 @@ class SchedulerCache:
             return
         self.util_shares.setdefault((node, gpu), {})[pod_uid] = pct
         self.util_of_pod.setdefault(pod_uid, set()).add((node, gpu))
+        if pod_uid:
+            self.mem_of_pod.setdefault(pod_uid, {})[(node, gpu)] = mem_mib
         self._set_util(node, gpu)
 
     def _set_util(self, node: str, gpu: int) -> None:

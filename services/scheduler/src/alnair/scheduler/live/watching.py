@@ -182,8 +182,10 @@ class ClusterWatch:
         if self.cache.set_gpu_health(node, gpu, healthy):
             self.queue.move_all_to_active()
 
-    def on_gpu_util(self, node: str, gpu: int, pct: float, pod_uid: str = "") -> None:
-        self.cache.set_gpu_util(node, gpu, pct, pod_uid)
+    def on_gpu_util(
+        self, node: str, gpu: int, pct: float, pod_uid: str = "", mem_mib: float = 0.0
+    ) -> None:
+        self.cache.set_gpu_util(node, gpu, pct, pod_uid, mem_mib)
 
     def on_inventory(self, node: str, topology: Topology) -> None:
         """A node's GPU link matrix from the profiler (an empty one forgets it)."""
