@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from alnair.common import resources as r
 from alnair.common.aggregated import SCHEDULER_GROUP
@@ -31,11 +32,10 @@ from alnair.scheduler.dispatcher.query_api import GROUP, VERSION
 from dispatcher_support import (
     POOL,
     admitted_type,
-    cluster_queue,
+    cohort_queues,
     dispatcher_settings,
     explain,
     gpu_job,
-    local_queue,
 )
 from scheduler_support import Running, pool, seen_ready
 
@@ -43,8 +43,6 @@ pytestmark = pytest.mark.e2e
 
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
-CLUSTERQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "clusterqueues", namespaced=False)
-LOCALQUEUES_ALNAIR = Resource("alnair.io", "v1alpha1", "localqueues")
 BIN = Path(sys.executable).parent
 SERVICE = "alnair-dispatcher-query"
 SCHEDULER_SERVICE = "alnair-scheduler-query"
@@ -79,8 +77,8 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
     ns = namespace
     cp = control_plane
     await cp.create_gpu_nodes("1x V100M32:8", kube=kube, prefix=ns, labels={POOL: ns})
-    await kube.create(CLUSTERQUEUES_ALNAIR, cluster_queue(f"q-{ns}", None, {"V100M32": 8}))
-    await kube.create(LOCALQUEUES_ALNAIR, local_queue("ml", ns, f"q-{ns}"), ns)
+    # Two teams of 4 GPUs in one cohort: ml borrows what lab does not use.
+    await cohort_queues(kube, ns, "c", {"ml": (4, None), "lab": (4, None)})
     # The serving certificate names what the aggregator checks: <service>.<namespace>.svc.
     issued = issue([f"{SERVICE}.default.svc", "127.0.0.1"])
     write_folder(tmp_path / "tls", issued.secret_data())
@@ -93,11 +91,13 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
         await register_api_service(kube, GROUP, VERSION, port, issued.ca_pem, service=SERVICE)
         await wait_for(lambda: _available(kube), 60, what="APIService Available")
 
-        await kube.create(JOBS, gpu_job("small", ns, "ml", 4), ns)
-        await wait_for(lambda: admitted_type(kube, ns, "small"), 20)
+        # small fits ml's own quota, extra borrows 2 of lab's, large waits (quota).
+        for name, gpus in (("small", 4), ("extra", 2)):
+            await kube.create(JOBS, gpu_job(name, ns, "ml", gpus), ns)
+            await wait_for(lambda n=name: admitted_type(kube, ns, n), 20)
         await kube.create(JOBS, gpu_job("large", ns, "ml", 8), ns)
         await wait_for(lambda: explain(running, ns, "large", lambda d: d["reason"]), 20)
-        await wait_for(lambda: _pending_counted(running, f"q-{ns}"), 20)
+        await wait_for(lambda: _counted(running, f"ml-{ns}", pending=1, admitted=2), 20)
 
         # kubectl's own credentials (an administrator here): raw reads of each resource.
         raw = await sh(
@@ -106,7 +106,7 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
         doc = json.loads(raw.stdout)
         assert doc["kind"] == "QueuedWorkloadList"
         assert [(i["job"], i["status"]) for i in doc["items"]] == [
-            (f"{ns}/large", "waiting"), (f"{ns}/small", "admitted"),
+            (f"{ns}/large", "waiting"), (f"{ns}/extra", "admitted"), (f"{ns}/small", "admitted"),
         ]  # fmt: skip
 
         # `kubectl alnair`, table and JSON, against the state made above.
@@ -115,28 +115,33 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
             "NAME", "COHORT", "ACTIVE", "PENDING", "ADMITTED", "NOMINAL", "USED", "BORROWED",
             "LENT",
         ]  # fmt: skip
-        row = next(line for line in queues if line.startswith(f"q-{ns} "))
-        assert row.split() == [f"q-{ns}", "<none>", "True", "1", "1", "V100M32=8", "V100M32=4",
-                               "0", "0"]  # fmt: skip
+        rows = {line.split()[0]: line.split() for line in queues[1:]}
+        assert rows[f"ml-{ns}"] == [f"ml-{ns}", f"c-{ns}", "True", "1", "2", "V100M32=4",
+                                    "V100M32=6", "2", "0"]  # fmt: skip
+        assert rows[f"lab-{ns}"] == [f"lab-{ns}", f"c-{ns}", "True", "0", "0", "V100M32=4",
+                                     "<none>", "0", "2"]  # fmt: skip
         as_json = json.loads((await sh(cp, "alnair", "queues", "-o", "json")).stdout)
-        ours = next(q for q in as_json["items"] if q["name"] == f"q-{ns}")
+        ours = next(q for q in as_json["items"] if q["name"] == f"ml-{ns}")
         assert ours == {
-            "name": f"q-{ns}", "cohort": None, "active": True, "problem": None,
-            "nominal": {"V100M32": 8}, "borrowingLimit": {}, "used": {"V100M32": 4},
-            "borrowed": 0, "lent": 0, "pending": 1, "admitted": 1,
+            "name": f"ml-{ns}", "cohort": f"c-{ns}", "active": True, "problem": None,
+            "nominal": {"V100M32": 4}, "borrowingLimit": {}, "used": {"V100M32": 6},
+            "borrowed": 2, "lent": 0, "pending": 1, "admitted": 2,
         }  # fmt: skip
         jobs = (await sh(cp, "alnair", "jobs", "-n", ns)).stdout
         assert [line.split()[:6] for line in jobs.splitlines()] == [
             ["NAME", "KIND", "QUEUE", "STATUS", "POSITION", "GPU-MODEL"],
             ["large", "Job", "ml", "waiting", "1", "<none>"],
+            ["extra", "Job", "ml", "admitted", "<none>", "V100M32"],
             ["small", "Job", "ml", "admitted", "<none>", "V100M32"],
         ]
         assert jobs.splitlines()[1].split()[-1] == "quota", jobs
+        jobs_yaml = yaml.safe_load((await sh(cp, "alnair", "jobs", "-n", ns, "-o", "yaml")).stdout)
+        assert [i["status"] for i in jobs_yaml["items"]] == ["waiting", "admitted", "admitted"]
         why = (await sh(cp, "alnair", "why", "job/large", "-n", ns)).stdout
         fields = dict(line.split(":", 1) for line in why.splitlines())
         assert fields["Workload"].strip() == f"Job {ns}/large"
         assert fields["Status"].strip() == "waiting"
-        assert fields["Queue"].strip() == f"ml (ClusterQueue q-{ns})"
+        assert fields["Queue"].strip() == f"ml (ClusterQueue ml-{ns})"
         assert fields["Waits for"].strip() == "quota"
         why_json = json.loads(
             (await sh(cp, "alnair", "why", "job/large", "-n", ns, "-o", "json")).stdout
@@ -153,7 +158,7 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
         # Granted in this namespace only: read here, refused elsewhere.
         await _grant(kube, ns, f"alice-{ns}")
         allowed = await sh(cp, "get", "--raw", path, "--as", f"alice-{ns}")
-        assert len(json.loads(allowed.stdout)["items"]) == 2
+        assert len(json.loads(allowed.stdout)["items"]) == 3
         other = await sh(cp, "get", "--raw", path.replace(f"/{ns}/", "/default/"), "--as",
                    f"alice-{ns}", check=False)  # fmt: skip
         assert other.returncode != 0 and "forbidden" in other.stderr.lower()
@@ -179,9 +184,9 @@ async def _unserved(cp: ControlPlane) -> bool:
     return done.returncode != 0 and ("notfound" in said or "not found" in said)
 
 
-async def _pending_counted(running: Any, queue: str) -> bool:
+async def _counted(running: Any, queue: str, *, pending: int, admitted: int) -> bool:
     report = running.dispatcher.queue_report.get(queue) or {}
-    return report.get("pendingWorkloads") == 1 and report.get("admittedWorkloads") == 1
+    return report.get("pendingWorkloads") == pending and report.get("admittedWorkloads") == admitted
 
 
 async def _grant(kube: KubeClient, ns: str, user: str) -> None:
