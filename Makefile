@@ -6,10 +6,10 @@ UV := $(PY) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-python setup-native setup-control-plane setup-peers test test-unit test-integration test-e2e \
+.PHONY: setup setup-python setup-native setup-control-plane setup-peers setup-browser test test-unit test-integration test-e2e \
         lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
-setup: setup-python setup-native setup-control-plane setup-peers ## install everything the tests and the demo need
+setup: setup-python setup-native setup-control-plane setup-peers setup-browser ## install everything the tests and the demo need
 
 setup-python:
 	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv \
@@ -25,6 +25,11 @@ setup-native:
 
 setup-control-plane:
 	@bash hack/build-control-plane.sh all
+
+# A real browser for the console's tests (Debian's chromium; the tests speak its DevTools
+# protocol directly, so no driver has to match its version).
+setup-browser:
+	@bash hack/setup-browser.sh
 
 # Other projects' parts the e2e tests meet (JobSet's CRDs and controller), from their Go modules.
 setup-peers:

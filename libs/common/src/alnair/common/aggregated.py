@@ -378,6 +378,8 @@ class SecureServer:
         self.front_task = front_task
         self._stop = asyncio.Event()
         self.watcher = spawn(tls.watch(self._stop), name=f"{name}-certs", on_death=on_death)
+        self.closers: list[Callable[[], Awaitable[Any]]] = []
+        """What else ends with the server (a subscription feeding it)."""
 
     @property
     def port(self) -> int:
@@ -426,6 +428,11 @@ class SecureServer:
 
     async def stop(self) -> None:
         self._stop.set()
+        for close in self.closers:
+            try:
+                await close()
+            except Exception as exc:
+                log.warning("closing beside the secure server failed", extra={"error": str(exc)})
         await stop_http(self.server, self.http)
         if self.front_task is not None:
             self.front_task.cancel()

@@ -81,8 +81,9 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     # aggregator: folds samples (core NATS queue group) and pod summaries (a JetStream
     # consumer: read through the JetStream API, no subject right), publishes job completions
     "aggregator": Permissions(publish=(JOBS,), subscribe=(METRICS,)),
-    # binder: samples and health in, job and scale events out, asks the predictor
-    "scheduler": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL), subscribe=(METRICS,)),
+    # binder: samples and health in, job and scale events out, asks the predictor; job events
+    # in too, plainly subscribed, for the console's live updates
+    "scheduler": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL), subscribe=(METRICS, JOBS)),
     # dispatcher: job lifecycle out, asks the predictor, asks elastic jobs to give back the
     # borrowed surplus (scale requests)
     "dispatcher": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL)),

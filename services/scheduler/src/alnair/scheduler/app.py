@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from alnair.common.aggregated import SecureServer
+from alnair.common.events import JobEvent
 from alnair.common.http import install_problem_handlers, start_http
 from alnair.common.httpauth import guard_reads
 from alnair.common.kube import KubeClient
@@ -25,6 +26,8 @@ from alnair.common.logs import setup_logging
 from alnair.common.memtrace import install as trace_memory
 from alnair.common.tasks import first_of, on_stop_signals, spawn
 from alnair.scheduler.api import build_api
+from alnair.scheduler.console.feed import Feed
+from alnair.scheduler.console.routes import add_console_routes
 from alnair.scheduler.live.scheduler import Scheduler
 from alnair.scheduler.metrics import SchedulerMetrics
 from alnair.scheduler.query_api import QUERY_API, add_query_routes
@@ -79,7 +82,7 @@ async def serve(settings: SchedulerSettings) -> int:
         name="scheduler.http",
         on_death=on_death,
     )
-    secure = await start_query(settings, kube, scheduler, on_death)
+    secure = await start_query(settings, kube, scheduler, on_death, bus)
     elector: LeaderElector | None = None
     loop: asyncio.Task[None] | None = None
     campaign: asyncio.Task[None] | None = None
@@ -134,18 +137,31 @@ async def start_query(
     kube: KubeClient,
     scheduler: Scheduler,
     on_death: Callable[[BaseException], None] | None = None,
+    bus: Bus | None = None,
 ) -> SecureServer | None:
-    """The aggregated query API (`query_api.py`) on its HTTPS port, when a certificate is
-    configured. Every replica serves it: each keeps the cache it reads warm."""
+    """The aggregated query API (`query_api.py`) and the console (`console/`) on their HTTPS
+    port, when a certificate is configured. Every replica serves them: each keeps the cache it
+    reads warm. The console's live updates come from this replica's watches and, with `bus`,
+    from job lifecycle events."""
     if not settings.query_cert_dir:
         return None
     app = FastAPI(title="alnair-scheduler-query", version="0.1.0")
     install_problem_handlers(app)
     add_query_routes(app, scheduler)
-    return await SecureServer.start(
+    feed = Feed()
+    scheduler.pods.add_handler(feed.on_pod)
+    scheduler.nodes.add_handler(feed.on_node)
+    scheduler.health_listeners.append(lambda: feed.changed("gpus"))
+    add_console_routes(app, QUERY_API.prefix, feed)
+    secure = await SecureServer.start(
         app, api=QUERY_API, kube=kube, settings=settings, cert_dir=settings.query_cert_dir,
         port=settings.query_port, name="scheduler.query", on_death=on_death,
     )  # fmt: skip
+    if bus is not None:
+        # A plain subscription: the console needs no history, and a restart needs no durable.
+        sub = await bus.nc.subscribe(JobEvent.subject_filter(), cb=feed.on_job_message)
+        secure.closers.append(sub.unsubscribe)
+    return secure
 
 
 async def _serve_until_signalled(settings: SchedulerSettings) -> int:

@@ -14,6 +14,8 @@ user's identity (`alnair.common.aggregated`):
 - `GET .../namespaces/{ns}/pods/{name}`: why a pod waits or where it went: the explanation of
   `GET /v1/pods/{ns}/{name}/explain` (every filter's verdict per node group, the best nodes'
   scores, the sentence shown on the pod).
+- `GET .../console/`, `GET .../updates`: the web console and its live updates
+  (`console/`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from fastapi import FastAPI
+import numpy as np
+from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse
 
 from alnair.common.aggregated import (
@@ -44,15 +47,19 @@ QUERY_API = GroupVersion(
         Resource("gpus", namespaced=False, kind="NodeGpus", verbs=("list",)),
         Resource("podmetrics", namespaced=True, kind="PodGpuMetrics", verbs=("list",)),
         Resource("pods", namespaced=True, kind="PodExplanation", verbs=("get",)),
+        Resource("console", namespaced=False, kind="Console", verbs=("get", "list")),
+        Resource("updates", namespaced=False, kind="Update", verbs=("list",)),
     ),
 )
 
 
-def _holders(scheduler: Scheduler) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """(node index, GPU) -> the pods holding a share of it (bound or assumed)."""
+def _holders(scheduler: Scheduler, nodes: set[int]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """(node index, GPU) -> the pods holding a share of it (bound or assumed), on `nodes`."""
     snap = scheduler.cache.snapshot()
     out: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for req, placement in snap.placed.values():
+        if placement.node not in nodes:
+            continue
         share = placement.gpu_milli if placement.gpu_milli else MILLI_PER_GPU
         for gpu in placement.gpu_indices:
             out[(placement.node, gpu)].append(
@@ -61,48 +68,100 @@ def _holders(scheduler: Scheduler) -> dict[tuple[int, int], list[dict[str, Any]]
     return out
 
 
-def node_gpus(scheduler: Scheduler) -> dict[str, Any]:
-    """`gpus`: every node with GPUs, each GPU's holders, use and health."""
+def _gpu_columns(scheduler: Scheduler) -> dict[str, Any]:
+    """Per node with GPUs (by name): valid, healthy, free and stranded milli-GPU columns."""
     snap = scheduler.cache.snapshot()
-    holders = _holders(scheduler)
+    rows = np.flatnonzero(snap.gpu_count > 0)
+    width = snap.gpu_free.shape[1] if snap.gpu_free.ndim == 2 else 0
+    valid = np.arange(width)[None, :] < snap.gpu_count[rows][:, None]
+    unhealthy = snap.unhealthy[rows] if snap.unhealthy.shape[0] else np.zeros_like(valid)
+    healthy = valid & ~unhealthy
+    free = np.where(healthy, snap.gpu_free[rows], 0)
+    stranded = np.where((free > 0) & (free < MILLI_PER_GPU), free, 0)
+    util = snap.gpu_util[rows] if snap.gpu_util.shape[0] else np.zeros(valid.shape)
+    return {
+        "rows": rows, "valid": valid, "healthy": healthy, "free": free,
+        "stranded": stranded, "util": util, "snap": snap,
+    }  # fmt: skip
+
+
+def _summary(cols: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per GPU model: nodes, GPUs, used, unhealthy, free, stranded, mean utilization."""
+    snap = cols["snap"]
+    models = snap.model_id[cols["rows"]]
+    out = []
+    for m in np.unique(models):
+        sel = models == m
+        valid, healthy = cols["valid"][sel], cols["healthy"][sel]
+        free = int(cols["free"][sel].sum())
+        stranded = int(cols["stranded"][sel].sum())
+        gpus = int(valid.sum())
+        out.append(
+            {
+                "model": snap.models[int(m)],
+                "nodes": int(sel.sum()),
+                "gpus": gpus,
+                "unhealthy": int((valid & ~healthy).sum()),
+                "usedMilli": int(healthy.sum()) * MILLI_PER_GPU - free,
+                "freeMilli": free,
+                "strandedMilli": stranded,
+                "fragmentation": round(stranded / free, 3) if free else 0.0,
+                "utilizationPct": round(float(cols["util"][sel][valid].mean()), 1) if gpus else 0.0,
+            }
+        )
+    return sorted(out, key=lambda s: str(s["model"]))
+
+
+def node_gpus(scheduler: Scheduler, limit: int = 0, after: str = "") -> dict[str, Any]:
+    """`gpus`: nodes with GPUs by name (`limit` of them after the node `after`; 0: all), each
+    GPU's holders, use and health, and the summary per model of every node."""
+    cols = _gpu_columns(scheduler)
+    snap = cols["snap"]
+    order = sorted(range(len(cols["rows"])), key=lambda k: snap.names[int(cols["rows"][k])])
+    if after:
+        order = [k for k in order if snap.names[int(cols["rows"][k])] > after]
+    more = bool(limit) and len(order) > limit
+    page = order[:limit] if limit else order
+    holders = _holders(scheduler, {int(cols["rows"][k]) for k in page})
     items: list[dict[str, Any]] = []
-    for i, name in enumerate(snap.names):
-        count = int(snap.gpu_count[i])
-        if count == 0:
-            continue
+    for k in page:
+        i = int(cols["rows"][k])
         gpus = []
-        free_total = stranded = 0
-        for g in range(count):
-            healthy = not bool(snap.unhealthy[i, g]) if snap.unhealthy.size else True
-            free = int(snap.gpu_free[i, g]) + (int(snap.withheld[i, g]) if not healthy else 0)
-            if healthy:
-                free_total += free
-                if 0 < free < MILLI_PER_GPU:
-                    stranded += free
+        for g in range(int(snap.gpu_count[i])):
+            healthy = bool(cols["healthy"][k, g])
+            used = MILLI_PER_GPU - int(cols["free"][k, g]) if healthy else 0
             gpus.append(
                 {
                     "index": g,
-                    "freeMilli": free,
-                    "usedMilli": MILLI_PER_GPU - free,
-                    "holders": sorted(holders.get((i, g), []), key=lambda h: h["pod"]),
-                    "utilizationPct": round(float(snap.gpu_util[i, g]), 1)
-                    if snap.gpu_util.size
-                    else 0.0,
+                    "freeMilli": int(cols["free"][k, g]),
+                    "usedMilli": used,
+                    "holders": sorted(holders.get((i, g), []), key=lambda h: str(h["pod"])),
+                    "utilizationPct": round(float(cols["util"][k, g]), 1),
                     "healthy": healthy,
                 }
             )
+        free = int(cols["free"][k].sum())
+        stranded = int(cols["stranded"][k].sum())
         items.append(
             {
-                "node": name,
+                "node": snap.names[i],
                 "model": snap.models[int(snap.model_id[i])],
                 "gpus": gpus,
-                "freeMilli": free_total,
+                "freeMilli": free,
                 "strandedMilli": stranded,
-                "fragmentation": round(stranded / free_total, 3) if free_total else 0.0,
+                "fragmentation": round(stranded / free, 3) if free else 0.0,
             }
         )
-    items.sort(key=lambda n: str(n["node"]))
-    return {"kind": "NodeGpusList", "apiVersion": API_VERSION, "metadata": {}, "items": items}
+    metadata: dict[str, Any] = {"total": len(order) if not after else None}
+    if more:
+        metadata["continue"] = items[-1]["node"]
+    return {
+        "kind": "NodeGpusList",
+        "apiVersion": API_VERSION,
+        "metadata": {k: v for k, v in metadata.items() if v is not None},
+        "summary": _summary(cols),
+        "items": items,
+    }
 
 
 def pod_metrics(scheduler: Scheduler, namespace: str | None) -> dict[str, Any]:
@@ -140,8 +199,10 @@ def add_query_routes(app: FastAPI, scheduler: Scheduler) -> None:
     prefix = QUERY_API.prefix
 
     @app.get(prefix + "/gpus")
-    async def gpus() -> dict[str, Any]:
-        return node_gpus(scheduler)
+    async def gpus(
+        limit: int = Query(0, ge=0), cont: str = Query("", alias="continue")
+    ) -> dict[str, Any]:
+        return node_gpus(scheduler, limit, cont)
 
     @app.get(prefix + "/podmetrics")
     async def all_metrics() -> dict[str, Any]:

@@ -98,6 +98,7 @@ class Scheduler(ClusterWatch):
         self.settings = settings
         self.metrics = metrics or SchedulerMetrics()
         self.cache = SchedulerCache()
+        self.health_listeners: list[Callable[[], None]] = []
         self.queue = SchedulingQueue(settings.initial_backoff_s, settings.max_backoff_s)
         self.gangs = GangManager(self.cache.gangs)
         self.cache.gangs.pending = self._pending_members

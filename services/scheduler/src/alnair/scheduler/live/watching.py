@@ -11,6 +11,8 @@ collaborators it owns, through their methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from alnair.common import resources as r
 from alnair.common.informer import WatchEvent
 from alnair.common.kube import Obj
@@ -54,6 +56,8 @@ class ClusterWatch:
     reporter: Reporter
     dra: DraSupport | None
     last_result: dict[str, ScheduleResult]
+    health_listeners: list[Callable[[], None]]
+    """Told when a GPU's health changes (the console's live updates)."""
 
     def _podgroup_status(self, gang: str, message: str | None = None) -> None:
         raise NotImplementedError
@@ -179,8 +183,12 @@ class ClusterWatch:
         self.queue.move_all_to_active(keep=elsewhere)
 
     def on_gpu_health(self, node: str, gpu: int, healthy: bool) -> None:
+        changed = ((node, gpu) in self.cache.unhealthy) == healthy
         if self.cache.set_gpu_health(node, gpu, healthy):
             self.queue.move_all_to_active()
+        if changed:
+            for listener in self.health_listeners:
+                listener()
 
     def on_gpu_util(
         self, node: str, gpu: int, pct: float, pod_uid: str = "", mem_mib: float = 0.0
