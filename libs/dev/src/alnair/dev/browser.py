@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from alnair.common.errors import ConfigError
+from alnair.dev.waiting import wait_for
 
 LISTENING = re.compile(rb"DevTools listening on (ws://\S+)")
 
@@ -164,13 +165,15 @@ class Browser:
         """The first truthy value of `expression`, asked every 100 ms (a test waiting for a
         page it does not control, not a service polling). An element is returned by value as
         `{}`, which is falsy here: ask `!!document.querySelector(...)`."""
-        async with asyncio.timeout(timeout_s):
-            while not (value := await self.evaluate(expression)):
-                await asyncio.sleep(0.1)
-        return value
+        return await wait_for(lambda: self.evaluate(expression), timeout_s, what=expression)
 
     async def screenshot(self, path: Path) -> Path:
         shot = await self.send("Page.captureScreenshot", format="png")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(shot["data"]))
+        png = base64.b64decode(shot["data"])
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(png)
+
+        await asyncio.to_thread(write)
         return path
