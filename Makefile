@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane setup-peers setup-browser test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-console bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
 setup: setup-python setup-native setup-control-plane setup-peers setup-browser ## install everything the tests and the demo need
 
@@ -104,6 +104,9 @@ bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, bes
 bench-dispatcher: setup-python setup-control-plane ## the dispatcher beside Kueue on Kueue's scheduler performance test, baseline config (JSON; DISPATCHER_BENCH_ARGS)
 	@bash hack/build-peers.sh
 	@$(BIN)/python bench/dispatcher.py $(DISPATCHER_BENCH_ARGS)
+
+bench-console: setup-python setup-control-plane ## the console's endpoints, 20 clients at 5,000 nodes and 10,000 queued jobs, p50/p99 (JSON; CONSOLE_BENCH_ARGS)
+	@$(BIN)/python bench/console.py $(CONSOLE_BENCH_ARGS)
 
 bench-multicluster: setup-python ## one queue over three clusters: alnair vs round-robin, least-loaded, first-fit (JSON)
 	@$(BIN)/python bench/multicluster.py $(MULTICLUSTER_BENCH_ARGS)

@@ -112,6 +112,21 @@ def test_bench_dispatcher_runs_kueues_runner_against_both() -> None:
         assert isinstance(trial["checker"]["passed"], bool)
 
 
+@pytest.mark.timeout(200)
+def test_bench_console_reads_every_endpoint_both_ways() -> None:
+    """The console's endpoints through the API server and directly, at 2% of the 5,000 nodes
+    and 10,000 jobs: every endpoint answered, each figure there."""
+    report = make(
+        "bench-console", 190, CONSOLE_BENCH_ARGS="--scale 0.02 --requests 2 --repeats 1 --clients 4"
+    )
+    assert report["bench"] == "console" and report["setup"]["jobs"] == 200
+    assert {t["via"] for t in report["trials"]} == {"apiserver", "direct"}
+    for trial in report["trials"]:
+        for name, figures in trial["endpoints"].items():
+            assert figures["failures"] == 0 and figures["count"] == 8, (name, figures)
+            assert _figure(figures["p50_ms"]) and figures["p99_ms"] >= figures["p50_ms"]
+
+
 def test_make_schema_writes_one_schema_per_event(tmp_path: Path) -> None:
     """`make schema` writes a JSON Schema for every event type on the bus, named by type."""
     done = subprocess.run(
