@@ -11,8 +11,12 @@ BIN := $(VENV)/bin
 
 setup: setup-python setup-native setup-control-plane setup-peers setup-browser ## install everything the tests and the demo need
 
+# uv, quietly: a Debian Python refuses a plain `pip install` (PEP 668, "externally-managed-
+# environment"), which is not an error worth a new user's first screen; the user install is
+# the fallback, and only its failure is shown.
 setup-python:
-	@$(UV) --version >/dev/null 2>&1 || $(PY) -m pip install --quiet --disable-pip-version-check uv \
+	@$(UV) --version >/dev/null 2>&1 \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 \
 	  || $(PY) -m pip install --quiet --disable-pip-version-check --user --break-system-packages uv
 	@# Bytecode compiled once, as the images do (UV_COMPILE_BYTECODE): every service process the
 	@# tests, benchmarks and demo start would otherwise compile ~1,900 modules (2-3 s) first.
@@ -66,7 +70,7 @@ schema: setup-python ## JSON Schema of every event, for external subscribers
 
 # The replay needs no Kubernetes and comes first; the live part (ALNAIR_DEMO_LIVE=0 skips it) runs
 # the whole system on 200 KWOK GPU nodes with Gavel's Philly trace, time-compressed.
-demo: setup-python setup-control-plane ## replay the Alibaba GPU trace under every policy, then the whole system live
+demo: setup-python setup-control-plane setup-browser ## replay the Alibaba GPU trace under every policy, then the whole system live
 	@$(BIN)/python -m alnair.scheduler.simulator.demo $(DEMO_ARGS)
 	@$(BIN)/python -m alnair.dev.live_demo $(LIVE_DEMO_ARGS)
 

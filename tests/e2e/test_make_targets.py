@@ -155,3 +155,15 @@ def test_make_demo_at_a_small_size(tmp_path: Path) -> None:
     assert re.search(r"jobs done\s+10 of 10 \(0 failed\)", done.stdout), done.stdout[-2000:]
     assert (tmp_path / "alibaba-default.png").stat().st_size > 0
     assert (tmp_path / "live-gpu-allocation.png").stat().st_size > 0
+    # The queues were in it: four teams' shares, the waits by reason, the kinds of jobs, and
+    # the console captured halfway.
+    shares = re.search(r"team shares\s+team-a (\d+)%, team-b (\d+)%, team-c (\d+)%, team-d (\d+)%",
+                       done.stdout)  # fmt: skip
+    assert shares and 98 <= sum(int(s) for s in shares.groups()) <= 102, done.stdout[-2000:]
+    assert re.search(r"waits by reason\s+\S", done.stdout)
+    kinds = re.search(r"jobs by kind\s+(\d+) training, (\d+) fractional inference", done.stdout)
+    assert kinds and int(kinds[1]) + int(kinds[2]) == 10, done.stdout[-2000:]
+    assert re.search(r"console\s+\S+console\.png", done.stdout), done.stdout[-2000:]
+    assert (tmp_path / "console.png").stat().st_size > 0
+    # The first screen is not an error (Debian's pip refusal is kept out of it).
+    assert "externally-managed-environment" not in done.stdout + done.stderr

@@ -2,9 +2,13 @@
 
 After the trace replay (`alnair.scheduler.simulator.demo`, no Kubernetes), this starts the local
 stack (`alnair.dev.devstack`: nats, redis, the control plane, a few hundred KWOK GPU nodes
-across K80/P100/V100, and the scheduler, the sim profiler agent, the aggregator and the
-predictor as processes), then submits the trace's jobs as batch/v1 Jobs with
-`schedulerName: alnair`, time-compressed so the run takes a few minutes.
+across K80/P100/V100, and the scheduler, the dispatcher, the sim profiler agent, the
+aggregator and the predictor as processes). Four teams get a ClusterQueue each, a quarter of
+every GPU model, in one cohort. The trace's jobs are submitted to the teams' queues as
+batch/v1 Jobs written as users write them (no `suspend`: the dispatcher's webhook holds them
+for their queue), every fifth one-GPU job as fractional inference (half a GPU),
+time-compressed so the run takes a few minutes. Halfway, the console's GPU map is captured in
+headless Chromium through `kubectl proxy`.
 
 A job's runtime depends on where it runs, as on a real cluster: once the scheduler binds its pod
 this demo (standing in for the training process) reads the node's GPU model and writes the
@@ -15,9 +19,11 @@ same factor would leave runtimes of a second or two and an idle cluster, so runt
 to a median of `--median-runtime-s` on the job's fastest GPU type and capped at
 `--max-runtime-s` (the trace's runtimes span four orders of magnitude).
 
-What it measures, from one pod watch: jobs done, job completion time (submission to the pod's
-success), scheduling latency (pod creation seen to bind seen), GPUs allocated over time (the
-PNG), and what the rest of the system did with the jobs (execution records, predictor version).
+What it measures, from one pod watch and one Job watch: jobs done, job completion time
+(submission to the pod's success), scheduling latency (pod creation seen to bind seen), GPUs
+allocated over time (the PNG), waits by the dispatcher's reason, each team's share of the GPU
+time against its entitlement, the jobs done by kind, and what the rest of the system did with
+the jobs (execution records, predictor version).
 
     python -m alnair.dev.live_demo [--nodes ...] [--jobs N] [--out out/demo]
 """
@@ -44,18 +50,28 @@ from alnair.common import resources as res
 from alnair.common.data import GAVEL_ARRIVALS, data_file, gavel_throughputs
 from alnair.common.errors import AlnairError, ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, KubeClient, Obj
+from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, KubeClient, Obj, Resource
 from alnair.common.tasks import cancel_all, spawn
 from alnair.dev import devstack
 from alnair.dev.localstack import parse_node_specs
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
 LIVE_ENV = "ALNAIR_DEMO_LIVE"
 DEFAULT_NODES = "67x K80, 67x P100, 66x V100M16"
-NAMESPACE = "live-demo"
+ADMITTED = "alnair.io/Admitted"
+COHORTS = Resource("alnair.io", "v1alpha1", "cohorts", namespaced=False)
+CLUSTERQUEUES = Resource("alnair.io", "v1alpha1", "clusterqueues", namespaced=False)
+LOCALQUEUES = Resource("alnair.io", "v1alpha1", "localqueues")
 LABEL_JOB = "alnair.io/demo-job"
 GAVEL_TYPE = {"K80": "k80", "P100": "p100", "V100M16": "v100", "V100M32": "v100"}
 """Node GPU model (the profiler's label) -> Gavel's GPU type. Gavel measured 16 GB V100s."""
-SERVICES = ("profiler-agent", "aggregator", "predictor", "scheduler")
+SERVICES = ("profiler-agent", "aggregator", "predictor", "scheduler", "dispatcher")
+TEAMS = ("team-a", "team-b", "team-c", "team-d")
+"""Four teams, each a ClusterQueue with a quarter of every GPU model, in one cohort."""
+LOCAL_QUEUE = "default"
+FRACTION_EVERY = 5
+"""Every fifth one-GPU job runs as fractional inference: half a GPU's compute, 8 GiB."""
+LABEL_KIND = "alnair.io/demo-kind"
 SERVICE_ENV = {
     # 1 Hz samples of hundreds of pods would keep two cores busy with metrics alone; every
     # 5 s still shows each job's utilization in its annotations and record.
@@ -163,19 +179,36 @@ def model_annotations(job_type: str) -> dict[str, str]:
     return {res.ANN_MODEL_NAME: m.group("family"), res.ANN_BATCH_SIZE: m.group("bs")}
 
 
+def team_of(job: TraceJob) -> str:
+    return TEAMS[int(job.id.rsplit("-", 1)[1]) % len(TEAMS)]
+
+
+def fractional(job: TraceJob) -> bool:
+    return job.gpus == 1 and int(job.id.rsplit("-", 1)[1]) % FRACTION_EVERY == 0
+
+
 def job_manifest(job: TraceJob, node_models: Sequence[str]) -> Obj:
-    """A batch/v1 Job for one trace job; GPU types it cannot run on are excluded."""
+    """A batch/v1 Job for one trace job, submitted to its team's queue as a user writes it
+    (no `suspend`: the dispatcher's webhook holds it); GPU types it cannot run on are
+    excluded. A fractional one asks half a GPU's compute and 8 GiB of its memory."""
     name = job.id.lower()
     runs_on = [m for m in node_models if GAVEL_TYPE.get(m) in job.runtime_s]
     pod_annotations = model_annotations(job.job_type)
     if set(runs_on) != set(node_models):
         pod_annotations[res.GPU_MODEL_REQUEST] = "|".join(runs_on)
+    kind = "inference" if fractional(job) else "training"
+    limits = (
+        {res.GPU_COMPUTE: "50", res.GPU_MEMORY_GIB: "8"}
+        if kind == "inference"
+        else {res.GPU: str(job.gpus)}
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name,
-            "labels": {LABEL_JOB: name},
+            "namespace": team_of(job),
+            "labels": {LABEL_JOB: name, LABEL_QUEUE: LOCAL_QUEUE, LABEL_KIND: kind},
             "annotations": model_annotations(job.job_type),
         },
         "spec": {
@@ -190,7 +223,7 @@ def job_manifest(job: TraceJob, node_models: Sequence[str]) -> Obj:
                             "name": "train",
                             "image": "example.invalid/gavel-job:1",
                             "resources": {
-                                "limits": {res.GPU: str(job.gpus)},
+                                "limits": limits,
                                 "requests": {"cpu": str(2 * job.gpus), "memory": "8Gi"},
                             },
                         }
@@ -213,13 +246,45 @@ class Observed:
     seen: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     finished: dict[str, tuple[float, str]] = field(default_factory=dict)
-    gpus: dict[str, int] = field(default_factory=dict)
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    gpus: dict[str, float] = field(default_factory=dict)
+    """GPUs each job holds while it runs (half of one for fractional inference)."""
+    team: dict[str, str] = field(default_factory=dict)
+    kind: dict[str, str] = field(default_factory=dict)
+    waits: dict[str, float] = field(default_factory=dict)
+    """Seconds jobs spent waiting, by the dispatcher's reason (its `alnair.io/Admitted`
+    condition while queued)."""
+    waited: dict[str, set[str]] = field(default_factory=dict)
+    """The jobs that waited for each reason."""
+    waiting_since: dict[str, tuple[str, float]] = field(default_factory=dict)
+    console: str = "not taken"
+    """The console screenshot's path, or why there is none."""
+    timeline: list[tuple[float, float, int]] = field(default_factory=list)
     """(t, GPUs allocated, pods waiting) after every change."""
 
     @property
-    def allocated(self) -> int:
+    def allocated(self) -> float:
         return sum(self.gpus[j] for j in self.bound if j not in self.finished)
+
+    def wait(self, job: str, reason: str | None, now: float) -> None:
+        """The job waits for `reason` from `now` (None: it waits no more)."""
+        current = self.waiting_since.get(job)
+        if current is not None and current[0] == reason:
+            return
+        if current is not None:
+            self.waits[current[0]] = self.waits.get(current[0], 0.0) + now - current[1]
+            del self.waiting_since[job]
+        if reason is not None:
+            self.waiting_since[job] = (reason, now)
+            self.waited.setdefault(reason, set()).add(job)
+
+    def team_shares(self) -> dict[str, float]:
+        """Each team's share of the GPU-seconds used (bound to finished)."""
+        used: dict[str, float] = dict.fromkeys(TEAMS, 0.0)
+        for job, start in self.bound.items():
+            end = self.finished.get(job, (start, ""))[0]
+            used[self.team.get(job, TEAMS[0])] += self.gpus.get(job, 0) * (end - start)
+        total = sum(used.values()) or 1.0
+        return {team: used[team] / total for team in TEAMS}
 
     @property
     def waiting(self) -> int:
@@ -321,12 +386,26 @@ class Run:
         self.obs = Observed(total_gpus)
         self.t0 = time.monotonic()
         self.durations: asyncio.Queue[tuple[str, str, float]] = asyncio.Queue()
+        """(namespace, pod, seconds) of each bound pod."""
         self.all_done = asyncio.Event()
         self.changed = asyncio.Event()
+        self.changed_submit = asyncio.Event()
         self.node_models = sorted(set(node_model.values()))
+        self.console_note = "not taken"
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    async def on_job(self, _event: WatchEvent, job: Obj, _old: Obj | None) -> None:
+        """The dispatcher's reason while the Job waits, until it is admitted or ends."""
+        name = (job["metadata"].get("labels") or {}).get(LABEL_JOB)
+        if name not in self.jobs:
+            return
+        conditions = (job.get("status") or {}).get("conditions") or []
+        admitted = next((c for c in conditions if c.get("type") == ADMITTED), None)
+        waiting = admitted is not None and admitted.get("status") == "False"
+        self.obs.wait(name, str(admitted.get("reason")) if waiting and admitted else None,
+                      self.now())  # fmt: skip
 
     async def on_pod(self, _event: WatchEvent, pod: Obj, _old: Obj | None) -> None:
         meta = pod["metadata"]
@@ -342,7 +421,9 @@ class Run:
             model = self.node_model.get(node, "")
             runtime = self.jobs[job].runtime_s.get(GAVEL_TYPE.get(model, ""))
             if runtime is not None:
-                self.durations.put_nowait((meta["name"], job, self.comp.runtime(runtime)))
+                self.durations.put_nowait(
+                    (meta["namespace"], meta["name"], self.comp.runtime(runtime))
+                )
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed") and job not in obs.finished:
             obs.finished[job] = (now, phase)
@@ -354,12 +435,12 @@ class Run:
     async def write_durations(self) -> None:
         """The job 'runs' as long as its GPU type needs: KWOK completes it after that."""
         while True:
-            pod, _job, seconds = await self.durations.get()
+            namespace, pod, seconds = await self.durations.get()
             await self.kube.patch(
                 PODS,
                 pod,
                 {"metadata": {"annotations": {res.ANN_DURATION: res.duration_value(seconds)}}},
-                NAMESPACE,
+                namespace,
             )
 
     async def submit(self) -> None:
@@ -367,13 +448,89 @@ class Run:
             delay = self.comp.arrival(job.arrival_s) - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)  # the trace's arrival time, compressed
-            self.obs.gpus[job.id.lower()] = job.gpus
-            self.obs.submitted[job.id.lower()] = self.now()
-            await self.kube.create(JOBS, job_manifest(job, self.node_models), NAMESPACE)
+            name = job.id.lower()
+            self.obs.gpus[name] = 0.5 if fractional(job) else job.gpus
+            self.obs.team[name] = team_of(job)
+            self.obs.kind[name] = "inference" if fractional(job) else "training"
+            self.obs.submitted[name] = self.now()
+            self.changed_submit.set()
+            await self.kube.create(JOBS, job_manifest(job, self.node_models), team_of(job))
+
+
+async def create_queues(kube: KubeClient, per_model: Mapping[str, int]) -> None:
+    """The teams' queues as a platform team writes them: one Cohort, a ClusterQueue per team
+    with a quarter of every GPU model (what a team does not use, the others borrow), a
+    namespace per team with its LocalQueue."""
+    await kube.create(COHORTS, {"apiVersion": "alnair.io/v1alpha1", "kind": "Cohort",
+                                "metadata": {"name": "demo"}})  # fmt: skip
+    flavors = [
+        {
+            "name": model,
+            "resources": [{"name": res.GPU, "nominalQuota": max(1, gpus // len(TEAMS))}],
+        }
+        for model, gpus in sorted(per_model.items())
+        if model
+    ]
+    for team in TEAMS:
+        await kube.create(CLUSTERQUEUES, {
+            "apiVersion": "alnair.io/v1alpha1", "kind": "ClusterQueue",
+            "metadata": {"name": team},
+            "spec": {"cohort": "demo", "resourceGroups": [
+                {"coveredResources": [res.GPU], "flavors": flavors},
+            ]},
+        })  # fmt: skip
+        await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": team}})  # fmt: skip
+        await kube.create(LOCALQUEUES, {
+            "apiVersion": "alnair.io/v1alpha1", "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": team},
+            "spec": {"clusterQueue": team},
+        }, team)  # fmt: skip
+
+
+async def screenshot(run: Run, state: devstack.State, path: Path) -> None:
+    """The console, mid-run, as a user opens it (`kubectl proxy`, headless Chromium): its GPU
+    map once half the jobs have arrived. Said and skipped when no Chromium is installed."""
+    from alnair.dev.browser import Browser, chromium
+
+    try:
+        chromium()
+    except ConfigError as exc:
+        run.obs.console = f"skipped ({exc})"
+        return
+    while len(run.obs.submitted) < max(1, len(run.jobs) // 2):
+        run.changed_submit.clear()
+        await run.changed_submit.wait()
+    kubectl = Path(sys.executable).parent / "kubectl"
+    proxy = await asyncio.create_subprocess_exec(
+        str(kubectl), "proxy", "--port=0", f"--kubeconfig={state.kubeconfig}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert proxy.stdout is not None
+        line = (await proxy.stdout.readline()).decode()
+        port = line.rsplit(":", 1)[-1].strip()
+        async with Browser() as page:
+            await page.open(
+                f"http://127.0.0.1:{port}/apis/scheduler.query.alnair.io/v1alpha1/console/#gpus"
+            )
+            await page.wait_for("document.querySelectorAll('.node').length > 0")
+            await asyncio.sleep(1.0)  # let the map settle after its first updates
+            await page.screenshot(path)
+        run.obs.console = str(path)
+    except (OSError, TimeoutError, RuntimeError, AlnairError) as exc:
+        run.obs.console = f"not taken: {exc}"
+    finally:
+        proxy.terminate()
+        await proxy.wait()
 
 
 async def run_workload(
-    state: devstack.State, jobs: Sequence[TraceJob], comp: Compression, timeout_s: float
+    state: devstack.State,
+    jobs: Sequence[TraceJob],
+    comp: Compression,
+    timeout_s: float,
+    shot: Path,
 ) -> Observed:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -384,24 +541,35 @@ async def run_workload(
             for n in nodes
         }
         total = sum(int(n["status"]["capacity"].get(res.GPU, 0)) for n in nodes)
-        await kube.create(
-            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        )
+        per_model: dict[str, int] = {}
+        for n in nodes:
+            model = n["metadata"]["labels"].get(res.LABEL_GPU_MODEL, "")
+            per_model[model] = per_model.get(model, 0) + int(
+                n["status"]["capacity"].get(res.GPU, 0)
+            )
+        await create_queues(kube, per_model)
         run = Run(kube, jobs, comp, node_model, total)
-        informer = Informer(kube, PODS, namespace=NAMESPACE, name="live-demo.pods")
+        informer = Informer(kube, PODS, label_selector=LABEL_JOB, name="live-demo.pods")
         informer.add_handler(run.on_pod)
+        job_informer = Informer(kube, JOBS, label_selector=LABEL_JOB, name="live-demo.jobs")
+        job_informer.add_handler(run.on_job)
         died = asyncio.Event()
 
         def on_death(_exc: BaseException) -> None:
             died.set()
             run.changed.set()
 
-        tasks = [spawn(informer.run(), name="live-demo.pods", on_death=on_death)]
+        tasks = [
+            spawn(informer.run(), name="live-demo.pods", on_death=on_death),
+            spawn(job_informer.run(), name="live-demo.jobs", on_death=on_death),
+            spawn(screenshot(run, state, shot), name="live-demo.console"),
+        ]
         tasks += [
             spawn(run.write_durations(), name=f"live-demo.durations-{i}", on_death=on_death)
             for i in range(8)
         ]
         await informer.synced.wait()
+        await job_informer.synced.wait()
         tasks.append(spawn(run.submit(), name="live-demo.submit", on_death=on_death))
         deadline = time.monotonic() + timeout_s
         columns = (
@@ -434,6 +602,30 @@ async def run_workload(
         if died.is_set():
             raise AlnairError("a part of the live demo died; see the log lines above")
         return run.obs
+
+
+def queue_lines(obs: Observed) -> list[str]:
+    """What the queues did: waits by the dispatcher's reason, each team's share of the GPU
+    time against its entitlement (a quarter), the kinds of jobs that finished."""
+    now = max((t for t, _ in obs.finished.values()), default=0.0)
+    for job in list(obs.waiting_since):
+        obs.wait(job, None, now)
+    waits = (
+        ", ".join(
+            f"{reason} {seconds:.0f} s ({len(obs.waited[reason])} jobs)"
+            for reason, seconds in sorted(obs.waits.items(), key=lambda kv: -kv[1])
+        )
+        or "none"
+    )
+    shares = ", ".join(f"{team} {100 * share:.0f}%" for team, share in obs.team_shares().items())
+    done = [j for j, (_, phase) in obs.finished.items() if phase == "Succeeded"]
+    kinds = {k: sum(1 for j in done if obs.kind.get(j) == k) for k in ("training", "inference")}
+    return [
+        f"waits by reason     {waits} (demo seconds)",
+        f"team shares         {shares} of the GPU time (each entitled to 25%)",
+        f"jobs by kind        {kinds['training']} training, {kinds['inference']} fractional "
+        "inference (half a GPU) done",
+    ]
 
 
 def system_summary(state: devstack.State, done: int, wait_s: float = 30.0) -> list[str]:
@@ -507,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             devstack.UpOptions(nodes=args.nodes, free_ports=True, only=SERVICES, env=SERVICE_ENV),
         )
         print(f"  stack up in {time.perf_counter() - started:.0f} s (logs in {stack_dir}/logs)")
-        obs = asyncio.run(run_workload(state, jobs, comp, args.timeout_s))
+        obs = asyncio.run(run_workload(state, jobs, comp, args.timeout_s, args.out / "console.png"))
         extra = system_summary(state, sum(1 for _, p in obs.finished.values() if p == "Succeeded"))
     except AlnairError as exc:
         print(f"live demo: {exc}", file=sys.stderr)
@@ -532,8 +724,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"p99 {r.latency_p99_ms:.0f} ms, max {r.latency_max_ms:.0f} ms",
         f"GPUs allocated      mean {r.mean_util_pct:.0f}%, peak {r.peak_util_pct:.0f}% "
         f"over {r.makespan_s:.0f} s",
+        *queue_lines(obs),
         *extra,
         f"plot                {chart}",
+        f"console             {obs.console}",
         f"live part took {time.perf_counter() - started:.0f} s",
     ]
     print("\n" + "\n".join(f"  {line}" for line in lines), flush=True)

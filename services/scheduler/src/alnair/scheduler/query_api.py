@@ -198,19 +198,21 @@ def add_query_routes(app: FastAPI, scheduler: Scheduler) -> None:
     """The routes under `QUERY_API.prefix` (authorization is `install_aggregated`'s)."""
     prefix = QUERY_API.prefix
 
+    # Each route answers a JSONResponse of a document it built: FastAPI's encoder would walk
+    # every value again (a page of 200 nodes is thousands), for nothing.
     @app.get(prefix + "/gpus")
     async def gpus(
         limit: int = Query(0, ge=0), cont: str = Query("", alias="continue")
-    ) -> dict[str, Any]:
-        return node_gpus(scheduler, limit, cont)
+    ) -> JSONResponse:
+        return JSONResponse(node_gpus(scheduler, limit, cont))
 
     @app.get(prefix + "/podmetrics")
-    async def all_metrics() -> dict[str, Any]:
-        return pod_metrics(scheduler, None)
+    async def all_metrics() -> JSONResponse:
+        return JSONResponse(pod_metrics(scheduler, None))
 
     @app.get(prefix + "/namespaces/{namespace}/podmetrics")
-    async def metrics_in(namespace: str) -> dict[str, Any]:
-        return pod_metrics(scheduler, namespace)
+    async def metrics_in(namespace: str) -> JSONResponse:
+        return JSONResponse(pod_metrics(scheduler, namespace))
 
     @app.get(prefix + "/namespaces/{namespace}/pods/{name}", response_model=None)
     async def why(namespace: str, name: str) -> dict[str, Any] | JSONResponse:
@@ -218,9 +220,11 @@ def add_query_routes(app: FastAPI, scheduler: Scheduler) -> None:
             doc = scheduler.explain(namespace, name)
         except NotFound as exc:
             return status(404, "NotFound", exc.api_message)
-        return {
-            "kind": "PodExplanation",
-            "apiVersion": API_VERSION,
-            "metadata": {"name": name, "namespace": namespace},
-            "pod": doc,
-        }
+        return JSONResponse(
+            {
+                "kind": "PodExplanation",
+                "apiVersion": API_VERSION,
+                "metadata": {"name": name, "namespace": namespace},
+                "pod": doc,
+            }
+        )

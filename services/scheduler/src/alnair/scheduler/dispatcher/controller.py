@@ -939,7 +939,7 @@ class Dispatcher(QueueCore):
         key = adapter.key(namespace, name)
         if kind not in self.workload_watches:
             raise NotFound(404, "NotFound", f"{kind}s are not queued on this cluster", key)
-        obj = self._objects(kind).get(f"{namespace}/{name}")
+        obj = self._object(kind, f"{namespace}/{name}")
         if obj is None or not adapter.queued(obj):
             raise NotFound(404, "NotFound", f"no queued {kind} {namespace}/{name}", key)
         state = self.states.get(key) or JobState(key)

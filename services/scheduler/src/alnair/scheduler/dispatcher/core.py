@@ -204,6 +204,18 @@ class QueueCore(ReconcileLoop):
             return None
         return informer.get(f"{namespace}/{name}" if namespace else name)
 
+    def _object(self, kind: str, key: str) -> Obj | None:
+        """One object of `kind` by namespace/name, the newer copy where two informers hold it
+        (what `_objects` would say for it, without copying every store: an explanation)."""
+        found: Obj | None = None
+        for informer in self.workload_watches.get(kind, ()):
+            obj = informer.store.get(key)
+            if obj is not None and (
+                found is None or resource_version(found) < resource_version(obj)
+            ):
+                found = obj
+        return found
+
     def _objects(self, kind: str) -> Mapping[str, Obj]:
         """Every object of `kind` its informers hold, by namespace/name; one labelled both
         ways is held twice, and the newer copy counts."""

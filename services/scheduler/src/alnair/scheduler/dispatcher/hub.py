@@ -552,8 +552,7 @@ class Hub(QueueCore):
     def explain(self, namespace: str, name: str, *, kind: str = "Job") -> dict[str, Any]:
         adapter = KINDS[kind]
         key = adapter.key(namespace, name)
-        held = self._objects(kind) if kind in self.workload_watches else {}
-        obj = held.get(f"{namespace}/{name}")
+        obj = self._object(kind, f"{namespace}/{name}")
         if obj is None or not delegated(obj):
             raise NotFound(
                 404, "NotFound", f"no hub {kind} {namespace}/{name} (managedBy {MANAGED_BY})", key

@@ -136,15 +136,22 @@ def queue_usage(dispatcher: Dispatcher) -> dict[str, Any]:
     }
 
 
-def queued(
-    dispatcher: Dispatcher, namespace: str | None, limit: int = 0, offset: int = 0
-) -> dict[str, Any]:
-    """`queuedworkloads`: every workload the dispatcher holds in `namespace` (None: all),
-    waiting ones by position, then admitted ones by name; `limit` of them from `offset` (0:
-    all). Ordered from the states, so only the page's explanations are built (10,000 queued
-    workloads cost a sort, not 10,000 documents)."""
+_RANKED: dict[str | None, tuple[tuple[object, object], list[Workload]]] = {}
+"""Per namespace (None: all), the last ranking and the reconcile it was made from: positions
+change only when a reconcile runs, which replaces `dispatcher.workloads` as it starts and
+`dispatcher.queue_report` once it decided (so a ranking made in between is not kept)."""
+
+
+def _ranked(dispatcher: Dispatcher, namespace: str | None) -> list[Workload]:
+    """The workloads of `namespace`, waiting ones by position, then admitted ones by name;
+    made once per reconcile, not per request."""
+    workloads = dispatcher.workloads
+    made_from = (workloads, dispatcher.queue_report)
+    cached = _RANKED.get(namespace)
+    if cached is not None and all(a is b for a, b in zip(cached[0], made_from, strict=True)):
+        return cached[1]
     held: dict[str, Workload] = {}
-    for wl in list(dispatcher.workloads.values()):
+    for wl in list(workloads.values()):
         if namespace is None or wl.namespace == namespace:
             held.setdefault(wl.key, wl)
     states = dispatcher.states
@@ -156,6 +163,20 @@ def queued(
         return (not waiting, position if waiting else 0, f"{wl.namespace}/{wl.name}", wl.kind)
 
     ranked = sorted(held.values(), key=order)
+    if len(_RANKED) > 1024:
+        _RANKED.clear()
+    _RANKED[namespace] = (made_from, ranked)
+    return ranked
+
+
+def queued(
+    dispatcher: Dispatcher, namespace: str | None, limit: int = 0, offset: int = 0
+) -> dict[str, Any]:
+    """`queuedworkloads`: every workload the dispatcher holds in `namespace` (None: all),
+    waiting ones by position, then admitted ones by name; `limit` of them from `offset` (0:
+    all). Ordered from the states, so only the page's explanations are built (10,000 queued
+    workloads cost a sort, not 10,000 documents)."""
+    ranked = _ranked(dispatcher, namespace)
     page = ranked[offset : offset + limit] if limit else ranked[offset:]
     items = []
     for wl in page:
@@ -181,19 +202,19 @@ def add_query_routes(app: FastAPI, dispatcher: Dispatcher) -> None:
 
     @app.get(prefix + "/clusterqueues", response_model=None)
     async def clusterqueues() -> dict[str, Any] | JSONResponse:
-        return follower() or queue_usage(dispatcher)
+        return follower() or JSONResponse(queue_usage(dispatcher))
 
     @app.get(prefix + "/queuedworkloads", response_model=None)
     async def all_queued(
         limit: int = Query(0, ge=0), offset: int = Query(0, ge=0, alias="continue")
     ) -> dict[str, Any] | JSONResponse:
-        return follower() or queued(dispatcher, None, limit, offset)
+        return follower() or JSONResponse(queued(dispatcher, None, limit, offset))
 
     @app.get(prefix + "/namespaces/{namespace}/queuedworkloads", response_model=None)
     async def queued_in(
         namespace: str, limit: int = Query(0, ge=0), offset: int = Query(0, ge=0, alias="continue")
     ) -> dict[str, Any] | JSONResponse:
-        return follower() or queued(dispatcher, namespace, limit, offset)
+        return follower() or JSONResponse(queued(dispatcher, namespace, limit, offset))
 
     @app.get(prefix + "/namespaces/{namespace}/{plural}/{name}", response_model=None)
     async def why(namespace: str, plural: str, name: str) -> dict[str, Any] | JSONResponse:
@@ -207,9 +228,11 @@ def add_query_routes(app: FastAPI, dispatcher: Dispatcher) -> None:
             doc = dispatcher.explain(namespace, name, kind=kind)
         except NotFound as exc:
             return status(404, "NotFound", exc.api_message)
-        return {
-            "kind": "WorkloadExplanation",
-            "apiVersion": API_VERSION,
-            "metadata": {"name": name, "namespace": namespace},
-            "workload": doc,
-        }
+        return JSONResponse(
+            {
+                "kind": "WorkloadExplanation",
+                "apiVersion": API_VERSION,
+                "metadata": {"name": name, "namespace": namespace},
+                "workload": doc,
+            }
+        )
