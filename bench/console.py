@@ -59,7 +59,7 @@ DISP = f"/apis/{DISPATCHER_GROUP}/{QUERY_VERSION}"
 ENDPOINTS = {
     "console page": f"{SCHED}/console/",
     "console script": f"{SCHED}/console/console.js",
-    "gpus (page of 200 nodes)": f"{SCHED}/gpus?limit=200",
+    "gpus (page of 100 nodes)": f"{SCHED}/gpus?limit=100",
     "clusterqueues": f"{DISP}/clusterqueues",
     "queued workloads (page of 100)": f"{DISP}/queuedworkloads?limit=100",
     "one namespace's (page of 100)": f"{DISP}/namespaces/team-0/queuedworkloads?limit=100",

@@ -6,7 +6,7 @@
 
 const SCHED = new URL("..", location.href).href; // .../scheduler.query.alnair.io/v1alpha1/
 const DISP = SCHED.replace("scheduler.query.alnair.io", "dispatcher.query.alnair.io");
-const PAGE = { gpus: 200, jobs: 100 };
+const PAGE = { gpus: 100, jobs: 100 };
 const state = { view: "gpus", gpuAfter: [""], jobOffset: 0, loaded: {} };
 
 function el(tag, attrs, ...children) {
