@@ -152,3 +152,18 @@ def test_status_follows_the_trials() -> None:
     done = trial_status([measured, unprofiled])
     assert (done["phase"], done["total"], done["finished"]) == ("Succeeded", 2, 2)
     assert trial_status([unprofiled])["phase"] == "Failed"
+
+
+def test_a_template_copied_from_a_job_loses_that_jobs_controller_labels() -> None:
+    """Found by `make demo`: the dispatcher's TrialJob carried the measured Job's template,
+    labels from Kubernetes' Job controller included, and the API server refused every trial
+    Job made from it (422: its selector does not match `controller-uid`)."""
+    tj = trialjob()
+    labels = tj["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})
+    labels.update({"controller-uid": "u1", "job-name": "train", "team": "ml",
+                   "batch.kubernetes.io/controller-uid": "u1",
+                   "batch.kubernetes.io/job-name": "train"})  # fmt: skip
+    job = trial_job_manifest(tj, "K80", 1)
+    assert job["spec"]["template"]["metadata"]["labels"] == {
+        "team": "ml", LABEL_TRIALJOB: "resnet-dry-run",
+    }  # fmt: skip

@@ -20,6 +20,12 @@ from typing import Any, Final
 from alnair.common.errors import InvalidValueError
 
 SCHEDULER_NAME: Final = "alnair"
+JOB_CONTROLLER_LABELS: Final = frozenset(
+    {"controller-uid", "job-name", "batch.kubernetes.io/controller-uid",
+     "batch.kubernetes.io/job-name"}
+)  # fmt: skip
+"""The labels Kubernetes' Job controller puts on a Job's pod template, tying it to that Job:
+a template copied into another Job keeps them at its peril (the API server refuses it)."""
 DOMAIN: Final = "alnair.io"
 
 # Extended resources requested by pods and advertised by nodes.

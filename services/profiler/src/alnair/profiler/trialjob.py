@@ -66,7 +66,10 @@ def trial_job_manifest(
     model_ann = {k: str(owner_ann[k]) for k in MODEL_ANNOTATIONS if k in owner_ann}
     tann.update(model_ann)
     tann[res.ANN_DURATION] = res.duration_value(duration)
-    tmeta.setdefault("labels", {})[LABEL_TRIALJOB] = meta["name"]
+    labels = tmeta.setdefault("labels", {})
+    for key in res.JOB_CONTROLLER_LABELS:  # a template copied from a Job: not this one's
+        labels.pop(key, None)
+    labels[LABEL_TRIALJOB] = meta["name"]
     pod = template.setdefault("spec", {})
     pod.setdefault("restartPolicy", "Never")
     pod.setdefault("schedulerName", spec.get("schedulerName") or res.SCHEDULER_NAME)

@@ -13,6 +13,7 @@ a Job asking for GPUs in a way the queue cannot count).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -523,7 +524,10 @@ def trialjob_manifest(wl: Workload, name: str, models: list[str], duration_s: in
     """A TrialJob measuring `wl` on 1 GPU of each of `models`, owned by the Job (deleted with
     it). The profiler's TrialJob controller runs it; its records feed the predictor."""
     meta = wl.obj["metadata"]
-    template = (wl.obj.get("spec") or {}).get("template") or {}
+    template = copy.deepcopy((wl.obj.get("spec") or {}).get("template") or {})
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    for key in res.JOB_CONTROLLER_LABELS:  # the Job's own, which its trials must not carry
+        labels.pop(key, None)
     model_ann = {
         k: v for k, v in (meta.get("annotations") or {}).items() if k in MODEL_ANNOTATION_KEYS
     }
