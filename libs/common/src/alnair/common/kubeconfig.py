@@ -78,7 +78,8 @@ class KubeConfig:
             user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
         except (KeyError, StopIteration, TypeError) as exc:
             raise ConfigError(
-                f"kubeconfig {path} has no usable context {context or 'current-context'}",
+                f"kubeconfig {path} has no usable "
+                + (f"context {context!r}" if context else "current context"),
                 path=path,
             ) from exc
         base = Path(path).parent
