@@ -11,6 +11,7 @@ from typing import Any
 
 from alnair.common import resources as r
 from alnair.common.kube import EVENTS, PODS, KubeClient, NotFound
+from alnair.dev.builders import make_pod
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.live.scheduler import Scheduler
@@ -109,3 +110,26 @@ async def bound_node(kube: KubeClient, ns: str, name: str) -> str | None:
         return None
     node: str | None = pod["spec"].get("nodeName")
     return node
+
+
+def node(name: str, gpus: int = 4, model: str = "T4", **extra: Any) -> dict[str, Any]:
+    """A Ready GPU node as the scheduler's cache reads it (unit tests)."""
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "labels": {r.LABEL_GPU_MODEL: model}},
+        "spec": extra.get("spec", {}),
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "128Gi", r.GPU: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    return obj
+
+
+def bound(name: str, node_name: str, gpus: int, indices: str, uid: str) -> dict[str, Any]:
+    """A pod bound to `node_name` on whole GPUs `indices` (unit tests)."""
+    pod = make_pod(name, "ns").gpus(gpus).obj()
+    pod["metadata"]["uid"] = uid
+    pod["metadata"]["annotations"][r.ANN_GPU_INDICES] = indices
+    pod["metadata"]["annotations"][r.ANN_GPU_MILLI] = "1000"
+    pod["spec"]["nodeName"] = node_name
+    return pod

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
-from alnair.common import resources as r
-from alnair.dev.builders import make_pod
 from alnair.scheduler.dispatcher.core import QueueState
 from alnair.scheduler.dispatcher.query_api import QUERY_API, lent
 from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.query_api import node_gpus
 from alnair.scheduler.queueing.model import ClusterQueueSpec, FlavorQuota
+from scheduler_support import bound, node
 
 
 def _state(name: str, nominal: int, lending: int | None = None) -> QueueState:
@@ -40,29 +38,11 @@ def test_every_queued_kind_is_a_resource_of_the_query_api() -> None:
     assert {"clusterqueues", "queuedworkloads", "jobs", "jobsets", "rayjobs"} <= names
 
 
-def _node(name: str, gpus: int) -> dict[str, object]:
-    return {
-        "metadata": {"name": name, "labels": {r.LABEL_GPU_MODEL: "T4"}},
-        "spec": {},
-        "status": {"allocatable": {"cpu": "32", "memory": "128Gi", r.GPU: str(gpus)},
-                   "conditions": [{"type": "Ready", "status": "True"}]},
-    }  # fmt: skip
-
-
-def _bound(name: str, node_name: str, gpus: int, indices: str, uid: str) -> dict[str, Any]:
-    pod = make_pod(name, "ns").gpus(gpus).obj()
-    pod["metadata"]["uid"] = uid
-    pod["metadata"]["annotations"][r.ANN_GPU_INDICES] = indices
-    pod["metadata"]["annotations"][r.ANN_GPU_MILLI] = "1000"
-    pod["spec"]["nodeName"] = node_name
-    return pod
-
-
 def test_the_gpu_map_pages_by_node_name_and_summarizes_every_node() -> None:
     cache = SchedulerCache()
     for i in (3, 1, 5, 2, 4):
-        cache.upsert_node(_node(f"n{i}", 4))
-    cache.add_bound(_bound("a", "n2", 2, "0,1", "ua"))
+        cache.upsert_node(node(f"n{i}", 4))
+    cache.add_bound(bound("a", "n2", 2, "0,1", "ua"))
     scheduler = SimpleNamespace(cache=cache)
     pages, after = [], ""
     while True:

@@ -39,27 +39,7 @@ from alnair.scheduler.plugins.node_state import (
 from alnair.scheduler.plugins.preemption import select_victims
 from alnair.scheduler.plugins.registry import build_profile
 from alnair.scheduler.plugins.reservation import NodeReservation, closest_node
-
-
-def node(name: str, gpus: int = 4, model: str = "T4", **extra: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "metadata": {"name": name, "labels": {r.LABEL_GPU_MODEL: model}},
-        "spec": extra.get("spec", {}),
-        "status": {
-            "allocatable": {"cpu": "32", "memory": "128Gi", r.GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-    return obj
-
-
-def bound(name: str, node_name: str, gpus: int, indices: str, uid: str) -> dict[str, Any]:
-    pod = make_pod(name, "ns").gpus(gpus).obj()
-    pod["metadata"]["uid"] = uid
-    pod["metadata"]["annotations"][r.ANN_GPU_INDICES] = indices
-    pod["metadata"]["annotations"][r.ANN_GPU_MILLI] = "1000"
-    pod["spec"]["nodeName"] = node_name
-    return pod
+from scheduler_support import bound, node
 
 
 def test_parse_whole_fraction_and_errors() -> None:

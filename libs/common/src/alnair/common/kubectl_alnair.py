@@ -31,7 +31,12 @@ from typing import Any
 
 import yaml
 
-from alnair.common.aggregated import DISPATCHER_GROUP, QUERY_VERSION, SCHEDULER_GROUP
+from alnair.common.aggregated import (
+    DISPATCHER_GROUP,
+    QUERY_VERSION,
+    SCHEDULER_GROUP,
+    GroupVersion,
+)
 from alnair.common.errors import ConfigError
 from alnair.common.kube import ApiError, KubeClient, Unavailable
 from alnair.common.kubeconfig import KubeConfig
@@ -41,23 +46,15 @@ NONE = "<none>"
 
 @dataclass(frozen=True)
 class QueryApi:
-    """One service's aggregated API, as the plugin names it in errors."""
+    """One service's aggregated API (its group and version, the paths and APIService name
+    `GroupVersion` gives), and the service the plugin names in errors."""
 
     service: str
-    group: str
-    version: str = "v1alpha1"
-
-    @property
-    def prefix(self) -> str:
-        return f"/apis/{self.group}/{self.version}"
-
-    @property
-    def api_service(self) -> str:
-        return f"{self.version}.{self.group}"
+    api: GroupVersion
 
 
-DISPATCHER = QueryApi("dispatcher", DISPATCHER_GROUP, QUERY_VERSION)
-SCHEDULER = QueryApi("scheduler", SCHEDULER_GROUP, QUERY_VERSION)
+DISPATCHER = QueryApi("dispatcher", GroupVersion(DISPATCHER_GROUP, QUERY_VERSION))
+SCHEDULER = QueryApi("scheduler", GroupVersion(SCHEDULER_GROUP, QUERY_VERSION))
 
 KIND_PLURALS = {
     "job": "jobs", "jobs": "jobs",
@@ -83,24 +80,26 @@ class PluginError(Exception):
     """One line for the user; the exit status is 1."""
 
 
-async def fetch(kube: KubeClient, api: QueryApi, path: str) -> dict[str, Any]:
-    """GET `path` under `api`, errors turned into one line naming the service."""
+async def fetch(kube: KubeClient, query: QueryApi, path: str) -> dict[str, Any]:
+    """GET `path` under `query`'s API, errors turned into one line naming the service."""
+    api = query.api
     try:
         return await kube.request("GET", api.prefix + path)
     except ApiError as exc:
-        raise PluginError(await _why_failed(kube, api, exc)) from exc
+        raise PluginError(await _why_failed(kube, query, exc)) from exc
     except Unavailable as exc:
         if exc.fields.get("status") == 503:
             # The aggregator's answer when the service behind the APIService is not there.
             said = exc.message.split(": ", 1)[-1]
             raise PluginError(
-                f"the {api.service}'s API ({api.api_service}) is registered but not "
+                f"the {query.service}'s API ({api.api_service}) is registered but not "
                 f"answering: {said}"
             ) from exc
         raise PluginError(f"the API server cannot be reached: {exc.message}") from exc
 
 
-async def _why_failed(kube: KubeClient, api: QueryApi, exc: ApiError) -> str:
+async def _why_failed(kube: KubeClient, query: QueryApi, exc: ApiError) -> str:
+    api = query.api
     message = exc.api_message or exc.reason
     if exc.status == 404:
         try:
@@ -108,7 +107,7 @@ async def _why_failed(kube: KubeClient, api: QueryApi, exc: ApiError) -> str:
         except ApiError as again:
             if again.status == 404:
                 return (
-                    f"the {api.service} is not deployed here: the API server does not serve "
+                    f"the {query.service} is not deployed here: the API server does not serve "
                     f"{api.group}/{api.version} (APIService {api.api_service})"
                 )
         except Unavailable:
