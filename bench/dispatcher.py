@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import csv
 import json
 import os
@@ -81,22 +80,26 @@ def controller_argv(system: str, kubeconfig: Path) -> tuple[list[str], dict[str,
     return [sys.executable, *prefix, "-m", "alnair.scheduler.dispatcher"], env
 
 
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> tuple[int, Any]:
-    """SIGINT (as the runner stops minimalkueue), then SIGKILL; (status, rusage) of the child."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGINT)
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> tuple[int, Any, bool]:
+    """SIGINT (as the runner stops minimalkueue), then SIGKILL; (status, rusage, whether it had
+    already exited) of the child. The signals go by pid: Popen.send_signal polls first and
+    would reap a child that died early, losing its rusage (the pid stays ours until wait4)."""
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid:
+        proc.returncode = status
+        return status, usage, True
+    os.kill(proc.pid, signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = status
-            return status, usage
+            return status, usage, False
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+    os.kill(proc.pid, signal.SIGKILL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = status
-    return status, usage
+    return status, usage, False
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -177,7 +180,7 @@ def trial(system: str, config: Path, rangespec: Path, timeout_s: int, keep: Path
             capture_output=True, text=True, timeout=timeout_s + 300, check=False,
         )  # fmt: skip
         runner_wall = time.monotonic() - started
-        status, usage = stop(ctl)
+        status, usage, died_early = stop(ctl)
         wall = time.monotonic() - started
         log.close()
         stats = {
@@ -193,6 +196,10 @@ def trial(system: str, config: Path, rangespec: Path, timeout_s: int, keep: Path
                        "runner_wall_s": round(runner_wall, 2),
                        "controller_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
                        "controller_peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}  # fmt: skip
+        if died_early:
+            tail = (out / f"{system}.log").read_text(errors="replace")[-3000:]
+            result["error"] = f"{system} exited (status {status}) before the runner ended:\n{tail}"
+            return result
         if runner.returncode != 0 or not (out / "summary.yaml").exists():
             result["error"] = (runner.stderr or runner.stdout)[-2000:]
             return result
