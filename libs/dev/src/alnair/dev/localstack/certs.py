@@ -16,6 +16,8 @@ from alnair.common.tls import new_ca
 
 FRONT_PROXY_CLIENT = "front-proxy-client"
 """The common name of the API server's client certificate towards aggregated APIs."""
+KUBELET_API_CLIENT = "alnair-kube-apiserver-kubelet-client"
+"""The API server's identity towards kubelets (logs, exec, port-forward)."""
 
 
 @dataclass(frozen=True)
@@ -142,3 +144,34 @@ def make_pki(directory: Path) -> Pki:
         sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def issue_leaf(
+    pki: Pki, cn: str, org: str | None, cert: Path, key: Path, *, server_ip: str | None = None
+) -> None:
+    """A certificate signed by the cluster CA: a client one for `cn` in group `org`, or, with
+    `server_ip`, one that serves that address too (a kubelet's)."""
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.oid.ExtendedKeyUsageOID
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn, org))
+        .issuer_name(ca.subject)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=30))
+    )
+    if server_ip is not None:
+        b = b.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(server_ip))]),
+            critical=False,
+        ).add_extension(x509.ExtendedKeyUsage([usage.SERVER_AUTH, usage.CLIENT_AUTH]), False)
+    else:
+        b = b.add_extension(x509.ExtendedKeyUsage([usage.CLIENT_AUTH]), critical=False)
+    cert.write_bytes(b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    _write_key(leaf_key, key)

@@ -32,14 +32,22 @@ from alnair.common.errors import ConfigError, InvalidValueError
 from alnair.common.kube import (
     APISERVICES,
     CRDS,
+    KIND_RESOURCES,
     NODES,
     SERVICES,
+    Conflict,
     KubeClient,
     NotFound,
     Obj,
     Resource,
 )
-from alnair.dev.localstack.certs import FRONT_PROXY_CLIENT, Pki, make_pki
+from alnair.dev.localstack.certs import (
+    FRONT_PROXY_CLIENT,
+    KUBELET_API_CLIENT,
+    Pki,
+    issue_leaf,
+    make_pki,
+)
 from alnair.dev.localstack.procs import ManagedProcess, free_port
 
 K8S_VERSION = os.environ.get("ALNAIR_K8S_VERSION", "v1.36.3")
@@ -190,6 +198,11 @@ class ControlPlane:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.pki = pki = make_pki(self.workdir / "pki")
+        # The API server's identity towards kubelets (logs, exec), allowed by _bootstrap.
+        issue_leaf(
+            pki, KUBELET_API_CLIENT, None,
+            self.workdir / "pki" / "kubelet-client.crt", self.workdir / "pki" / "kubelet-client.key",
+        )  # fmt: skip
         etcd = ManagedProcess(
             "etcd",
             [
@@ -237,8 +250,13 @@ class ControlPlane:
                 "--service-account-key-file", str(pki.sa_pub),
                 "--service-account-signing-key-file", str(pki.sa_key),
                 "--service-cluster-ip-range", "10.0.0.0/24",
-                "--authorization-mode", "RBAC",
+                # Node: a real node's kubelet (realnode.py) is held to its own node's objects.
+                "--authorization-mode", "Node,RBAC",
+                "--enable-admission-plugins", "NodeRestriction",
                 "--disable-admission-plugins", "ServiceAccount",
+                "--kubelet-client-certificate", str(self.workdir / "pki" / "kubelet-client.crt"),
+                "--kubelet-client-key", str(self.workdir / "pki" / "kubelet-client.key"),
+                "--kubelet-certificate-authority", str(pki.ca_cert),
                 "--endpoint-reconciler-type", "none",
                 "--allow-privileged=true",
                 "--max-requests-inflight=0",
@@ -357,6 +375,17 @@ class ControlPlane:
     async def _bootstrap(self) -> None:
         async with self.client() as kube:
             await apply_crds(kube)
+            binding = {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": KUBELET_API_CLIENT},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "system:kubelet-api-admin"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": KUBELET_API_CLIENT}],
+            }  # fmt: skip
+            with contextlib.suppress(Conflict):
+                await kube.create(KIND_RESOURCES["ClusterRoleBinding"], binding)
 
     # --- helpers for tests and the demo ----------------------------------------------------
 
