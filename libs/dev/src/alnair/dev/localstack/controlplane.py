@@ -199,10 +199,8 @@ class ControlPlane:
         logs.mkdir(parents=True, exist_ok=True)
         self.pki = pki = make_pki(self.workdir / "pki")
         # The API server's identity towards kubelets (logs, exec), allowed by _bootstrap.
-        issue_leaf(
-            pki, KUBELET_API_CLIENT, None,
-            self.workdir / "pki" / "kubelet-client.crt", self.workdir / "pki" / "kubelet-client.key",
-        )  # fmt: skip
+        kc = self.workdir / "pki" / "kubelet-client"
+        issue_leaf(pki, KUBELET_API_CLIENT, None, kc.with_suffix(".crt"), kc.with_suffix(".key"))
         etcd = ManagedProcess(
             "etcd",
             [
@@ -254,8 +252,8 @@ class ControlPlane:
                 "--authorization-mode", "Node,RBAC",
                 "--enable-admission-plugins", "NodeRestriction",
                 "--disable-admission-plugins", "ServiceAccount",
-                "--kubelet-client-certificate", str(self.workdir / "pki" / "kubelet-client.crt"),
-                "--kubelet-client-key", str(self.workdir / "pki" / "kubelet-client.key"),
+                "--kubelet-client-certificate", str(kc.with_suffix(".crt")),
+                "--kubelet-client-key", str(kc.with_suffix(".key")),
                 "--kubelet-certificate-authority", str(pki.ca_cert),
                 "--endpoint-reconciler-type", "none",
                 "--allow-privileged=true",

@@ -58,11 +58,12 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 def node_binaries() -> dict[str, Path]:
     """Every binary the node runs, or a ConfigError naming the missing one."""
     cache = cache_dir() / "bin"
+    ctd = cache / f"containerd-{CONTAINERD_VERSION}"
     found = {
         "kubelet": cache / f"k8s-{K8S_VERSION}" / "kubelet",
-        "containerd": cache / f"containerd-{CONTAINERD_VERSION}" / "containerd",
-        "containerd-shim-runc-v2": cache / f"containerd-{CONTAINERD_VERSION}" / "containerd-shim-runc-v2",
-        "ctr": cache / f"containerd-{CONTAINERD_VERSION}" / "ctr",
+        "containerd": ctd / "containerd",
+        "containerd-shim-runc-v2": ctd / "containerd-shim-runc-v2",
+        "ctr": ctd / "ctr",
         "cni": cache / f"cni-{CNI_VERSION}",
         "pause": cache / "pause" / "pause",
         "runc": Path(shutil.which("runc") or "/usr/sbin/runc"),
@@ -156,7 +157,8 @@ def clean(record: NodeRecord, *, remove_folder: bool = True) -> None:
     _unmount_under(record.folder)
     for top in _cgroup_dirs(record.cgroup):
         if top.exists():
-            for sub in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            subs = [p for p in top.rglob("*") if p.is_dir()]
+            for sub in sorted(subs, key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):
                     sub.rmdir()
             with contextlib.suppress(OSError):
@@ -387,11 +389,9 @@ state = "{f}/containerd/state"
         pki = self.cp.pki
         assert pki is not None
         d = self.folder / "pki"
-        issue_leaf(pki, f"system:node:{self.name}", "system:nodes", d / "client.crt", d / "client.key")
-        issue_leaf(
-            pki, f"system:node:{self.name}", "system:nodes", d / "serving.crt", d / "serving.key",
-            server_ip=self.node_ip,
-        )  # fmt: skip
+        user, group = f"system:node:{self.name}", "system:nodes"
+        issue_leaf(pki, user, group, d / "client.crt", d / "client.key")
+        issue_leaf(pki, user, group, d / "serving.crt", d / "serving.key", server_ip=self.node_ip)
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
