@@ -255,6 +255,7 @@ class ControlPlane:
                 "--kubelet-client-certificate", str(kc.with_suffix(".crt")),
                 "--kubelet-client-key", str(kc.with_suffix(".key")),
                 "--kubelet-certificate-authority", str(pki.ca_cert),
+                "--kubelet-preferred-address-types", "InternalIP",
                 "--endpoint-reconciler-type", "none",
                 "--allow-privileged=true",
                 "--max-requests-inflight=0",

@@ -24,8 +24,9 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import httpx
 import yaml
 
 from alnair.common.errors import ConfigError
+from alnair.common.kube import NODES, NotFound
 from alnair.dev.localstack.certs import issue_leaf
 from alnair.dev.localstack.controlplane import (
     K8S_VERSION,
@@ -52,6 +54,7 @@ REAL_NODE_TAINT = "alnair.io/real-node"
 """The node registers with this NoSchedule taint: only pods that tolerate it land there (the
 e2e suite's other pods assume KWOK nodes)."""
 RECORDS = Path("/run/alnair-realnode")
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 CGROUP_FS = Path("/sys/fs/cgroup")
 
 
@@ -87,6 +90,8 @@ class NodeRecord:
     bridge: str
     cgroup: str
     pids: list[int]
+    binds: list[str] = field(default_factory=list)
+    """Host paths the node bind-mounted its own folders onto."""
 
     @property
     def path(self) -> Path:
@@ -154,6 +159,8 @@ def _unmount_under(folder: str) -> None:
 def clean(record: NodeRecord, *, remove_folder: bool = True) -> None:
     """Undo everything `record`'s node made: processes, mounts, cgroups, bridge, folder."""
     _kill_tree(record.folder, record.cgroup)
+    for bind in record.binds:
+        subprocess.run(["umount", "-l", bind], capture_output=True, check=False)
     _unmount_under(record.folder)
     for top in _cgroup_dirs(record.cgroup):
         if top.exists():
@@ -193,9 +200,17 @@ class RealNode:
     `device-plugins/`, DRA under `plugins/` and `plugins_registry/`); CDI specs are read from
     `cdi_dir`; container logs land under `pod_logs_dir`."""
 
-    def __init__(self, cp: ControlPlane, name: str = "alnair-real-0", *, subnet: int | None = None):
+    def __init__(
+        self,
+        cp: ControlPlane,
+        name: str = "alnair-real-0",
+        *,
+        labels: dict[str, str] | None = None,
+        subnet: int | None = None,
+    ):
         self.cp = cp
         self.name = name
+        self.labels = dict(labels or {})
         self.id = secrets.token_hex(3)
         self.folder = Path(f"/tmp/alnair-rn-{self.id}")
         self.bridge = f"alnrn{self.id}"
@@ -218,6 +233,9 @@ class RealNode:
 
     @property
     def device_plugin_dir(self) -> Path:
+        """Where plugins find kubelet.sock. The kubelet's device manager does not follow
+        --root-dir: it always serves /var/lib/kubelet/device-plugins, so the node bind-mounts
+        this folder there (one real node per machine)."""
         return self.kubelet_dir / "device-plugins"
 
     @property
@@ -243,6 +261,7 @@ class RealNode:
         try:
             for top in _cgroup_dirs(self.cgroup):
                 top.mkdir(exist_ok=True)
+            self._bind(self.device_plugin_dir, KUBELET_DEVICE_PLUGINS)
             self._make_bridge()
             self._write_cni()
             self._start_containerd(bins)
@@ -255,11 +274,24 @@ class RealNode:
         return self
 
     def stop(self) -> None:
+        """Stop the kubelet and containerd, undo what they made, and delete the Node (its
+        pods go with it, by the pod garbage collector)."""
         for name in ("kubelet", "containerd"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 proc.stop()
+        if os.environ.get("ALNAIR_KEEP_LOGS") and self.logs.exists():
+            kept = Path(tempfile.gettempdir()) / f"alnair-realnode-logs-{self.id}"
+            shutil.copytree(self.logs, kept, dirs_exist_ok=True)
+            print(f"real node logs kept in {kept}")
         clean(self.record)
+        with contextlib.suppress(Exception):
+            asyncio.run(self._delete_node())
+
+    async def _delete_node(self) -> None:
+        async with self.cp.client() as kube:
+            with contextlib.suppress(NotFound):
+                await kube.delete(NODES, self.name)
 
     def import_image(self, spec: ImageSpec) -> None:
         """Build `spec` as an OCI layout and import it into the node's containerd (pods use
@@ -283,6 +315,23 @@ class RealNode:
         """The bridge's own address: the kubelet refuses a loopback node IP, and the API
         server reaches the kubelet (logs, exec) on it."""
         return f"10.89.{self.subnet}.1"
+
+    def _bind(self, source: Path, target: Path) -> None:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            if line.split()[4] == str(target):
+                raise ConfigError(
+                    f"{target} is already a mount point: another real node runs on this machine "
+                    f"(`mount | grep {target}`; `make down` stops the local stack's)",
+                    path=str(target),
+                )
+        source.mkdir(parents=True, exist_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+        self.record.binds.append(str(target))
+        self.record.save()
+        argv = ["mount", "--bind", str(source), str(target)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ConfigError(f"bind-mounting {source} on {target}: {done.stderr.strip()}")
 
     def _make_bridge(self) -> None:
         for argv in (
@@ -452,6 +501,8 @@ state = "{f}/containerd/state"
                 "--cert-dir", str(d),
                 "--hostname-override", self.name,
                 "--node-ip", self.node_ip,
+                *(["--node-labels", ",".join(f"{k}={v}" for k, v in self.labels.items())]
+                  if self.labels else []),
                 "--v", "2",
             ],
             self.logs,
