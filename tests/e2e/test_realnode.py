@@ -36,6 +36,7 @@ from alnair.dev.localstack.procs import ManagedProcess
 from alnair.dev.localstack.realnode import PAUSE_IMAGE, REAL_NODE_TAINT, RealNode, node_binaries
 from alnair.dev.waiting import wait_for
 from alnair.deviceplugin.devices import DEFAULT_RESOURCES
+from alnair.profiler.sim import gpu_uuid
 
 pytestmark = pytest.mark.e2e
 
@@ -261,7 +262,7 @@ async def test_an_unhealthy_gpu_leaves_the_kubelets_allocatable_and_comes_back(
     await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
     bus = await Bus.connect(services.nats.url, name="test-realnode-health")
     try:
-        uuid1 = f"GPU-{NODE}-1"
+        uuid1 = gpu_uuid(NODE, 1)  # as the simulated agent names it
 
         async def publish(healthy: bool) -> None:
             event = GpuHealthChanged(
