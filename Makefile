@@ -6,10 +6,10 @@ UV := $(PY) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup setup-python setup-native setup-control-plane setup-peers setup-browser test test-unit test-integration test-e2e \
+.PHONY: setup setup-python setup-native setup-control-plane setup-node setup-peers setup-browser test test-unit test-integration test-e2e \
         lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-console bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
-setup: setup-python setup-native setup-control-plane setup-peers setup-browser ## install everything the tests and the demo need
+setup: setup-python setup-native setup-control-plane setup-node setup-peers setup-browser ## install everything the tests and the demo need
 
 # uv, quietly: a Debian Python refuses a plain `pip install` (PEP 668, "externally-managed-
 # environment"), which is not an error worth a new user's first screen; the user install is
@@ -29,6 +29,11 @@ setup-native:
 
 setup-control-plane:
 	@bash hack/build-control-plane.sh all
+
+# One real node beside the KWOK ones: the kubelet, containerd 2.x, the CNI plugins and a static
+# pause, built from their Go modules and cached; runc from Debian (`make up WITH=realnode`).
+setup-node: setup-control-plane
+	@bash hack/build-node.sh all
 
 # A real browser for the console's tests (Debian's chromium; the tests speak its DevTools
 # protocol directly, so no driver has to match its version).

@@ -57,13 +57,17 @@ from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
+from alnair.common.resources import LABEL_GPU_COUNT, LABEL_GPU_MODEL
 from alnair.common.settings import DEFAULT_HTTP_PORTS
 from alnair.dev.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
 from alnair.dev.localstack.procs import free_port, port_open
+from alnair.dev.localstack.realnode import RealNode, reap_stale
 from alnair.dev.stack_services import (
+    REALNODE,
     SERVICES,
     ServiceSpec,
     StackInfo,
+    real_node_info,
     service,
 )
 
@@ -168,6 +172,7 @@ class State:
     services: dict[str, Proc] = field(default_factory=dict)
     credentials: dict[str, Any] = field(default_factory=dict)
     """`nats` and `redis` (user -> password) and the predictor's `model_key`; empty: open."""
+    real_node: dict[str, str] | None = None
 
     @property
     def path(self) -> Path:
@@ -183,6 +188,7 @@ class State:
             "infra": [p.to_json() for p in self.infra],
             "services": {name: p.to_json() for name, p in self.services.items()},
             "credentials": self.credentials,
+            "real_node": self.real_node,
         }
         self.path.write_text(json.dumps(doc, indent=2))
         self.path.chmod(0o600)  # it holds the stack's passwords
@@ -210,6 +216,7 @@ class State:
             [Proc(**p) for p in doc["infra"]],
             {name: Proc(**p) for name, p in doc["services"].items()},
             dict(doc.get("credentials") or {}),
+            doc.get("real_node"),
         )
 
     def connection_env(self) -> dict[str, str]:
@@ -321,11 +328,14 @@ class UpOptions:
 def wanted(opts: UpOptions) -> tuple[list[ServiceSpec], list[ServiceSpec]]:
     """(services to run, services skipped because their module is not installed)."""
     for name in (*opts.extra, *(opts.only or ())):
-        service(name)  # a clear error for a misspelt name
+        if name != REALNODE:
+            service(name)  # a clear error for a misspelt name
+    # the real node comes with its device plugin (and DRA plugin)
+    extra = (*opts.extra, "deviceplugin") if REALNODE in opts.extra else opts.extra
     if opts.only is not None:
         chosen = [s for s in SERVICES if s.name in opts.only]
     else:
-        chosen = [s for s in SERVICES if not s.optional or s.name in opts.extra]
+        chosen = [s for s in SERVICES if not s.optional or s.name in extra]
     return [s for s in chosen if s.available()], [s for s in chosen if not s.available()]
 
 
@@ -352,7 +362,7 @@ def _start_services(
 ) -> None:
     logs = state.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    stack = StackInfo(state.dir, tuple(state.nodes))
+    stack = StackInfo(state.dir, tuple(state.nodes), state.real_node)
     started: list[tuple[ManagedProcess, Proc]] = []
     envs: dict[str, dict[str, str]] = {}
     for spec in specs:
@@ -440,6 +450,13 @@ def up(directory: Path, opts: UpOptions) -> State:
     state.save()  # from here on `make down` can clean up whatever fails next
     if opts.nodes:
         state.nodes = asyncio.run(cp.create_gpu_nodes(opts.nodes))
+    if REALNODE in opts.extra:
+        # GPUs the simulated agent serves by the node's labels, as on the KWOK nodes
+        labels = {LABEL_GPU_MODEL: "V100M16", LABEL_GPU_COUNT: "2"}
+        node = RealNode(cp, labels=labels).start()
+        state.infra += [Proc.of(p) for p in node.procs.values()]
+        state.real_node = real_node_info(node)
+        state.save()
     _start_services(state, specs, ports, opts)
     return state
 
@@ -456,6 +473,8 @@ def down(directory: Path) -> list[str]:
         if proc.alive():
             proc.stop()
             stopped.append(proc.name)
+    if state.real_node is not None:
+        reap_stale()  # its kubelet and containerd are stopped: its containers, mounts, bridge
     # another `down` (or the live demo's own clean-up) may have finished first
     state.path.unlink(missing_ok=True)
     (directory / "env").unlink(missing_ok=True)

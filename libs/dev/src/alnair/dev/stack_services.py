@@ -22,6 +22,7 @@ from alnair.common.kube import KubeClient
 from alnair.common.tls import CA_FILE, CERT_FILE, KEY_FILE, issue, write_folder
 from alnair.dev.localstack.controlplane import load_manifests, register_api_service, repo_root
 from alnair.dev.localstack.procs import free_port
+from alnair.dev.localstack.realnode import RealNode
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,22 @@ class StackInfo:
 
     dir: Path
     nodes: tuple[str, ...]
+    real_node: Mapping[str, str] | None = None
+    """The real node's name and folders (`make up WITH=realnode`), see `real_node_info`."""
+
+
+REALNODE = "realnode"
+"""`--with realnode`: a kubelet and containerd beside the KWOK nodes, with the device plugin."""
+
+
+def real_node_info(node: RealNode) -> dict[str, str]:
+    return {
+        "name": node.name,
+        "folder": str(node.folder),
+        "device_plugins": str(node.device_plugin_dir),
+        "kubelet": str(node.kubelet_dir),
+        "cdi": str(node.cdi_dir),
+    }
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,8 @@ class ServiceSpec:
 
 
 def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
+    if stack.real_node is not None:
+        return _real_node_plugin_env(stack.real_node)
     # One plugin, for the first KWOK node, with the kubelet directory and the node's state
     # under the stack's folder: it serves its gRPC endpoints and device API, and keeps asking
     # for a kubelet that KWOK does not run (see docs/notes/issue-12.md).
@@ -78,6 +97,25 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
         "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": str(root / "kubelet"),
         "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(root / "state"),
         "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "60",
+    }
+
+
+def _real_node_plugin_env(node: Mapping[str, str]) -> dict[str, str]:
+    """The device plugin and the DRA plugin on the real node: its kubelet's folders, the shim
+    built in native/intercept."""
+    root = repo_root()
+    shim = (root or Path.cwd()) / "native" / "intercept" / "build" / "libalnair-intercept.so"
+    kubelet = Path(node["kubelet"])
+    return {
+        "ALNAIR_DEVICEPLUGIN_NODE_NAME": node["name"],
+        "ALNAIR_DEVICEPLUGIN_MODE": "both",
+        "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": node["device_plugins"],
+        "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(Path(node["folder"]) / "alnair"),
+        "ALNAIR_DEVICEPLUGIN_SHIM_HOST_PATH": str(shim),
+        "ALNAIR_DEVICEPLUGIN_CDI_DIR": node["cdi"],
+        "ALNAIR_DEVICEPLUGIN_DRA_PLUGINS_DIR": str(kubelet / "plugins"),
+        "ALNAIR_DEVICEPLUGIN_DRA_REGISTRY_DIR": str(kubelet / "plugins_registry"),
+        "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "5",
     }
 
 
@@ -225,7 +263,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
         "deviceplugin",
         ("alnair.deviceplugin", "run"),
         "ALNAIR_DEVICEPLUGIN_HTTP_PORT",
-        "kubelet device plugin for the first KWOK node (no kubelet: never registered)",
+        "kubelet device plugin: on the real node with WITH=realnode, else the first KWOK node "
+        "(no kubelet: never registered)",
         optional=True,
         env=_deviceplugin_env,
     ),
