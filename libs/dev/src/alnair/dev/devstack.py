@@ -453,7 +453,7 @@ def up(directory: Path, opts: UpOptions) -> State:
     if REALNODE in opts.extra:
         # GPUs the simulated agent serves by the node's labels, as on the KWOK nodes
         labels = {LABEL_GPU_MODEL: "V100M16", LABEL_GPU_COUNT: "2"}
-        node = RealNode(cp, labels=labels).start()
+        node = RealNode(cp, labels=labels, detached=True).start()
         state.infra += [Proc.of(p) for p in node.procs.values()]
         state.real_node = real_node_info(node)
         state.save()

@@ -92,6 +92,9 @@ class NodeRecord:
     pids: list[int]
     binds: list[str] = field(default_factory=list)
     """Host paths the node bind-mounted its own folders onto."""
+    owner: int | None = None
+    """The process the node lives and dies with (a test run); None: it outlives its starter
+    (`make up`, cleaned by `make down`)."""
 
     @property
     def path(self) -> Path:
@@ -102,6 +105,8 @@ class NodeRecord:
         self.path.write_text(json.dumps(asdict(self)))
 
     def alive(self) -> bool:
+        if self.owner is not None and not Path(f"/proc/{self.owner}").exists():
+            return False
         return any(_owns(pid, self.folder) for pid in self.pids)
 
 
@@ -177,7 +182,8 @@ def clean(record: NodeRecord, *, remove_folder: bool = True) -> None:
 
 
 def reap_stale() -> list[str]:
-    """Clean the nodes whose owners died (a test run killed mid-way); their names."""
+    """Clean the nodes whose owner died (a test run killed mid-way: its kubelet, containerd
+    and containers still run) or whose processes are all gone; their names."""
     reaped = []
     if RECORDS.exists():
         for path in RECORDS.glob("*.json"):
@@ -207,6 +213,7 @@ class RealNode:
         *,
         labels: dict[str, str] | None = None,
         subnet: int | None = None,
+        detached: bool = False,
     ):
         self.cp = cp
         self.name = name
@@ -219,7 +226,8 @@ class RealNode:
         self.procs: dict[str, ManagedProcess] = {}
         self.kubelet_port = free_port()
         self.healthz_port = free_port()
-        self.record = NodeRecord(name, str(self.folder), self.bridge, self.cgroup, [])
+        owner = None if detached else os.getpid()
+        self.record = NodeRecord(name, str(self.folder), self.bridge, self.cgroup, [], owner=owner)
 
     # --- where things are -------------------------------------------------------------------
 
