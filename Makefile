@@ -82,7 +82,7 @@ demo: setup-python setup-control-plane setup-browser ## replay the Alibaba GPU t
 # The whole system as local processes: infrastructure, KWOK GPU nodes and every service, each on
 # its own port, logs in .dev/logs (ALNAIR_DEV_DIR moves the folder). NODES="50x V100M32, 8x T4:4"
 # changes the nodes, FREE_PORTS=1 picks free ports, WITH=deviceplugin adds optional services.
-up: setup-python setup-control-plane ## start everything in the background and say where each API is
+up: setup-python setup-control-plane $(if $(findstring realnode,$(WITH)),setup-node) ## start everything in the background and say where each API is
 	@$(BIN)/python -m alnair.dev.devstack up $(if $(NODES),--nodes "$(NODES)") \
 	  $(if $(FREE_PORTS),--free-ports) $(if $(WITH),--with "$(WITH)")
 
