@@ -268,3 +268,51 @@ def test_meter_locates_pods_without_gpu_processes(tmp_path: Path) -> None:
     meter = PodCgroupMeter(cgroup_root=tmp_path)
     assert meter.locate(UID, "BestEffort") == rel
     assert meter.locate("00000000-0000-0000-0000-000000000000", "Burstable") is None
+
+
+def _v1_pod(root: Path, rel: str, cpuacct: str, cpu_ns: int, mem: int, io: str | None) -> None:
+    for hierarchy, name, value in (
+        (cpuacct, "cpuacct.usage", str(cpu_ns)),
+        ("memory", "memory.usage_in_bytes", str(mem)),
+        ("blkio", "blkio.throttle.io_service_bytes", io),
+    ):
+        if value is None:
+            continue
+        (root / hierarchy / rel).mkdir(parents=True, exist_ok=True)
+        (root / hierarchy / rel / name).write_text(value + "\n")
+
+
+@pytest.mark.parametrize("cpuacct", ["cpuacct", "cpu,cpuacct"])
+def test_meter_reads_a_pod_across_the_v1_hierarchies(tmp_path: Path, cpuacct: str) -> None:
+    """cgroup v1 as this project's CI host mounts it (each controller apart) and as most
+    distributions do (`cpu,cpuacct` together), under a kubelet --cgroup-root."""
+    rel = f"alnair-rn-1/kubepods/besteffort/pod{UID}"
+    blkio = "8:0 Read 0\n8:0 Write 0\n8:0 Total 0\nTotal 0"
+    _v1_pod(tmp_path, rel, cpuacct, 2_000_000_000, 64 * 2**20, blkio)
+    meter = PodCgroupMeter(cgroup_root=tmp_path, prefix="/alnair-rn-1")
+    assert meter.version == 1
+    assert meter.locate(UID, "BestEffort") == rel
+    assert meter.measure(UID, rel, ts=1.0) is None
+    blkio = "8:0 Read 8192\n8:0 Write 4096\n8:0 Total 12288\nTotal 12288"
+    _v1_pod(tmp_path, rel, cpuacct, 3_500_000_000, 80 * 2**20, blkio)
+    r = meter.measure(UID, rel, ts=3.0)
+    assert r is not None
+    assert r.cpu_util_cores == pytest.approx(0.75)
+    assert r.mem_used_mib == pytest.approx(80)
+    assert (r.io_read_bps, r.io_write_bps) == (4096, 2048)
+
+
+def test_v1_without_blkio_reads_no_io(tmp_path: Path) -> None:
+    rel = f"kubepods/pod{UID}"
+    _v1_pod(tmp_path, rel, "cpuacct", 0, 0, None)
+    meter = PodCgroupMeter(cgroup_root=tmp_path)
+    assert meter.measure(UID, rel, ts=1.0) is None
+    _v1_pod(tmp_path, rel, "cpuacct", 10**9, 0, None)
+    r = meter.measure(UID, rel, ts=2.0)
+    assert r is not None and (r.cpu_util_cores, r.io_read_bps) == (pytest.approx(1.0), 0)
+
+
+def test_a_unified_root_is_v2_even_beside_folders(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
+    assert PodCgroupMeter(cgroup_root=tmp_path).version == 2

@@ -178,6 +178,7 @@ async def start_agent(
         label_nodes=settings.label_nodes,
         proc_root=settings.proc_root,
         cgroup_root=settings.cgroup_root,
+        kubelet_cgroup_root=settings.kubelet_cgroup_root,
         spool=Spool(settings.state_dir),
         max_pending_summaries=settings.max_pending_summaries,
     )

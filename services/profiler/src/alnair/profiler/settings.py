@@ -79,7 +79,14 @@ class ProfilerSettings(ServiceSettings):
     )
     proc_root: Path = Field(default=Path("/proc"), description="host /proc (nvml agent)")
     cgroup_root: Path = Field(
-        default=Path("/sys/fs/cgroup"), description="host cgroup v2 mount (nvml agent)"
+        default=Path("/sys/fs/cgroup"),
+        description="host cgroup mount (nvml agent): the v2 hierarchy, or the folder holding "
+        "the v1 hierarchies (cpuacct, memory, blkio)",
+    )
+    kubelet_cgroup_root: str = Field(
+        default="",
+        description="the kubelet's --cgroup-root (cgroupRoot), where kubepods sits below the "
+        "cgroup mount; empty: the mount's root",
     )
     nvml_recover_after_s: float = Field(
         default=60.0,

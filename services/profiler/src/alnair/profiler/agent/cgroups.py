@@ -15,9 +15,15 @@ Guaranteed pods have no QoS level in the path; kind and some distributions nest 
 under `kubelet.slice/kubelet-kubepods.slice`. A process outside Kubernetes has none of these
 and maps to no pod (`None`), which is a status, not an error.
 
-Pod-level counters come from the pod's cgroup v2 directory (the kubelet aggregates all
-containers there): `cpu.stat` usage_usec, `memory.current`, `io.stat` rbytes/wbytes.
-Rates need two readings; `rates()` is the pure part.
+Pod-level counters come from the pod's cgroup directory (the kubelet aggregates all
+containers there). On cgroup v2: `cpu.stat` usage_usec, `memory.current`, `io.stat`
+rbytes/wbytes. On cgroup v1 the same pod path sits under each controller's hierarchy:
+`cpuacct.usage` (ns) under `cpuacct` (or a co-mounted `cpu,cpuacct`), `memory.usage_in_bytes`
+under `memory`, `blkio.throttle.io_service_bytes` Read/Write under `blkio`. Rates need two
+readings; `rates()` is the pure part.
+
+A kubelet started with `--cgroup-root` puts `kubepods` below that folder: `PodCgroupMeter`'s
+`prefix` says where, for pods found by their uid (a GPU process's own path already has it).
 """
 
 from __future__ import annotations
@@ -181,6 +187,53 @@ def parse_io_stat(text: str) -> tuple[int, int]:
     return read, write
 
 
+def parse_blkio_bytes(text: str) -> tuple[int, int]:
+    """Total (read, write) bytes from a cgroup v1 `blkio.throttle.io_service_bytes`."""
+    read = write = 0
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[2].isdigit():
+            if fields[1] == "Read":
+                read += int(fields[2])
+            elif fields[1] == "Write":
+                write += int(fields[2])
+    return read, write
+
+
+_CPUACCT_MOUNTS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+
+
+def v1_hierarchies(root: Path) -> dict[str, Path] | None:
+    """The v1 hierarchies the counters come from ({"cpuacct", "memory", "blkio"} -> mount),
+    or None on a unified (v2) root (one with `cgroup.controllers`, or without the v1
+    hierarchies' folders)."""
+    v1 = (root / "memory").is_dir() or any((root / n).is_dir() for n in _CPUACCT_MOUNTS)
+    if (root / "cgroup.controllers").exists() or not v1:
+        return None
+    found = {"memory": root / "memory", "blkio": root / "blkio"}
+    found["cpuacct"] = next(
+        (root / name for name in _CPUACCT_MOUNTS if (root / name).is_dir()), root / "cpuacct"
+    )
+    return found
+
+
+def read_counters_v1(hierarchies: dict[str, Path], rel: str, ts: float) -> CgroupCounters | None:
+    """A pod's counters from the cgroup v1 hierarchies; None when the cgroup is gone."""
+    try:
+        cpu_ns = int((hierarchies["cpuacct"] / rel / "cpuacct.usage").read_text().strip() or 0)
+        memory = int(
+            (hierarchies["memory"] / rel / "memory.usage_in_bytes").read_text().strip() or 0
+        )
+    except FileNotFoundError:
+        return None
+    io_path = hierarchies["blkio"] / rel / "blkio.throttle.io_service_bytes"
+    try:
+        read, write = parse_blkio_bytes(io_path.read_text())
+    except FileNotFoundError:  # blkio not mounted or not delegated: no IO we can see
+        read = write = 0
+    return CgroupCounters(ts, cpu_ns // 1000, memory, read, write)
+
+
 def read_counters(cgroup_dir: Path, ts: float) -> CgroupCounters | None:
     """Read a pod's cgroup v2 counters; None when the cgroup is gone (pod ended)."""
     try:
@@ -215,14 +268,25 @@ def rates(prev: CgroupCounters, cur: CgroupCounters) -> CgroupRates:
 class PodCgroupMeter:
     """Keeps the previous reading per pod so each call yields rates since the last one."""
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup"), prefix: str = "") -> None:
         self._root = cgroup_root
+        self._prefix = prefix.strip("/")
+        self._v1 = v1_hierarchies(cgroup_root)
         self._prev: dict[str, CgroupCounters] = {}
         self._located: dict[str, str] = {}
 
+    @property
+    def version(self) -> int:
+        return 2 if self._v1 is None else 1
+
+    def _read(self, rel: str, ts: float) -> CgroupCounters | None:
+        if self._v1 is not None:
+            return read_counters_v1(self._v1, rel, ts)
+        return read_counters(self._root / rel, ts)
+
     def measure(self, pod_uid: str, pod_cgroup_path: str, ts: float) -> CgroupRates | None:
         """Rates since the previous call for this pod; None on the first call or if gone."""
-        cur = read_counters(self._root / pod_cgroup_path, ts)
+        cur = self._read(pod_cgroup_path, ts)
         if cur is None:
             self._prev.pop(pod_uid, None)
             self._located.pop(pod_uid, None)
@@ -236,8 +300,14 @@ class PodCgroupMeter:
         known = self._located.get(pod_uid)
         if known is not None:
             return known
-        for rel in pod_cgroup_candidates(pod_uid, qos_class):
-            if (self._root / rel / "cpu.stat").exists():
+        for candidate in pod_cgroup_candidates(pod_uid, qos_class):
+            rel = f"{self._prefix}/{candidate}" if self._prefix else candidate
+            where = (
+                self._root / rel / "cpu.stat"
+                if self._v1 is None
+                else self._v1["cpuacct"] / rel / "cpuacct.usage"
+            )
+            if where.exists():
                 self._located[pod_uid] = rel
                 return rel
         return None

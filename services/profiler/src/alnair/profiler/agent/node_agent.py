@@ -226,6 +226,7 @@ class Agent:
         label_nodes: bool = True,
         proc_root: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
+        kubelet_cgroup_root: str = "",
         clock: Callable[[], float] = time.time,
         spool: Spool | None = None,
         max_pending_summaries: int = 10000,
@@ -239,7 +240,7 @@ class Agent:
         self.proc_root = proc_root
         self.clock = clock
         self.directory = PodDirectory()
-        self.meter = PodCgroupMeter(cgroup_root)
+        self.meter = PodCgroupMeter(cgroup_root, kubelet_cgroup_root)
         self._kv: KeyValue | None = None
         self._published: dict[str, GpuInventory] = {}
         self._node_labels: dict[str, dict[str, str]] = {}
