@@ -15,28 +15,37 @@ hack/build-node.sh), beside the KWOK nodes: the pods here run in real containers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from alnair.common import dra
 from alnair.common import resources as r
 from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError
-from alnair.common.events import GpuHealthChanged
-from alnair.common.kube import NODES, PODS, KubeClient, Obj
+from alnair.common.events import PodMetric
+from alnair.common.kube import NODES, PODS, Conflict, KubeClient, Obj
+from alnair.dev.builders import BASE, SYSTEM_NS, shipped_account
 from alnair.dev.localstack import ControlPlane, NatsServer
+from alnair.dev.localstack.controlplane import load_manifests
 from alnair.dev.localstack.images import ImageFile, ImageSpec
 from alnair.dev.localstack.procs import ManagedProcess
 from alnair.dev.localstack.realnode import PAUSE_IMAGE, REAL_NODE_TAINT, RealNode, node_binaries
 from alnair.dev.waiting import wait_for
+from alnair.deviceplugin import cdi
 from alnair.deviceplugin.devices import DEFAULT_RESOURCES
-from alnair.profiler.sim import gpu_uuid
+from alnair.profiler.agent.cgroups import PodCgroupMeter, pod_of_pid
+from alnair.scheduler.dra.allocator import Usage, allocate, node_devices, parse_requests
+from dra_support import ensure_device_classes, render_with_dra
+from kube_auth_support import write_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -47,6 +56,7 @@ PROBE_IMAGE = "localhost/alnair/gpu-probe:1"
 NODE = "alnair-real-0"
 GPUS = 2
 GPU_MIB = 16384  # V100M16
+DRA_RBAC = BASE.parent / "components" / "dra" / "rbac.yaml"
 
 
 def _library_files(binary: Path) -> dict[str, ImageFile]:
@@ -83,6 +93,9 @@ def probe_image() -> ImageSpec:
             "LD_LIBRARY_PATH": "/usr/lib/alnair-fake",
             "FAKE_CUDA_DEVICES": str(GPUS),
             "FAKE_CUDA_TOTAL_MIB": str(GPU_MIB),
+            "FAKE_CUDA_KERNEL_US": "200",
+            # the container's counters, which the node's fake NVML reads through /proc
+            "FAKE_CUDA_STATS": "/tmp/fake-cuda.stats",
         },
     )
 
@@ -93,8 +106,7 @@ def real_node(control_plane: ControlPlane) -> Iterator[RealNode]:
         node_binaries()
     except ConfigError as exc:
         pytest.fail(str(exc))
-    labels = {r.LABEL_GPU_MODEL: "V100M16", r.LABEL_GPU_COUNT: str(GPUS)}
-    node = RealNode(control_plane, NODE, labels=labels).start()
+    node = RealNode(control_plane, NODE).start()
     try:
         node.import_image(probe_image())
         yield node
@@ -102,35 +114,94 @@ def real_node(control_plane: ControlPlane) -> Iterator[RealNode]:
         node.stop()
 
 
+def claim_status(results: list[Obj], pod: Obj) -> Obj:
+    """What the scheduler writes on a claim it allocated for `pod` on the real node."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+    return {
+        "allocation": {
+            "devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [term]},
+        },
+        "reservedFor": [
+            {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        ],
+    }
+
+
+async def node_identity(
+    cp: ControlPlane, node: RealNode, account: str, workdir: Path, *manifests: str
+) -> Path:
+    """A kubeconfig for `account` as it ships (its RBAC and admission policies applied), with
+    a token bound to a pod of that account running on the real node: the API server puts the
+    node in the token's user info, as for the DaemonSet's pod."""
+    async with cp.client() as kube:
+        config = await shipped_account(cp, kube, account, *manifests)
+        for doc in load_manifests(DRA_RBAC):
+            await kube.apply(doc)
+        body = pod(f"{account}-{NODE}", PAUSE_IMAGE)
+        body["metadata"]["namespace"] = SYSTEM_NS
+        body["spec"]["serviceAccountName"] = account
+        body["spec"]["restartPolicy"] = "Always"
+        with contextlib.suppress(Conflict):
+            await kube.create(PODS, body, SYSTEM_NS)
+        holder = await phase(kube, SYSTEM_NS, body["metadata"]["name"], "Running")
+        token = await kube.service_account_token(SYSTEM_NS, account, bound_pod=holder)
+    assert config.ca_file is not None
+    path = workdir / f"{account}.kubeconfig"
+    return write_kubeconfig(path, cp.server, Path(config.ca_file), {"token": token})
+
+
 class NodeServices:
-    """The node's Alnair processes: the simulated profiler agent (the GPUs' inventory and
-    health) and the device plugin, on one NATS server."""
+    """The node's Alnair processes, each under its shipped ServiceAccount: the profiler agent
+    with its nvml backend, over the fake NVML that reads the fake driver's processes (the
+    GPUs' inventory, health, per-pod samples), and the device plugin (both modes), on one NATS
+    server."""
 
     def __init__(self, node: RealNode, cp: ControlPlane, workdir: Path) -> None:
         self.node = node
         self.nats = NatsServer(workdir).start()
         self.state = node.folder / "alnair"
         logs = node.logs
-        common = {
-            **os.environ,
-            "ALNAIR_NATS_URL": self.nats.url,
-            "ALNAIR_KUBECONFIG": str(cp.kubeconfig),
-            "ALNAIR_LOG_LEVEL": "INFO",
-        }
+        agent_config = asyncio.run(
+            node_identity(
+                cp, node, "alnair-profiler-agent", workdir, "profiler/agent-rbac/rbac.yaml",
+                "profiler/agent-node-policy.yaml",
+            )
+        )  # fmt: skip
+        plugin_config = asyncio.run(
+            node_identity(
+                cp, node, "alnair-deviceplugin", workdir, "deviceplugin/rbac.yaml",
+                "deviceplugin/node-policy.yaml",
+            )
+        )  # fmt: skip
+        common = {**os.environ, "ALNAIR_NATS_URL": self.nats.url, "ALNAIR_LOG_LEVEL": "INFO"}
+        self.xids = workdir / "xids"
+        self.xids.write_text("")
         self.agent = ManagedProcess(
             "profiler-agent",
-            [sys.executable, "-m", "alnair.profiler", "agent", "--backend", "sim"],
+            [sys.executable, "-m", "alnair.profiler", "agent", "--backend", "nvml"],
             logs,
-            {**common, "ALNAIR_PROFILER_HTTP_PORT": "0",
-             "ALNAIR_PROFILER_SIM_NODE_SELECTOR": f"kubernetes.io/hostname={node.name}"},
+            {**common, "ALNAIR_KUBECONFIG": str(agent_config),
+             "ALNAIR_PROFILER_HTTP_PORT": "0",
+             "ALNAIR_PROFILER_NODE_NAME": node.name,
+             "ALNAIR_PROFILER_KUBELET_CGROUP_ROOT": node.cgroup,
+             "ALNAIR_PROFILER_NVML_RECOVER_AFTER_S": "3",
+             "ALNAIR_PROFILER_STATE_DIR": str(workdir / "agent-state"),
+             # the fake NVML, reading the fake driver's processes through /proc
+             "LD_LIBRARY_PATH": str(NATIVE / "build" / "fake"),
+             "FAKE_NVML_DEVICES": str(GPUS),
+             "FAKE_NVML_TOTAL_MIB": str(GPU_MIB),
+             "FAKE_NVML_XID_FILE": str(self.xids)},
         )  # fmt: skip
         self.plugin = ManagedProcess(
             "deviceplugin",
             [sys.executable, "-m", "alnair.deviceplugin", "run"],
             logs,
             {**common,
+             "ALNAIR_KUBECONFIG": str(plugin_config),
              "ALNAIR_DEVICEPLUGIN_HTTP_PORT": "0",
              "ALNAIR_DEVICEPLUGIN_NODE_NAME": node.name,
+             "ALNAIR_DEVICEPLUGIN_MODE": "both",
              "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": str(node.device_plugin_dir),
              "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(self.state),
              "ALNAIR_DEVICEPLUGIN_SHIM_HOST_PATH": str(SHIM),
@@ -233,8 +304,7 @@ async def test_the_device_plugin_registers_with_the_real_kubelet(
     got = await wait_for(served, 60, 0.5, what="the plugin's resources on the node")
     assert got[r.GPU] == str(GPUS)
     assert got[r.GPU_COMPUTE] == str(100 * GPUS)
-    per_gpu_gib = r.GPU_MODEL_MEMORY_MIB["V100M16"] // 1024  # the profiler's model table
-    assert got[r.GPU_MEMORY_GIB] == str(GPUS * per_gpu_gib)
+    assert got[r.GPU_MEMORY_GIB] == str(GPUS * GPU_MIB // 1024)
     sockets = sorted(p.name for p in services.node.device_plugin_dir.glob("*.sock"))
     assert "kubelet.sock" in sockets and len(sockets) == 1 + len(DEFAULT_RESOURCES)
 
@@ -259,26 +329,18 @@ async def test_a_fractional_container_gets_the_shim_and_is_refused_past_its_limi
 async def test_an_unhealthy_gpu_leaves_the_kubelets_allocatable_and_comes_back(
     services: NodeServices, node_kube: KubeClient
 ) -> None:
+    """An XID 79 (fallen off the bus) from the driver: the agent's NVML event thread marks the
+    GPU unhealthy, the plugin withdraws it, the kubelet's allocatable drops; the GPU answers
+    again after the quiet period and comes back."""
     await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
-    bus = await Bus.connect(services.nats.url, name="test-realnode-health")
-    try:
-        uuid1 = gpu_uuid(NODE, 1)  # as the simulated agent names it
 
-        async def publish(healthy: bool) -> None:
-            event = GpuHealthChanged(
-                node=NODE, gpu_index=1, gpu_uuid=uuid1, healthy=healthy, xid=None if healthy else 79
-            )
-            await bus.publish(event, source="alnair-profiler-test")
+    async def count(expected: str) -> bool:
+        return (await allocatable(node_kube)).get(r.GPU) == expected
 
-        async def count(expected: str) -> bool:
-            return (await allocatable(node_kube)).get(r.GPU) == expected
-
-        await publish(False)
-        await wait_for(lambda: count(str(GPUS - 1)), 60, 0.5, what="one GPU fewer")
-        await publish(True)
-        await wait_for(lambda: count(str(GPUS)), 60, 0.5, what="the GPU back")
-    finally:
-        await bus.close()
+    with services.xids.open("a") as xids:
+        xids.write("1 79\n")
+    await wait_for(lambda: count(str(GPUS - 1)), 60, 0.5, what="one GPU fewer")
+    await wait_for(lambda: count(str(GPUS)), 60, 0.5, what="the GPU back")
 
 
 async def test_a_kubelet_restart_registers_the_plugins_again_and_keeps_the_running_pod(
@@ -309,3 +371,182 @@ async def test_a_kubelet_restart_registers_the_plugins_again_and_keeps_the_runni
 async def kube_pod(kube: KubeClient, namespace: str, name: str) -> Obj:
     got: Obj = await kube.get(PODS, name, namespace)
     return got
+
+
+async def test_dra_prepares_an_alnair_allocated_claim_through_the_kubelet_and_cdi(
+    services: NodeServices,
+    control_plane: ControlPlane,
+    node_kube: KubeClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The kubelet calls NodePrepareResources for the claim the scheduler's allocator placed,
+    containerd applies the CDI spec the plugin wrote (the shim's mount, the limits), and the
+    kubelet calls NodeUnprepareResources when the pod ends: the spec is gone."""
+    await ensure_device_classes(node_kube, render_with_dra(tmp_path))
+    classes = {c: await node_kube.get(dra.DEVICECLASSES, c) for c in dra.CLASSES}
+
+    async def published() -> list[Obj]:
+        got = await node_kube.list(dra.RESOURCESLICES)
+        return [s for s in got["items"] if s["spec"].get("nodeName") == NODE]
+
+    slices = await wait_for(published, 60, 0.5, what="the real node's ResourceSlice")
+    claim = await node_kube.create(
+        dra.RESOURCECLAIMS,
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": "share"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+             "deviceClassName": dra.CLASS_SHARED,
+             "capacity": {"requests": {"memory": "2Gi", "compute": "50"}}}}]}}},
+        namespace,
+    )  # fmt: skip
+    body = pod("dra", PROBE_IMAGE, PROBE_MAX_MIB="8192", PROBE_KERNEL_S="4")
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "share"}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    created = await node_kube.create(PODS, body, namespace)
+    got = allocate(
+        claim, parse_requests(claim), node_devices(slices, NODE), classes, Usage(),
+        new_share_id=uuid.uuid4,
+    )  # fmt: skip
+    assert got.results, got.reason
+    claim["status"] = claim_status(list(got.results), created)
+    await node_kube.replace(dra.RESOURCECLAIMS, claim, sub="status")
+
+    spec_file = cdi.spec_path(services.node.cdi_dir, claim["metadata"]["uid"])
+    await phase(node_kube, namespace, "dra", "Running")
+    assert spec_file.exists()  # prepared: the CDI spec containerd applied
+    spec = json.loads(spec_file.read_text())
+    edits = spec["devices"][0]["containerEdits"]
+    assert any(m["hostPath"] == str(SHIM) for m in edits.get("mounts", []))
+    done = await phase(node_kube, namespace, "dra", "Succeeded", "Failed")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    report = json.loads(kubectl(control_plane, "-n", namespace, "logs", "dra"))
+    assert report["ld_preload"].endswith("libalnair-intercept.so")
+    assert report["memory_limit_mib"] == "2048" and report["compute_pct"] == "50"
+    assert report["allocated_mib"] == 2048 and report["refused"] != 0
+    await node_kube.delete(PODS, "dra", namespace)
+    await wait_for(lambda: not spec_file.exists(), 60, 0.25, what="the claim unprepared")
+
+
+async def test_the_profilers_cgroup_walk_finds_a_containers_pod_on_the_real_node(
+    real_node: RealNode, node_kube: KubeClient, namespace: str
+) -> None:
+    """The container's process, as NVML would report it, maps to its pod, its container and
+    the pod's cgroup, on this host's cgroup v1 under the kubelet's cgroupRoot; the pod's CPU
+    is measured from there."""
+    body = pod("busy", PROBE_IMAGE, PROBE_MAX_MIB="64", PROBE_KERNEL_S="30")
+    created = await node_kube.create(PODS, body, namespace)
+    running = await phase(node_kube, namespace, "busy", "Running")
+    container_id = running["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    found = pod_of_pid(real_node.task_pid(container_id))
+    assert found is not None
+    assert found.pod_uid == created["metadata"]["uid"]
+    assert found.container_id == container_id
+    assert found.cgroup_version == 1
+    assert found.pod_cgroup_path.startswith(real_node.cgroup.strip("/") + "/kubepods/")
+    meter = PodCgroupMeter(Path("/sys/fs/cgroup"), prefix=real_node.cgroup)
+    assert meter.version == 1
+    assert meter.locate(found.pod_uid, running["status"]["qosClass"]) == found.pod_cgroup_path
+    assert meter.measure(found.pod_uid, found.pod_cgroup_path, time.monotonic()) is None
+    await asyncio.sleep(1.5)
+    rates = meter.measure(found.pod_uid, found.pod_cgroup_path, time.monotonic())
+    assert rates is not None
+    assert rates.cpu_util_cores > 0.3  # the probe launches kernels back to back
+    assert rates.mem_used_mib > 0
+    await node_kube.delete(PODS, "busy", namespace)
+
+
+def checkpointed_devices(node: RealNode, pod_uid: str, resource: str) -> list[str]:
+    """The device IDs the kubelet recorded for a pod (its device manager's checkpoint)."""
+    doc = json.loads((node.device_plugin_dir / "kubelet_internal_checkpoint").read_text())
+    ids: list[str] = []
+    for entry in doc["Data"]["PodDeviceEntries"] or []:
+        if entry["PodUID"] == pod_uid and entry["ResourceName"] == resource:
+            for group in entry["DeviceIDs"].values():
+                ids.extend(group)
+    return ids
+
+
+async def test_the_kubelet_takes_the_plugins_preferred_allocation(
+    services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
+) -> None:
+    """Half a GPU's compute is 50 of 200 devices: the kubelet asks GetPreferredAllocation and
+    takes all 50 from one GPU (the plugin packs), and Allocate grants 50 %."""
+    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    body = pod("half", PROBE_IMAGE, {r.GPU_COMPUTE: "50"}, PROBE_MAX_MIB="64")
+    created = await node_kube.create(PODS, body, namespace)
+    done = await phase(node_kube, namespace, "half", "Succeeded", "Failed")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    ids = checkpointed_devices(services.node, created["metadata"]["uid"], r.GPU_COMPUTE)
+    assert len(ids) == 50
+    assert len({i.split("-")[1] for i in ids}) == 1, ids  # sm-<gpu>-<k>: one GPU
+    report = json.loads(kubectl(control_plane, "-n", namespace, "logs", "half"))
+    assert report["compute_pct"] == "50" and report["ld_preload"]
+
+
+async def test_the_plugin_restarting_registers_again_and_running_pods_keep_their_devices(
+    services: NodeServices, node_kube: KubeClient, namespace: str
+) -> None:
+    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    body = pod("keep", PAUSE_IMAGE, {r.GPU: "1"})
+    body["spec"]["containers"][0]["command"] = ["/pause"]
+    created = await node_kube.create(PODS, body, namespace)
+    await phase(node_kube, namespace, "keep", "Running")
+    before = checkpointed_devices(services.node, created["metadata"]["uid"], r.GPU)
+    assert len(before) == 1
+    services.plugin.stop()
+    services.plugin.start()
+
+    async def back() -> bool:
+        # a restarted plugin registers again: the kubelet logs it and serves its devices
+        log = (services.node.logs / "kubelet.log").read_text(errors="replace")
+        return log.count('"Registered client" name="nvidia.com/gpu"') >= 2 and (
+            await allocatable(node_kube)
+        ).get(r.GPU) == str(GPUS)
+
+    await wait_for(back, 60, 0.5, what="the plugin registered again")
+    after = await node_kube.get(PODS, "keep", namespace)
+    status = after["status"]["containerStatuses"][0]
+    assert after["status"]["phase"] == "Running" and status["restartCount"] == 0
+    assert checkpointed_devices(services.node, created["metadata"]["uid"], r.GPU) == before
+    await node_kube.delete(PODS, "keep", namespace)
+
+
+async def test_the_agent_reports_a_containers_gpu_use_and_the_shim_holds_its_compute_share(
+    services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
+) -> None:
+    """Half a GPU's compute: the agent finds the container's process through the fake NVML and
+    the real cgroups and publishes the pod's samples; the device plugin's registry feeds the
+    measured utilization to the shim inside the container, whose throttle holds the kernels
+    to the grant: the device time the probe measures is within 10 % of 50 %."""
+    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    bus = await Bus.connect(services.nats.url, name="test-realnode-metrics")
+    samples: list[PodMetric] = []
+
+    async def seen(metric: PodMetric) -> None:
+        samples.append(metric)
+
+    subscription = await bus.subscribe(
+        PodMetric,
+        seen,
+        durable="test-realnode-metrics",
+        subject=f"{PodMetric.SUBJECT_PREFIX}.{NODE}",
+    )
+    try:
+        body = pod("share", PROBE_IMAGE, {r.GPU_COMPUTE: "50"}, PROBE_MAX_MIB="256",
+                   PROBE_WARMUP_S="10", PROBE_KERNEL_S="10")  # fmt: skip
+        created = await node_kube.create(PODS, body, namespace)
+        uid = created["metadata"]["uid"]
+        done = await phase(node_kube, namespace, "share", "Succeeded", "Failed")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        report = json.loads(kubectl(control_plane, "-n", namespace, "logs", "share"))
+        assert report["compute_pct"] == "50"
+        assert report["busy_share"] == pytest.approx(0.5, rel=0.10), report
+        mine = [m for m in samples if m.pod_uid == uid]
+        assert mine, f"no PodMetric for the pod among {len(samples)}"
+        assert {m.pod for m in mine} == {"share"} and {m.namespace for m in mine} == {namespace}
+        assert max(m.gpu_mem_used_mib for m in mine) == pytest.approx(256)
+        assert max(m.sm_util_pct for m in mine) > 20
+    finally:
+        await subscription.stop()
+        await bus.close()

@@ -24,16 +24,11 @@
 #include <unistd.h>
 
 #include "../src/cuda_types.h"
+#include "fake_gpu.h"
 
 #define API __attribute__((visibility("default")))
-#define MAXDEV 16
+#define MAXDEV FAKE_MAXDEV
 #define QUEUE_DEPTH 64
-
-typedef struct {
-    _Atomic uint64_t used[MAXDEV];
-    _Atomic uint64_t peak[MAXDEV];
-    _Atomic uint64_t allocations;
-} fake_stats;
 
 static fake_stats *g_stats;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -263,6 +258,7 @@ static CUresult run_kernels(uint64_t count) {
     uint64_t start = g_busy_until > now ? g_busy_until : now;
     g_busy_until = start + count * g_kernel_ns;
     g_busy_total += count * g_kernel_ns;
+    atomic_fetch_add(&g_stats->busy_ns[t_dev], count * g_kernel_ns);
     uint64_t ahead = g_busy_until - now;
     pthread_mutex_unlock(&g_gpu_mu);
     /* a full launch queue blocks the launching thread, as the real driver does */

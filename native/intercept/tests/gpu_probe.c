@@ -3,8 +3,10 @@
  * The real node's e2e tests run it inside a pod (over the fake libcuda, with the shim the
  * device plugin's Allocate preloads): it reports the devices and memory the driver shows,
  * allocates 64 MiB blocks until the driver (or the shim) refuses or PROBE_MAX_MIB is
- * reached, launches kernels for PROBE_KERNEL_S seconds and reports the device time they took
- * as a share of the wall time, and echoes the Alnair variables it was given.
+ * reached, launches kernels back to back for PROBE_WARMUP_S then PROBE_KERNEL_S seconds and
+ * reports the device time they took in the second part as a share of its wall time (the
+ * shim's compute throttle calibrates during the first), and echoes the Alnair variables it
+ * was given.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -53,10 +55,18 @@ int main(void) {
         if (refused != CUDA_SUCCESS) break;
         allocated += BLOCK_MIB;
     }
-    double kernel_s = atof(env("PROBE_KERNEL_S"));
-    uint64_t launches = 0, busy0 = fake_cuda_busy_ns();
-    double t0 = now_s(), t1 = t0;
+    double kernel_s = atof(env("PROBE_KERNEL_S")), warmup_s = atof(env("PROBE_WARMUP_S"));
+    uint64_t launches = 0, busy0 = 0;
+    double start = now_s(), t0 = start + warmup_s, t1;
+    int measuring = warmup_s <= 0;
+    if (measuring) busy0 = fake_cuda_busy_ns();
     while (kernel_s > 0 && (t1 = now_s()) - t0 < kernel_s) {
+        if (!measuring && t1 >= t0) {
+            cuCtxSynchronize();
+            busy0 = fake_cuda_busy_ns();
+            t0 = now_s();
+            measuring = 1;
+        }
         if (cuLaunchKernel((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, 0, NULL, NULL) != CUDA_SUCCESS) break;
         launches++;
     }

@@ -306,6 +306,19 @@ class RealNode:
         it with `imagePullPolicy: Never`)."""
         self._import(node_binaries(), write_layout(spec, self.folder / "image.tar"))
 
+    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`ctr` against the node's containerd, in the CRI's `k8s.io` namespace."""
+        return self._ctr(node_binaries(), *args)
+
+    def task_pid(self, container_id: str) -> int:
+        """The host pid of a running container's first process."""
+        done = self.ctr("tasks", "ls")
+        for line in done.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == container_id:
+                return int(fields[1])
+        raise ConfigError(f"no running task {container_id} in containerd: {done.stdout}")
+
     def restart_kubelet(self) -> None:
         proc = self.procs["kubelet"]
         proc.stop()
