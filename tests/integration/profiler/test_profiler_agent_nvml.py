@@ -140,7 +140,7 @@ async def test_shared_gpu_split_per_pod_and_cpu_only_pods_reported(
         assert entry.value is not None
         inv = GpuInventory.model_validate_json(entry.value)
         assert [(g.model, g.memory_mib, g.compute_capability) for g in inv.gpus] == [
-            ("NVIDIA A100-SXM4-40GB", 40960, "8.0")
+            ("A100", 40960, "8.0")  # the model key, not NVML's product name
         ]
 
         await agent.sample_once()  # first reading: GPU numbers, no cgroup rates yet

@@ -127,3 +127,30 @@ def test_whole_gpus_names_a_count_that_is_not_whole(bad: str) -> None:
     with pytest.raises(InvalidValueError) as caught:
         r.whole_gpus(spec, "spec.template.spec")
     assert caught.value.field == f"spec.template.spec.containers[1].resources.{r.GPU}"
+
+
+@pytest.mark.parametrize(
+    ("product", "memory_mib", "key"),
+    [
+        ("Tesla V100-SXM2-16GB", 16160, "V100M16"),
+        ("Tesla V100-SXM2-32GB", 32510, "V100M32"),
+        ("Tesla V100-PCIE-32GB", 32510, "V100M32"),
+        ("NVIDIA A100-SXM4-40GB", 40960, "A100"),
+        ("NVIDIA A100-SXM4-80GB", 81920, "A100M80"),
+        ("NVIDIA A100 80GB PCIe", 81920, "A100M80"),
+        ("NVIDIA A10", 22731, "A10"),
+        ("NVIDIA H100 80GB HBM3", 81559, "H100"),
+        ("Tesla T4", 15360, "T4"),
+        ("Tesla P100-PCIE-16GB", 16280, "P100"),
+        ("Tesla K80", 11441, "K80"),
+        ("NVIDIA GeForce RTX 4090", 24564, None),
+    ],
+)
+def test_nvml_product_names_map_to_the_model_keys(
+    product: str, memory_mib: int, key: str | None
+) -> None:
+    """What NVML names a GPU (the strings its nvmlDeviceGetName returns on those boards) is
+    what a node's agent reads; queues, requests and throughput tables use the keys."""
+    assert r.gpu_model_key(product, memory_mib) == key
+    if key is not None:
+        assert key in r.GPU_MODEL_MEMORY_MIB

@@ -115,6 +115,32 @@ GPU_MODEL_COMPUTE_CAPABILITY: Final[dict[str, str]] = {
     "H100": "9.0",
 }
 
+# NVML product names -> the model keys above; memory tells the two sizes of one chip apart.
+_NVML_MODELS: Final = (
+    ("H100", None, "H100"),
+    ("A100", 50_000, "A100M80"),
+    ("A100", None, "A100"),
+    ("A10", None, "A10"),
+    ("V100", 20_000, "V100M32"),
+    ("V100", None, "V100M16"),
+    ("P100", None, "P100"),
+    ("T4", None, "T4"),
+    ("K80", None, "K80"),
+)
+_NAME_TOKENS = re.compile(r"[A-Za-z0-9]+")
+
+
+def gpu_model_key(product_name: str, memory_mib: int) -> str | None:
+    """The model key (`V100M16`, `A100M80`, ...) of a GPU NVML names `product_name` ("Tesla
+    V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"), or None for a model
+    the tables above do not know. Matched on whole name tokens, so "A10" is not an "A100"."""
+    tokens = {t.upper() for t in _NAME_TOKENS.findall(product_name)}
+    for chip, min_mib, key in _NVML_MODELS:
+        if chip in tokens and (min_mib is None or memory_mib >= min_mib):
+            return key
+    return None
+
+
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
     "": Decimal(1),

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from alnair.common.resources import gpu_model_key
 from alnair.profiler.gpu import (
     BackendUnavailableError,
     GpuInfo,
@@ -134,12 +135,16 @@ class NvmlBackend:
         for i, h in enumerate(self._handles):
             major, minor = n.nvmlDeviceGetCudaComputeCapability(h)
             bus_id = _text(n.nvmlDeviceGetPciInfo(h).busId)
+            memory_mib = int(n.nvmlDeviceGetMemoryInfo(h).total // _MIB)
+            product = _text(n.nvmlDeviceGetName(h))
             gpus.append(
                 GpuInfo(
                     index=i,
                     uuid=self._uuids[i],
-                    model=_text(n.nvmlDeviceGetName(h)),
-                    memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // _MIB),
+                    # the system's vocabulary (queues, requests, throughput tables), not
+                    # NVML's product name; an unknown model keeps its product name
+                    model=gpu_model_key(product, memory_mib) or product,
+                    memory_mib=memory_mib,
                     compute_capability=f"{major}.{minor}",
                     numa_node=_numa_from_sysfs(bus_id),
                     pcie_root=pcie_root_from_sysfs(bus_id),
