@@ -33,6 +33,11 @@
 static fake_stats *g_stats;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_devices = 2;
+/* NVIDIA_VISIBLE_DEVICES as the NVIDIA container toolkit applies it: the container sees only
+ * the listed GPUs, numbered from 0; the counters (what the node's fake NVML reads) are kept
+ * under the physical index. Entries are indices or UUIDs ending in "-<index>" (the fake
+ * NVML's "GPU-fake-<index>"). */
+static int g_physical[MAXDEV];
 static uint64_t g_total = 16384ULL << 20;
 static uint64_t g_kernel_ns;
 static int g_no_memory; /* FAKE_CUDA_NO_MEMORY: hand out addresses only, for benchmarks */
@@ -48,9 +53,26 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+static void visible_devices(void) {
+    for (int i = 0; i < MAXDEV; i++) g_physical[i] = i;
+    const char *s = getenv("NVIDIA_VISIBLE_DEVICES");
+    if (!s || !*s || strcmp(s, "all") == 0) return;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    int n = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item && n < MAXDEV;
+         item = strtok_r(NULL, ",", &save)) {
+        const char *digits = strrchr(item, '-');
+        digits = digits ? digits + 1 : item;
+        g_physical[n++] = atoi(digits) % MAXDEV;
+    }
+    g_devices = n;
+}
+
 static void setup(void) {
     const char *s = getenv("FAKE_CUDA_DEVICES");
     if (s) g_devices = atoi(s);
+    visible_devices();
     s = getenv("FAKE_CUDA_TOTAL_MIB");
     if (s) g_total = strtoull(s, NULL, 10) << 20;
     s = getenv("FAKE_CUDA_KERNEL_US");
@@ -81,6 +103,7 @@ typedef struct {
 static CUresult take(uint64_t bytes, int dev, void **out) {
     ensure();
     if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+    dev = g_physical[dev];
     uint64_t before = atomic_fetch_add(&g_stats->used[dev], bytes);
     if (before + bytes > g_total) {
         atomic_fetch_sub(&g_stats->used[dev], bytes);
@@ -164,7 +187,7 @@ API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
 }
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     ensure();
-    uint64_t used = atomic_load(&g_stats->used[t_dev]);
+    uint64_t used = atomic_load(&g_stats->used[g_physical[t_dev]]);
     *free_bytes = used < g_total ? g_total - used : 0;
     *total_bytes = g_total;
     return CUDA_SUCCESS;
@@ -258,7 +281,7 @@ static CUresult run_kernels(uint64_t count) {
     uint64_t start = g_busy_until > now ? g_busy_until : now;
     g_busy_until = start + count * g_kernel_ns;
     g_busy_total += count * g_kernel_ns;
-    atomic_fetch_add(&g_stats->busy_ns[t_dev], count * g_kernel_ns);
+    atomic_fetch_add(&g_stats->busy_ns[g_physical[t_dev]], count * g_kernel_ns);
     uint64_t ahead = g_busy_until - now;
     pthread_mutex_unlock(&g_gpu_mu);
     /* a full launch queue blocks the launching thread, as the real driver does */
@@ -325,8 +348,8 @@ API uint64_t fake_cuda_busy_ns(void) {
     pthread_mutex_unlock(&g_gpu_mu);
     return done;
 }
-API uint64_t fake_cuda_used_bytes(int dev) { ensure(); return atomic_load(&g_stats->used[dev]); }
-API uint64_t fake_cuda_peak_bytes(int dev) { ensure(); return atomic_load(&g_stats->peak[dev]); }
+API uint64_t fake_cuda_used_bytes(int dev) { ensure(); return atomic_load(&g_stats->used[g_physical[dev]]); }
+API uint64_t fake_cuda_peak_bytes(int dev) { ensure(); return atomic_load(&g_stats->peak[g_physical[dev]]); }
 
 /* ------------------------------------------------------------------ resolution */
 typedef struct {

@@ -115,6 +115,7 @@ def _real_node_plugin_env(node: Mapping[str, str]) -> dict[str, str]:
         "ALNAIR_DEVICEPLUGIN_CDI_DIR": node["cdi"],
         "ALNAIR_DEVICEPLUGIN_DRA_PLUGINS_DIR": str(kubelet / "plugins"),
         "ALNAIR_DEVICEPLUGIN_DRA_REGISTRY_DIR": str(kubelet / "plugins_registry"),
+        "ALNAIR_DEVICEPLUGIN_POD_RESOURCES_SOCKET": str(kubelet / "pod-resources" / "kubelet.sock"),
         "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "5",
     }
 

@@ -47,6 +47,7 @@ from alnair.deviceplugin.handlers import (
 )
 from alnair.deviceplugin.metrics import DevicePluginMetrics
 from alnair.deviceplugin.plugin import PluginConfig, PluginServer, ResourcePlugin
+from alnair.deviceplugin.podresources import PodResources
 from alnair.deviceplugin.pods import KubePods, NoPods, PodSource
 from alnair.deviceplugin.registry import VgpuRegistry
 from alnair.deviceplugin.settings import DevicePluginSettings
@@ -71,6 +72,7 @@ class Running:
     died: asyncio.Event = field(default_factory=asyncio.Event)
     dra: DraServer | None = None
     slices: SlicePublisher | None = None
+    pod_resources: PodResources | None = None
 
     @property
     def http_port(self) -> int:
@@ -82,6 +84,8 @@ class Running:
             await stop_http(self.server, named_task(self.tasks, "deviceplugin.http"))
         await cancel_all(self.tasks)
         await self.vgpus.stop()
+        if self.pod_resources is not None:
+            await self.pod_resources.close()
         if self.bus is not None:
             await self.bus.close()
         if self.kube is not None:
@@ -116,7 +120,8 @@ async def start(
         )
     metrics = DevicePluginMetrics(registry)
     state = NodeDevices(settings.node_name)
-    vgpus = VgpuRegistry(settings.layout())
+    pod_resources = PodResources(settings.pod_resources_socket)
+    vgpus = VgpuRegistry(settings.layout(), attribute=pod_resources.attribute)
     restored = vgpus.load_records()
     metrics.watch_vgpus(vgpus)
     await vgpus.start()
@@ -232,6 +237,7 @@ async def start(
         running_died,
         drasrv,
         slices,
+        pod_resources,
     )
 
 

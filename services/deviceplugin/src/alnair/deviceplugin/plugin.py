@@ -277,6 +277,8 @@ class ResourcePlugin:
                     pod=found.name if found else "",
                     container=found.container if found else "",
                     pod_uid=found.uid if found else "",
+                    resource=self.resource,
+                    device_ids=tuple(ids),
                 )
             )
         self.metrics.allocations.labels(self.resource, placement).inc()

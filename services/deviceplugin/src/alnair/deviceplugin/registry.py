@@ -36,6 +36,7 @@ import shutil
 import socket
 import struct
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -103,6 +104,14 @@ class VgpuRecord:
     pod: str = ""
     container: str = ""
     pod_uid: str = ""
+    resource: str = ""
+    """The resource Allocate granted it for, and the device IDs it named: how the kubelet's
+    PodResources API tells its pod when Allocate could not."""
+    device_ids: tuple[str, ...] = ()
+
+
+Attribution = Callable[[VgpuRecord], Awaitable[VgpuRecord | None]]
+"""Finds the pod of a vGPU granted without one (`podresources.PodResources.attribute`)."""
 
 
 @dataclass
@@ -115,9 +124,16 @@ class ShimConnection:
 class VgpuRegistry:
     """The registry's servers (one socket per vGPU) and its view of every vGPU on the node."""
 
-    def __init__(self, layout: Layout, *, max_connections: int = 256) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        max_connections: int = 256,
+        attribute: Attribution | None = None,
+    ) -> None:
         self.layout = layout
         self.max_connections = max_connections
+        self.attribute = attribute
         self._records: dict[str, VgpuRecord] = {}
         self._conns: dict[str, list[ShimConnection]] = {}
         self._pending: dict[str, int] = {}
@@ -162,7 +178,9 @@ class VgpuRegistry:
         count = 0
         for path in sorted(self._records_dir().glob("*.json")):
             try:
-                rec = VgpuRecord(**json.loads(path.read_text()))
+                doc = json.loads(path.read_text())
+                doc["device_ids"] = tuple(doc.get("device_ids") or ())
+                rec = VgpuRecord(**doc)
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("unreadable vGPU record", extra={"path": str(path), "error": str(exc)})
                 continue
@@ -205,6 +223,20 @@ class VgpuRegistry:
         for vgpu_id in gone:
             self.forget(vgpu_id)
         return gone
+
+    async def _attribute(self, vgpu_id: str) -> None:
+        """Its pod, for a vGPU granted without one, once its container runs."""
+        rec = self._records.get(vgpu_id)
+        if rec is None or rec.pod or self.attribute is None:
+            return
+        found = await self.attribute(rec)
+        if found is None or vgpu_id not in self._records:
+            return
+        self.record(found)
+        log.info(
+            "vGPU attributed to its pod by the kubelet's record",
+            extra={"vgpu": vgpu_id, "namespace": found.namespace, "pod": found.pod},
+        )
 
     def records(self) -> list[VgpuRecord]:
         return list(self._records.values())
@@ -327,6 +359,7 @@ class VgpuRegistry:
             "shim registered",
             extra={"vgpu": reg.vgpu_id, "pid": reg.pid, "host_pid": conn.host_pid},
         )
+        await self._attribute(reg.vgpu_id)
         try:
             # Nothing more is expected from the shim: reading only tells us when it is gone.
             # A peer that talks anyway is cut off instead of being read forever.

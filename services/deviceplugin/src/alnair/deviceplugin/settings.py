@@ -98,6 +98,11 @@ class DevicePluginSettings(ServiceSettings):
         default=Path("/var/run/cdi"),
         description="where the container runtime reads CDI spec files (one per prepared claim)",
     )
+    pod_resources_socket: Path = Field(
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="the kubelet's PodResources API: which pod holds a fraction that Allocate "
+        "could not attribute (a pod another scheduler bound)",
+    )
     register_retry_max_s: float = Field(
         default=5.0, gt=0, description="longest wait between attempts to reach the kubelet"
     )
