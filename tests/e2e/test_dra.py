@@ -78,7 +78,7 @@ async def test_dra_component_ships_device_classes_the_api_server_accepts(
     rules = roles["alnair-deviceplugin-dra"]["rules"]
     assert {
         r["resources"][0]: r["verbs"] for r in rules if r["apiGroups"] == ["resource.k8s.io"]
-    } == {"resourceslices": ["get", "create", "update"], "resourceclaims": ["get"]}
+    } == {"resourceslices": ["get", "list", "watch", "create", "update"], "resourceclaims": ["get"]}
 
 
 async def test_claims_allocated_by_the_scheduler_allocator_pack_without_overcommit(

@@ -306,11 +306,15 @@ async def test_the_device_plugin_registers_with_the_real_kubelet(
         return got if all(got.get(res, "0") != "0" for res in DEFAULT_RESOURCES) else None
 
     got = await wait_for(served, 60, 0.5, what="the plugin's resources on the node")
+
+    def sockets() -> list[str]:
+        return sorted(p.name for p in services.node.device_plugin_dir.glob("*.sock"))
+
+    await wait_for(lambda: len(sockets()) == 1 + len(DEFAULT_RESOURCES), 60, 0.5, what="sockets")
     assert got[r.GPU] == str(GPUS)
     assert got[r.GPU_COMPUTE] == str(100 * GPUS)
     assert got[r.GPU_MEMORY_GIB] == str(GPUS * GPU_MIB // 1024)
-    sockets = sorted(p.name for p in services.node.device_plugin_dir.glob("*.sock"))
-    assert "kubelet.sock" in sockets and len(sockets) == 1 + len(DEFAULT_RESOURCES)
+    assert "kubelet.sock" in sockets()
 
 
 async def test_a_fractional_container_gets_the_shim_and_is_refused_past_its_limit(
@@ -365,6 +369,13 @@ async def test_a_kubelet_restart_registers_the_plugins_again_and_keeps_the_runni
         return got.get(r.GPU) == str(GPUS) and services.node.healthy()
 
     await wait_for(registered_again, 90, 0.5, what="the plugins registered again")
+
+    async def slice_back() -> bool:
+        # the starting kubelet deleted its node's ResourceSlices; the driver writes its own again
+        got = await node_kube.list(dra.RESOURCESLICES)
+        return any(s["spec"].get("nodeName") == NODE for s in got["items"])
+
+    await wait_for(slice_back, 60, 0.5, what="the ResourceSlice published again")
     await asyncio.sleep(2)  # a kubelet that lost the pod's devices would restart it now
     after = await kube_pod(node_kube, namespace, name)
     status = after["status"]["containerStatuses"][0]
@@ -503,13 +514,18 @@ async def test_the_plugin_restarting_registers_again_and_running_pods_keep_their
     await phase(node_kube, namespace, "keep", "Running")
     before = checkpointed_devices(services.node, created["metadata"]["uid"], r.GPU)
     assert len(before) == 1
+
+    def registrations() -> int:
+        log = services.plugin.log_path.read_text(errors="replace")
+        return log.count('"msg": "registered with the kubelet"')
+
+    before_count = registrations()
     services.plugin.stop()
     services.plugin.start()
 
     async def back() -> bool:
-        # a restarted plugin registers again: the kubelet logs it and serves its devices
-        log = (services.node.logs / "kubelet.log").read_text(errors="replace")
-        return log.count('"Registered client" name="nvidia.com/gpu"') >= 2 and (
+        # the new process registers each resource and the DRA driver again
+        return registrations() >= before_count + len(DEFAULT_RESOURCES) + 1 and (
             await allocatable(node_kube)
         ).get(r.GPU) == str(GPUS)
 

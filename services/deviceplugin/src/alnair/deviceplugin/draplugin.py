@@ -34,8 +34,10 @@ import grpc.aio
 
 from alnair.common import dra
 from alnair.common.errors import InvalidValueError
+from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import NODES, Conflict, KubeClient, NotFound, Obj, Unavailable
 from alnair.common.retry import retrying
+from alnair.common.tasks import cancel_all, spawn
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.draclaims import ClaimError, claim_devices, claim_grants
@@ -52,7 +54,7 @@ from alnair.deviceplugin.protos import dra_v1_pb2 as v1
 from alnair.deviceplugin.protos import dra_v1beta1_pb2 as v1beta1
 from alnair.deviceplugin.protos import pluginregistration_pb2 as reg
 from alnair.deviceplugin.registry import VgpuRecord, VgpuRegistry
-from alnair.deviceplugin.state import NodeDevices
+from alnair.deviceplugin.state import NodeDevices, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +446,10 @@ def dra_server(
 
 
 class SlicePublisher:
-    """Owner of the node's ResourceSlice: written on every change of its devices."""
+    """Owner of the node's ResourceSlice: written on every change of its devices, and again
+    whenever it is deleted. A starting kubelet deletes its node's ResourceSlices (it cannot
+    know which drivers still run) and expects each driver to publish its own again; the
+    stand-in kubelet never did, the real one does (docs/notes/issue-31.md)."""
 
     def __init__(
         self,
@@ -464,8 +469,11 @@ class SlicePublisher:
         self.published = asyncio.Event()
         """Set after each write; tests clear it and wait for the next."""
         self.name = dra.slice_name(state.node)
+        self._lock = asyncio.Lock()
+        self._snap: NodeSnapshot | None = None
+        self._node_uid = ""
 
-    async def _node_uid(self) -> str:
+    async def _read_node_uid(self) -> str:
         try:
             node = await self.kube.get(NODES, self.state.node)
         except NotFound:
@@ -502,27 +510,51 @@ class SlicePublisher:
             return 0
         return int(current["spec"]["pool"].get("generation", 0))
 
-    async def run(self) -> None:
-        node_uid = await self._node_uid()
-        self.generation = await self._current_generation()
-        last: list[Obj] | None = None
-        async for snap in self.state.changes():
-            if snap.version == 0:
-                continue  # no inventory yet: publishing nothing would hide the GPUs
-            body = build_slice(snap, self.generation + 1, node_uid=node_uid, driver=self.driver)
-            devices = body["spec"]["devices"]
-            if devices == last:
-                continue
+    async def _publish(self, snap: NodeSnapshot, why: str) -> list[Obj]:
+        async with self._lock:
+            body = build_slice(
+                snap, self.generation + 1, node_uid=self._node_uid, driver=self.driver
+            )
+            devices: list[Obj] = body["spec"]["devices"]
             await self._write(body)
             self.generation += 1
-            last = devices
-            self.metrics.dra_slice_publishes.labels("ok").inc()
-            log.info(
-                "ResourceSlice published",
-                extra={
-                    "slice": self.name,
-                    "generation": self.generation,
-                    "tainted": [d["name"] for d in devices if d.get("taints")],
-                },
-            )
-            self.published.set()
+            self._snap = snap
+        self.metrics.dra_slice_publishes.labels("ok").inc()
+        log.info(
+            "ResourceSlice published",
+            extra={
+                "slice": self.name,
+                "generation": self.generation,
+                "why": why,
+                "tainted": [d["name"] for d in devices if d.get("taints")],
+            },
+        )
+        self.published.set()
+        return devices
+
+    async def _on_slice(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
+        if event is WatchEvent.DELETED and self._snap is not None:
+            await self._publish(self._snap, "deleted (a starting kubelet clears its node's)")
+
+    async def run(self) -> None:
+        self._node_uid = await self._read_node_uid()
+        self.generation = await self._current_generation()
+        informer = Informer(
+            self.kube,
+            dra.RESOURCESLICES,
+            field_selector=f"metadata.name={self.name}",
+            name="deviceplugin.slice",
+        )
+        informer.add_handler(self._on_slice)
+        watching = spawn(informer.run(), name="deviceplugin.slice-watch")
+        try:
+            last: list[Obj] | None = None
+            async for snap in self.state.changes():
+                if snap.version == 0:
+                    continue  # no inventory yet: publishing nothing would hide the GPUs
+                devices = build_slice(snap, 0, node_uid=self._node_uid, driver=self.driver)
+                if devices["spec"]["devices"] == last:
+                    continue
+                last = await self._publish(snap, "devices changed")
+        finally:
+            await cancel_all([watching])
