@@ -89,9 +89,10 @@ def test_the_nvml_backend_reads_a_fake_driver_process(fake_build: Path, tmp_path
     finally:
         probe.kill()
         probe.wait()
+    # NVML's "Tesla V100-SXM2-16GB", in the system's vocabulary
     assert seen["gpus"] == [
-        ["GPU-fake-0", "Tesla V100-SXM2-16GB", 16384, "7.0"],
-        ["GPU-fake-1", "Tesla V100-SXM2-16GB", 16384, "7.0"],
+        ["GPU-fake-0", "V100M16", 16384, "7.0"],
+        ["GPU-fake-1", "V100M16", 16384, "7.0"],
     ]
     assert seen["links"] == [["X", "NODE"], ["NODE", "X"]]
     last = seen["samples"][-1]

@@ -51,6 +51,7 @@ RUNS_AS_ROOT = {"alnair-deviceplugin"}  # creates its socket in the kubelet's ro
 HOST_PATHS = {
     "alnair-deviceplugin": {
         "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",  # read-only: who holds the devices it granted
         "/var/lib/alnair",
         "/usr/local/alnair/lib",
     },
