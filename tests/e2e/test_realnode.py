@@ -43,6 +43,7 @@ from alnair.dev.localstack.realnode import PAUSE_IMAGE, REAL_NODE_TAINT, RealNod
 from alnair.dev.waiting import wait_for
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.devices import DEFAULT_RESOURCES
+from alnair.deviceplugin.pods import allocated_annotation
 from alnair.profiler.agent.cgroups import PodCgroupMeter, pod_of_pid
 from alnair.scheduler.dra.allocator import Usage, allocate, node_devices, parse_requests
 from dra_support import ensure_device_classes, render_with_dra
@@ -577,3 +578,43 @@ async def test_the_agent_reports_a_containers_gpu_use_and_the_shim_holds_its_com
     finally:
         await subscription.stop()
         await bus.close()
+
+
+def annotated(body: Obj, gpus: str) -> Obj:
+    """`body` as the Alnair scheduler leaves a pod it placed: its GPU choice annotated."""
+    body["metadata"]["annotations"] = {r.ANN_GPU_INDICES: gpus}
+    return body
+
+
+async def test_the_schedulers_gpu_choice_holds_across_memory_and_compute(
+    services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
+) -> None:
+    """The kubelet's units come from whichever GPU; the scheduler chose GPU 1: both resources'
+    Allocate answers name GPU 1 and agree (the kubelet merges them into one container), and
+    the plugin marks the pod, under its node-bound token and the shipped node policy."""
+    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    limits = {r.GPU_MEMORY_GIB: "1", r.GPU_COMPUTE: "30"}
+    body = annotated(pod("chosen", PROBE_IMAGE, limits, PROBE_MAX_MIB="2048"), "1")
+    await node_kube.create(PODS, body, namespace)
+    done = await phase(node_kube, namespace, "chosen", "Succeeded", "Failed")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    report = json.loads(kubectl(control_plane, "-n", namespace, "logs", "chosen"))
+    assert report["visible"] == "GPU-fake-1" and report["devices"] == 1
+    assert report["memory_limit_mib"] == "1024" and report["compute_pct"] == "30"
+    assert report["allocated_mib"] == 1024 and report["refused"] != 0
+    marks = done["metadata"]["annotations"]
+    assert marks[allocated_annotation(r.GPU_MEMORY_GIB)] == "main"
+    assert marks[allocated_annotation(r.GPU_COMPUTE)] == "main"
+
+
+async def test_whole_gpus_follow_the_schedulers_choice(
+    services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
+) -> None:
+    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    body = annotated(pod("whole", PROBE_IMAGE, {r.GPU: "1"}, PROBE_MAX_MIB="64"), "1")
+    created = await node_kube.create(PODS, body, namespace)
+    done = await phase(node_kube, namespace, "whole", "Succeeded", "Failed")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert checkpointed_devices(services.node, created["metadata"]["uid"], r.GPU) == ["GPU-fake-1"]
+    report = json.loads(kubectl(control_plane, "-n", namespace, "logs", "whole"))
+    assert report["visible"] == "GPU-fake-1" and report["ld_preload"] == ""

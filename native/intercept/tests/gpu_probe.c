@@ -76,10 +76,11 @@ int main(void) {
     printf("{\"init\":%d,\"devices\":%d,\"total_mib\":%zu,\"free_mib\":%zu,\"allocated_mib\":%ld,"
            "\"refused\":%d,\"launches\":%lu,\"kernel_wall_s\":%.3f,\"busy_share\":%.4f,"
            "\"ld_preload\":\"%s\",\"memory_limit_mib\":\"%s\",\"compute_pct\":\"%s\","
-           "\"registry_socket\":\"%s\"}\n",
+           "\"registry_socket\":\"%s\",\"visible\":\"%s\"}\n",
            (int)init, devices, total_b >> 20, free_b >> 20, allocated, (int)refused,
            (unsigned long)launches, wall, wall > 0 ? busy / wall : 0.0, env("LD_PRELOAD"),
-           env("ALNAIR_GPU_MEMORY_LIMIT_MIB"), env("ALNAIR_GPU_COMPUTE_PCT"), env("ALNAIR_REGISTRY_SOCKET"));
+           env("ALNAIR_GPU_MEMORY_LIMIT_MIB"), env("ALNAIR_GPU_COMPUTE_PCT"), env("ALNAIR_REGISTRY_SOCKET"),
+           env("NVIDIA_VISIBLE_DEVICES"));
     fflush(stdout);
     return 0;
 }
