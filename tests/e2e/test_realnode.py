@@ -302,6 +302,12 @@ async def test_a_pod_runs_in_a_real_container_and_its_log_reads_back(
 async def test_the_device_plugin_registers_with_the_real_kubelet(
     services: NodeServices, node_kube: KubeClient
 ) -> None:
+    await plugin_served(services, node_kube)
+
+
+async def plugin_served(services: NodeServices, node_kube: KubeClient) -> None:
+    """The plugin's resources on the node and its sockets in the kubelet's folder."""
+
     async def served() -> dict[str, str] | None:
         got = await allocatable(node_kube)
         return got if all(got.get(res, "0") != "0" for res in DEFAULT_RESOURCES) else None
@@ -321,7 +327,7 @@ async def test_the_device_plugin_registers_with_the_real_kubelet(
 async def test_a_fractional_container_gets_the_shim_and_is_refused_past_its_limit(
     services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
 ) -> None:
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     name = f"frac-{uuid.uuid4().hex[:6]}"
     limits = {r.GPU_MEMORY_GIB: "2"}
     await node_kube.create(PODS, pod(name, PROBE_IMAGE, limits, PROBE_MAX_MIB="8192"), namespace)
@@ -341,7 +347,7 @@ async def test_an_unhealthy_gpu_leaves_the_kubelets_allocatable_and_comes_back(
     """An XID 79 (fallen off the bus) from the driver: the agent's NVML event thread marks the
     GPU unhealthy, the plugin withdraws it, the kubelet's allocatable drops; the GPU answers
     again after the quiet period and comes back."""
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
 
     async def count(expected: str) -> bool:
         return (await allocatable(node_kube)).get(r.GPU) == expected
@@ -355,7 +361,7 @@ async def test_an_unhealthy_gpu_leaves_the_kubelets_allocatable_and_comes_back(
 async def test_a_kubelet_restart_registers_the_plugins_again_and_keeps_the_running_pod(
     services: NodeServices, node_kube: KubeClient, namespace: str
 ) -> None:
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     name = f"hold-{uuid.uuid4().hex[:6]}"
     body = pod(name, PROBE_IMAGE, {r.GPU: "1"}, PROBE_MAX_MIB="64")
     body["spec"]["containers"][0]["command"] = ["/pause"]  # the probe's job is done at once
@@ -493,7 +499,7 @@ async def test_the_kubelet_takes_the_plugins_preferred_allocation(
 ) -> None:
     """Half a GPU's compute is 50 of 200 devices: the kubelet asks GetPreferredAllocation and
     takes all 50 from one GPU (the plugin packs), and Allocate grants 50 %."""
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     body = pod("half", PROBE_IMAGE, {r.GPU_COMPUTE: "50"}, PROBE_MAX_MIB="64")
     created = await node_kube.create(PODS, body, namespace)
     done = await phase(node_kube, namespace, "half", "Succeeded", "Failed")
@@ -508,7 +514,7 @@ async def test_the_kubelet_takes_the_plugins_preferred_allocation(
 async def test_the_plugin_restarting_registers_again_and_running_pods_keep_their_devices(
     services: NodeServices, node_kube: KubeClient, namespace: str
 ) -> None:
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     body = pod("keep", PAUSE_IMAGE, {r.GPU: "1"})
     body["spec"]["containers"][0]["command"] = ["/pause"]
     created = await node_kube.create(PODS, body, namespace)
@@ -545,7 +551,7 @@ async def test_the_agent_reports_a_containers_gpu_use_and_the_shim_holds_its_com
     the real cgroups and publishes the pod's samples; the device plugin's registry feeds the
     measured utilization to the shim inside the container, whose throttle holds the kernels
     to the grant: the device time the probe measures is within 10 % of 50 %."""
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     bus = await Bus.connect(services.nats.url, name="test-realnode-metrics")
     samples: list[PodMetric] = []
 
@@ -592,7 +598,7 @@ async def test_the_schedulers_gpu_choice_holds_across_memory_and_compute(
     """The kubelet's units come from whichever GPU; the scheduler chose GPU 1: both resources'
     Allocate answers name GPU 1 and agree (the kubelet merges them into one container), and
     the plugin marks the pod, under its node-bound token and the shipped node policy."""
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     limits = {r.GPU_MEMORY_GIB: "1", r.GPU_COMPUTE: "30"}
     body = annotated(pod("chosen", PROBE_IMAGE, limits, PROBE_MAX_MIB="2048"), "1")
     await node_kube.create(PODS, body, namespace)
@@ -610,7 +616,7 @@ async def test_the_schedulers_gpu_choice_holds_across_memory_and_compute(
 async def test_whole_gpus_follow_the_schedulers_choice(
     services: NodeServices, control_plane: ControlPlane, node_kube: KubeClient, namespace: str
 ) -> None:
-    await test_the_device_plugin_registers_with_the_real_kubelet(services, node_kube)
+    await plugin_served(services, node_kube)
     body = annotated(pod("whole", PROBE_IMAGE, {r.GPU: "1"}, PROBE_MAX_MIB="64"), "1")
     created = await node_kube.create(PODS, body, namespace)
     done = await phase(node_kube, namespace, "whole", "Succeeded", "Failed")

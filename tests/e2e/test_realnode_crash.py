@@ -18,14 +18,11 @@ from alnair.dev.localstack.realnode import (
     REAL_NODE_TAINT,
     RealNode,
     _cgroup_dirs,
+    mount_points,
     reap_stale,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def _mounts() -> list[str]:
-    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
 
 
 def test_a_dead_owners_node_is_reaped_with_everything_it_made(
@@ -50,13 +47,13 @@ def test_a_dead_owners_node_is_reaped_with_everything_it_made(
                           capture_output=True, text=True, check=True)  # fmt: skip
     node.record.owner = int(gone.stdout)
     node.record.save()
-    assert any(m.startswith(folder) for m in _mounts())  # the container's rootfs and netns
+    assert any(m.startswith(folder) for m in mount_points())  # the container's rootfs and netns
 
     assert node.name in reap_stale()
 
     assert not Path(folder).exists()
-    assert not any(m.startswith(folder) for m in _mounts())
-    assert str(KUBELET_DEVICE_PLUGINS) not in _mounts()
+    assert not any(m.startswith(folder) for m in mount_points())
+    assert str(KUBELET_DEVICE_PLUGINS) not in mount_points()
     for managed in node.procs.values():  # killed; reaped here as init reaps a dead run's
         assert managed.proc is not None and managed.proc.wait(timeout=10) == -9
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)

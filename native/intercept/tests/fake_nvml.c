@@ -109,6 +109,7 @@ typedef struct {
     unsigned pid;
     fake_stats stats;
 } proc_usage;
+static proc_usage g_procs[MAXPROCS]; /* the last scan, read and written under g_mu */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -291,11 +292,10 @@ API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     device *dev = dev_of(d);
     if (!dev || !m) return NVML_ERROR_INVALID_ARGUMENT;
-    static proc_usage procs[MAXPROCS];
     pthread_mutex_lock(&g_mu);
-    int n = scan(procs, MAXPROCS);
+    int n = scan(g_procs, MAXPROCS);
     uint64_t used = 0;
-    for (int i = 0; i < n; i++) used += atomic_load(&procs[i].stats.used[dev->index]);
+    for (int i = 0; i < n; i++) used += atomic_load(&g_procs[i].stats.used[dev->index]);
     pthread_mutex_unlock(&g_mu);
     m->total = g_total;
     m->used = used > g_total ? g_total : used;
@@ -306,11 +306,10 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     device *dev = dev_of(d);
     if (!dev || !u) return NVML_ERROR_INVALID_ARGUMENT;
-    static proc_usage procs[MAXPROCS];
     pthread_mutex_lock(&g_mu);
-    int n = scan(procs, MAXPROCS);
+    int n = scan(g_procs, MAXPROCS);
     uint64_t busy = 0, at = now_ns();
-    for (int i = 0; i < n; i++) busy += atomic_load(&procs[i].stats.busy_ns[dev->index]);
+    for (int i = 0; i < n; i++) busy += atomic_load(&g_procs[i].stats.busy_ns[dev->index]);
     uint64_t prev = g_dev_busy[dev->index], since = g_dev_at[dev->index];
     u->gpu = since && busy >= prev ? share(busy - prev, at - since) : 0;
     u->memory = 0;
@@ -324,15 +323,14 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigne
                                                          nvmlProcessInfo_v2_t *infos) {
     device *dev = dev_of(d);
     if (!dev || !count) return NVML_ERROR_INVALID_ARGUMENT;
-    static proc_usage procs[MAXPROCS];
     pthread_mutex_lock(&g_mu);
-    int n = scan(procs, MAXPROCS);
+    int n = scan(g_procs, MAXPROCS);
     unsigned found = 0;
     for (int i = 0; i < n; i++) {
-        if (!on_device(&procs[i], dev->index)) continue;
+        if (!on_device(&g_procs[i], dev->index)) continue;
         if (infos && found < *count) {
-            infos[found] = (nvmlProcessInfo_v2_t){procs[i].pid,
-                                                  atomic_load(&procs[i].stats.used[dev->index]), ~0u, ~0u};
+            infos[found] = (nvmlProcessInfo_v2_t){g_procs[i].pid,
+                                                  atomic_load(&g_procs[i].stats.used[dev->index]), ~0u, ~0u};
         }
         found++;
     }
@@ -348,18 +346,17 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtil
     (void)last_seen_us;
     device *dev = dev_of(d);
     if (!dev || !count) return NVML_ERROR_INVALID_ARGUMENT;
-    static proc_usage procs[MAXPROCS];
     pthread_mutex_lock(&g_mu);
-    int n = scan(procs, MAXPROCS);
+    int n = scan(g_procs, MAXPROCS);
     unsigned found = 0;
     uint64_t at = now_ns(), stamp = wall_us();
     for (int i = 0; i < n; i++) {
-        uint64_t busy = atomic_load(&procs[i].stats.busy_ns[dev->index]);
+        uint64_t busy = atomic_load(&g_procs[i].stats.busy_ns[dev->index]);
         if (busy == 0) continue;
         /* the size query reads nothing, so the rates span reading to reading */
         if (samples && found < *count) {
-            unsigned pct = process_share(procs[i].pid, dev->index, busy, at);
-            samples[found] = (nvmlProcessUtilizationSample_t){procs[i].pid, stamp, pct, 0, 0, 0};
+            unsigned pct = process_share(g_procs[i].pid, dev->index, busy, at);
+            samples[found] = (nvmlProcessUtilizationSample_t){g_procs[i].pid, stamp, pct, 0, 0, 0};
         }
         found++;
     }

@@ -510,11 +510,12 @@ class SlicePublisher:
             return 0
         return int(current["spec"]["pool"].get("generation", 0))
 
-    async def _publish(self, snap: NodeSnapshot, why: str) -> list[Obj]:
+    async def _publish(self, snap: NodeSnapshot, why: str, body: Obj | None = None) -> list[Obj]:
+        """Write `body` (built from `snap`, or built here) at the next generation."""
         async with self._lock:
-            body = build_slice(
-                snap, self.generation + 1, node_uid=self._node_uid, driver=self.driver
-            )
+            if body is None:
+                body = build_slice(snap, 0, node_uid=self._node_uid, driver=self.driver)
+            body["spec"]["pool"]["generation"] = self.generation + 1
             devices: list[Obj] = body["spec"]["devices"]
             await self._write(body)
             self.generation += 1
@@ -552,9 +553,9 @@ class SlicePublisher:
             async for snap in self.state.changes():
                 if snap.version == 0:
                     continue  # no inventory yet: publishing nothing would hide the GPUs
-                devices = build_slice(snap, 0, node_uid=self._node_uid, driver=self.driver)
-                if devices["spec"]["devices"] == last:
+                body = build_slice(snap, 0, node_uid=self._node_uid, driver=self.driver)
+                if body["spec"]["devices"] == last:
                     continue
-                last = await self._publish(snap, "devices changed")
+                last = await self._publish(snap, "devices changed", body)
         finally:
             await cancel_all([watching])

@@ -147,14 +147,17 @@ def _kill_tree(folder: str, cgroup: str) -> None:
         time.sleep(0.05)
 
 
+def mount_points() -> list[str]:
+    """Every mount point of this mount namespace (/proc/self/mountinfo)."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line.split()[4].replace("\\040", " ") for line in lines]
+
+
 def _unmount_under(folder: str) -> None:
     """Every mount under `folder`, deepest first (overlay rootfs, shm, netns, secrets)."""
+    under = folder.rstrip("/") + "/"
     for _ in range(5):
-        points = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].replace("\\040", " ")
-            if point == folder or point.startswith(folder.rstrip("/") + "/"):
-                points.append(point)
+        points = [p for p in mount_points() if p == folder or p.startswith(under)]
         if not points:
             return
         for point in sorted(points, key=len, reverse=True):
@@ -338,13 +341,12 @@ class RealNode:
         return f"10.89.{self.subnet}.1"
 
     def _bind(self, source: Path, target: Path) -> None:
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            if line.split()[4] == str(target):
-                raise ConfigError(
-                    f"{target} is already a mount point: another real node runs on this machine "
-                    f"(`mount | grep {target}`; `make down` stops the local stack's)",
-                    path=str(target),
-                )
+        if str(target) in mount_points():
+            raise ConfigError(
+                f"{target} is already a mount point: another real node runs on this machine "
+                f"(`mount | grep {target}`; `make down` stops the local stack's)",
+                path=str(target),
+            )
         source.mkdir(parents=True, exist_ok=True)
         target.mkdir(parents=True, exist_ok=True)
         self.record.binds.append(str(target))
