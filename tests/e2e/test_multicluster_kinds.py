@@ -147,8 +147,14 @@ async def test_a_jobset_goes_only_to_a_worker_that_serves_jobsets_and_completes_
                 return any(c["type"] == "Completed" and c["status"] == "True" for c in conds)
 
             await wait_for(completed, 90, 0.2)
-            final = (await api.get(f"/v1/jobsets/{ns}/js")).json()
-            assert final["status"] == "completed" and final["cluster"] == "jobsets"
+
+            # The hub explains what it wrote; the write and its answer are a moment apart.
+            async def explained_done() -> dict[str, Any] | None:
+                doc = (await api.get(f"/v1/jobsets/{ns}/js")).json()
+                return doc if doc["status"] != "placed" else None
+
+            final = await wait_for(explained_done, 5, 0.1)
+            assert final["status"] == "completed" and final["cluster"] == "jobsets", final
             await hub.stop()
             hub = None
     finally:

@@ -171,6 +171,7 @@ class Hub(QueueCore):
         self.writer = HubWriter(
             kube, settings.cluster, self.jobs,
             event=self._event, publish=self._publish, wake=self._wake.set,
+            remember=self._remember,
         )  # fmt: skip
         for informer in (*self.queue_informers(), *watching):
             informer.add_handler(self._poke)

@@ -56,6 +56,7 @@ class HubWriter:
         event: PostEvent,
         publish: HubPublish,
         wake: Callable[[], None],
+        remember: Callable[[Workload, Obj], None],
     ) -> None:
         self.kube = kube
         self.cluster = cluster
@@ -63,6 +64,7 @@ class HubWriter:
         self.event = event
         self.publish = publish
         self.wake = wake
+        self.remember = remember
 
     async def ensure_mirror(
         self, worker: Worker, hub_obj: Obj, wl: Workload, gpu_type: str
@@ -100,7 +102,7 @@ class HubWriter:
             # Another kind's status is its controller's, whole (what users and tools read).
             copied = status
         try:
-            await self.kube.patch(
+            updated = await self.kube.patch(
                 wl.resource, wl.name, {"status": copied}, wl.namespace, sub="status"
             )
         except (Conflict, NotFound):
@@ -110,6 +112,8 @@ class HubWriter:
             log.warning("hub status not written: %s", exc, extra={"job": wl.key, "error": str(exc)})
             return
         state.mirrored_rv = rv
+        # What was just written is what the hub explains now, not what the watch brings later.
+        self.remember(wl, updated)
         if finished is not None:
             runtime = None
             start, end = status.get("startTime"), status.get("completionTime")
