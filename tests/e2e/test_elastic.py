@@ -263,10 +263,16 @@ async def test_a_job_the_trainer_reports_done_gives_its_gpus_back(
     job = elastic_job("done", namespace, lo=1, hi=4, pool=namespace, scaleCooldownSeconds=0)
     await kube.create(ELASTICJOBS, job, namespace)
     await wait_for(lambda: settled(kube, namespace, "done", 4), 30)
+    before = await kube.get(ELASTICJOBS, "done", namespace)
     # The trainer (or its launcher) marks completion: StatefulSet pods never end by themselves.
     await kube.patch(
         ELASTICJOBS, "done", {"status": {"phase": "Succeeded"}}, namespace, sub="status"
     )
+    # A pass that read the job before the completion must not write its phase over it (the
+    # live demo's trainer found this: its completions raced the controller's status writes).
+    stale = await controller.controller._patch_status(before, {"phase": "Running"})
+    assert stale is False
+    assert (await status(kube, namespace, "done"))["phase"] == "Succeeded"
 
     async def released() -> bool:
         sts = await kube.get(STATEFULSETS, "done-workers", namespace)

@@ -11,6 +11,8 @@ import pytest
 from alnair.common import resources as res
 from alnair.common.errors import InvalidValueError
 from alnair.dev import live_demo as ld
+from alnair.dev.demo_elastic import Progress
+from alnair.elastic.spec import parse as parse_elastic
 
 
 def job(
@@ -22,7 +24,7 @@ def job(
 JOBS = [
     job(1, "ResNet-50 (batch size 64)", 0.0, {"k80": 4000.0, "p100": 2000.0, "v100": 1000.0}),
     job(2, "A3C", 3000.0, {"k80": 9000.0, "p100": 5000.0, "v100": 3000.0}),
-    job(3, "ResNet-50 (batch size 128)", 6000.0, {"p100": 8000.0, "v100": 5000.0}, gpus=4),
+    job(10, "ResNet-50 (batch size 128)", 6000.0, {"p100": 8000.0, "v100": 5000.0}, gpus=4),
 ]
 
 
@@ -70,7 +72,7 @@ def test_job_manifest_asks_for_our_scheduler_and_excludes_types_it_cannot_run_on
     pod = no_k80["spec"]["template"]
     assert pod["metadata"]["annotations"][res.GPU_MODEL_REQUEST] == "P100|V100M16"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {res.GPU: "4"}
-    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00003"
+    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00010"
 
 
 def test_report_from_what_the_watch_saw() -> None:
@@ -105,3 +107,54 @@ def test_the_shipped_trace_loads_with_runtimes_from_gavels_table() -> None:
     assert first.arrival_s == 0.0 and first.gpus == 1
     assert first.runtime_s["v100"] == pytest.approx(95121 / 5.642201972497628)
     assert len(ld.load_trace(["v100"], limit=10)) == 10
+
+
+def test_every_fourth_training_job_is_an_elastic_job_for_its_teams_queue() -> None:
+    elastic = job(7, "ResNet-50 (batch size 64)", 0.0, {"v100": 1000.0}, gpus=4)
+    assert ld.kind_of(elastic) == "elastic"
+    assert ld.kind_of(job(5, "A3C", 0.0, {"v100": 1.0})) == "inference"  # fifth one-GPU
+    assert ld.kind_of(job(6, "A3C", 0.0, {"v100": 1.0})) == "training"
+    made = ld.job_manifest(elastic, ["K80", "V100M16"])
+    assert made["kind"] == "ElasticJob"
+    assert made["metadata"]["labels"][ld.LABEL_QUEUE] == ld.LOCAL_QUEUE
+    spec = made["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"], spec["gpusPerWorker"]) == (2, 8, 1)
+    pod = spec["template"]
+    assert pod["metadata"]["annotations"][res.GPU_MODEL_REQUEST] == "V100M16"
+    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00007"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {res.GPU: "1"}
+    # The elastic controller accepts what the demo submits.
+    parsed = parse_elastic(made | {"metadata": {**made["metadata"], "namespace": "team-d"}})
+    assert (parsed.min_replicas, parsed.max_replicas, parsed.cooldown_s) == (2, 8, 5.0)
+
+
+def test_elastic_progress_integrates_the_workers_it_held() -> None:
+    p = Progress(gpus=2, runtime_s=100.0)
+    assert p.finishes_at() is None  # no workers, no progress
+    p.workers = {"w-0"}
+    p.since = 10.0
+    assert p.finishes_at() == pytest.approx(210.0)  # half the trace's GPUs: twice as long
+    p.advance(60.0)  # 50 s at half speed: a quarter done
+    p.workers |= {"w-1", "w-2", "w-3"}  # grown to twice the trace's count
+    assert p.done == pytest.approx(0.25)
+    assert p.finishes_at() == pytest.approx(60.0 + 0.75 * 50.0)
+    p.advance(1_000.0)
+    assert p.done == 1.0
+
+
+def test_gpu_time_follows_each_holding_and_gives_team_shares() -> None:
+    obs = ld.Observed(total_gpus=8)
+    obs.team = {"a": "team-a", "e": "team-b"}
+    obs.hold("a", 2, 0.0)
+    obs.hold("e", 1, 0.0)  # an elastic job grows, then shrinks, then ends
+    obs.hold("e", 4, 10.0)
+    assert obs.allocated == 6
+    obs.hold("e", 2, 20.0)
+    obs.hold("e", 0, 30.0)
+    obs.hold("a", 0, 30.0)
+    obs.ended = 40.0
+    # a: 2 x 30 = 60; e: 10 + 40 + 20 = 70
+    shares = obs.team_shares()
+    assert shares["team-a"] == pytest.approx(60 / 130)
+    assert shares["team-b"] == pytest.approx(70 / 130)
+    assert obs.allocated == 0

@@ -2,13 +2,14 @@
 
 After the trace replay (`alnair.scheduler.simulator.demo`, no Kubernetes), this starts the local
 stack (`alnair.dev.devstack`: nats, redis, the control plane, a few hundred KWOK GPU nodes
-across K80/P100/V100, and the scheduler, the dispatcher, the sim profiler agent, the
-aggregator and the predictor as processes). Four teams get a ClusterQueue each, a quarter of
-every GPU model, in one cohort. The trace's jobs are submitted to the teams' queues as
-batch/v1 Jobs written as users write them (no `suspend`: the dispatcher's webhook holds them
-for their queue), every fifth one-GPU job as fractional inference (half a GPU),
-time-compressed so the run takes a few minutes. Halfway, the console's GPU map is captured in
-headless Chromium through `kubectl proxy`.
+across K80/P100/V100, and the scheduler, the dispatcher, the elastic controller, the sim
+profiler agent, the aggregator and the predictor as processes). Four teams get a ClusterQueue
+each, a quarter of every GPU model, in one cohort. The trace's jobs are submitted to the teams'
+queues as batch/v1 Jobs written as users write them (no `suspend`: the dispatcher's webhook
+holds them for their queue), every fifth one-GPU job as fractional inference (half a GPU), every
+fourth training job as an ElasticJob (`alnair.dev.demo_elastic`: the elastic controller runs it
+too), time-compressed so the run takes a few minutes. Halfway, the console's GPU map is captured
+in headless Chromium through `kubectl proxy`.
 
 A job's runtime depends on where it runs, as on a real cluster: once the scheduler binds its pod
 this demo (standing in for the training process) reads the node's GPU model and writes the
@@ -50,9 +51,19 @@ from alnair.common import resources as res
 from alnair.common.data import GAVEL_ARRIVALS, data_file, gavel_throughputs
 from alnair.common.errors import AlnairError, ConfigError, InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
-from alnair.common.kube import JOBS, NAMESPACES, NODES, PODS, KubeClient, Obj, Resource
+from alnair.common.kube import (
+    ELASTICJOBS,
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    KubeClient,
+    Obj,
+    Resource,
+)
 from alnair.common.tasks import cancel_all, spawn
 from alnair.dev import devstack
+from alnair.dev.demo_elastic import ElasticTrainer, elastic_manifest
 from alnair.dev.localstack import parse_node_specs
 from alnair.profiler.trialjob import LABEL_TRIALJOB
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
@@ -66,12 +77,16 @@ LOCALQUEUES = Resource("alnair.io", "v1alpha1", "localqueues")
 LABEL_JOB = "alnair.io/demo-job"
 GAVEL_TYPE = {"K80": "k80", "P100": "p100", "V100M16": "v100", "V100M32": "v100"}
 """Node GPU model (the profiler's label) -> Gavel's GPU type. Gavel measured 16 GB V100s."""
-SERVICES = ("profiler-agent", "aggregator", "predictor", "scheduler", "dispatcher")
+SERVICES = ("profiler-agent", "aggregator", "predictor", "scheduler", "dispatcher", "elastic")
 TEAMS = ("team-a", "team-b", "team-c", "team-d")
 """Four teams, each a ClusterQueue with a quarter of every GPU model, in one cohort."""
 LOCAL_QUEUE = "default"
 FRACTION_EVERY = 5
 """Every fifth one-GPU job runs as fractional inference: half a GPU's compute, 8 GiB."""
+ELASTIC_EVERY = 4
+"""Every fourth training job (by trace number, 3 mod 4) runs as an ElasticJob
+(`alnair.dev.demo_elastic`)."""
+KINDS = ("training", "inference", "elastic")
 LABEL_KIND = "alnair.io/demo-kind"
 SERVICE_ENV = {
     # 1 Hz samples of hundreds of pods would keep two cores busy with metrics alone; every
@@ -188,16 +203,33 @@ def fractional(job: TraceJob) -> bool:
     return job.gpus == 1 and int(job.id.rsplit("-", 1)[1]) % FRACTION_EVERY == 0
 
 
+def kind_of(job: TraceJob) -> str:
+    """training (a batch Job), inference (fractional) or elastic (an ElasticJob)."""
+    if fractional(job):
+        return "inference"
+    return "elastic" if int(job.id.rsplit("-", 1)[1]) % ELASTIC_EVERY == 3 else "training"
+
+
 def job_manifest(job: TraceJob, node_models: Sequence[str]) -> Obj:
-    """A batch/v1 Job for one trace job, submitted to its team's queue as a user writes it
-    (no `suspend`: the dispatcher's webhook holds it); GPU types it cannot run on are
-    excluded. A fractional one asks half a GPU's compute and 8 GiB of its memory."""
+    """A batch/v1 Job (or an ElasticJob) for one trace job, submitted to its team's queue as a
+    user writes it (no `suspend`: the dispatcher's webhook holds it); GPU types it cannot run
+    on are excluded. A fractional one asks half a GPU's compute and 8 GiB of its memory."""
     name = job.id.lower()
     runs_on = [m for m in node_models if GAVEL_TYPE.get(m) in job.runtime_s]
     pod_annotations = model_annotations(job.job_type)
     if set(runs_on) != set(node_models):
         pod_annotations[res.GPU_MODEL_REQUEST] = "|".join(runs_on)
-    kind = "inference" if fractional(job) else "training"
+    kind = kind_of(job)
+    if kind == "elastic":
+        return elastic_manifest(
+            name,
+            team_of(job),
+            job.gpus,
+            labels={LABEL_JOB: name, LABEL_QUEUE: LOCAL_QUEUE, LABEL_KIND: kind},
+            annotations=model_annotations(job.job_type),
+            pod_labels={LABEL_JOB: name},
+            pod_annotations=pod_annotations,
+        )
     limits = (
         {res.GPU_COMPUTE: "50", res.GPU_MEMORY_GIB: "8"}
         if kind == "inference"
@@ -248,7 +280,11 @@ class Observed:
     bound: dict[str, float] = field(default_factory=dict)
     finished: dict[str, tuple[float, str]] = field(default_factory=dict)
     gpus: dict[str, float] = field(default_factory=dict)
-    """GPUs each job holds while it runs (half of one for fractional inference)."""
+    """GPUs each batch job holds while it runs (half of one for fractional inference)."""
+    held: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """GPUs each job holds now, and since when (an elastic job's changes as it resizes)."""
+    used: dict[str, float] = field(default_factory=dict)
+    """GPU-seconds each job held before its current holding."""
     team: dict[str, str] = field(default_factory=dict)
     kind: dict[str, str] = field(default_factory=dict)
     waits: dict[str, float] = field(default_factory=dict)
@@ -262,13 +298,23 @@ class Observed:
     ended: float = 0.0
     """When the run stopped watching."""
     console: str = "not taken"
+    problems: list[str] = field(default_factory=list)
+    elastic_grew: int = 0
+    """Elastic jobs that ran above their minimum size at some point."""
+    """What the demo's own part could not do (an elastic job's completion not written)."""
     """The console screenshot's path, or why there is none."""
     timeline: list[tuple[float, float, int]] = field(default_factory=list)
     """(t, GPUs allocated, pods waiting) after every change."""
 
     @property
     def allocated(self) -> float:
-        return sum(self.gpus[j] for j in self.bound if j not in self.finished)
+        return sum(gpus for gpus, _ in self.held.values())
+
+    def hold(self, job: str, gpus: float, now: float) -> None:
+        """`job` holds `gpus` GPUs from `now` on."""
+        before, since = self.held.get(job, (0.0, now))
+        self.used[job] = self.used.get(job, 0.0) + before * (now - since)
+        self.held[job] = (gpus, now)
 
     def wait(self, job: str, reason: str | None, now: float) -> None:
         """The job waits for `reason` from `now` (None: it waits no more)."""
@@ -283,11 +329,12 @@ class Observed:
             self.waited.setdefault(reason, set()).add(job)
 
     def team_shares(self) -> dict[str, float]:
-        """Each team's share of the GPU-seconds used (bound to finished)."""
+        """Each team's share of the GPU-seconds used (until the run ended)."""
         used: dict[str, float] = dict.fromkeys(TEAMS, 0.0)
-        for job, start in self.bound.items():
-            end = self.finished.get(job, (start, ""))[0]
-            used[self.team.get(job, TEAMS[0])] += self.gpus.get(job, 0) * (end - start)
+        for job in self.used.keys() | self.held.keys():
+            gpus, since = self.held.get(job, (0.0, self.ended))
+            seconds = self.used.get(job, 0.0) + gpus * max(0.0, self.ended - since)
+            used[self.team.get(job, TEAMS[0])] += seconds
         total = sum(used.values()) or 1.0
         return {team: used[team] / total for team in TEAMS}
 
@@ -397,6 +444,12 @@ class Run:
         self.changed_submit = asyncio.Event()
         self.node_models = sorted(set(node_model.values()))
         self.console_note = "not taken"
+        self.trainer = ElasticTrainer(kube, self.now, self.runtime_on)
+
+    def runtime_on(self, job: str, model: str) -> float | None:
+        """`job`'s runtime (compressed) on GPU model `model` at its trace GPU count."""
+        runtime = self.jobs[job].runtime_s.get(GAVEL_TYPE.get(model, ""))
+        return None if runtime is None else self.comp.runtime(runtime)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -416,31 +469,53 @@ class Run:
         else:
             self.obs.why.pop(name, None)
 
-    async def on_pod(self, _event: WatchEvent, pod: Obj, _old: Obj | None) -> None:
+    async def on_pod(self, event: WatchEvent, pod: Obj, _old: Obj | None) -> None:
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         job = labels.get(LABEL_JOB)
-        if job not in self.jobs or LABEL_TRIALJOB in labels:
+        if job is None or job not in self.jobs or LABEL_TRIALJOB in labels:
             return  # a trial run of a job (its template's labels): not the job itself
         now = self.now()
         obs = self.obs
         obs.seen.setdefault(job, now)
         node = pod["spec"].get("nodeName")
-        if node and job not in obs.bound:
+        model = self.node_model.get(node or "", "")
+        if job in self.trainer:  # an elastic job's worker: the job holds what its workers do
+            if node:
+                obs.bound.setdefault(job, now)
+            held = self.trainer.on_worker(job, pod, model, event is WatchEvent.DELETED)
+            obs.hold(job, held, now)
+        elif node and job not in obs.bound:
             obs.bound[job] = now
-            model = self.node_model.get(node, "")
-            runtime = self.jobs[job].runtime_s.get(GAVEL_TYPE.get(model, ""))
+            obs.hold(job, obs.gpus[job], now)
+            runtime = self.runtime_on(job, model)
             if runtime is not None:
-                self.durations.put_nowait(
-                    (meta["namespace"], meta["name"], self.comp.runtime(runtime))
-                )
+                self.durations.put_nowait((meta["namespace"], meta["name"], runtime))
         phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed") and job not in obs.finished:
-            obs.finished[job] = (now, phase)
-            if len(obs.finished) == len(self.jobs):
-                self.all_done.set()
+        if phase in ("Succeeded", "Failed") and job not in self.trainer:
+            self.finish(job, phase, now)
         obs.mark(now)
         self.changed.set()
+
+    async def on_elastic(self, _event: WatchEvent, obj: Obj, _old: Obj | None) -> None:
+        """An elastic job ends when its status says so (the trainer's completion, or the
+        controller's Failed)."""
+        job = (obj["metadata"].get("labels") or {}).get(LABEL_JOB)
+        phase = (obj.get("status") or {}).get("phase")
+        if job is not None and job in self.trainer and phase in ("Succeeded", "Failed"):
+            self.finish(job, str(phase), self.now())
+            self.obs.mark(self.now())
+            self.changed.set()
+
+    def finish(self, job: str, phase: str, now: float) -> None:
+        obs = self.obs
+        if job in obs.finished:
+            return
+        obs.finished[job] = (now, phase)
+        if job not in self.trainer:  # an elastic job's GPUs go back as its workers go
+            obs.hold(job, 0.0, now)
+        if len(obs.finished) == len(self.jobs):
+            self.all_done.set()
 
     async def write_durations(self) -> None:
         """The job 'runs' as long as its GPU type needs: KWOK completes it after that."""
@@ -459,12 +534,16 @@ class Run:
             if delay > 0:
                 await asyncio.sleep(delay)  # the trace's arrival time, compressed
             name = job.id.lower()
-            self.obs.gpus[name] = 0.5 if fractional(job) else job.gpus
+            kind = kind_of(job)
+            self.obs.gpus[name] = 0.5 if kind == "inference" else job.gpus
             self.obs.team[name] = team_of(job)
-            self.obs.kind[name] = "inference" if fractional(job) else "training"
+            self.obs.kind[name] = kind
+            if kind == "elastic":
+                self.trainer.add(name, team_of(job), job.gpus)
             self.obs.submitted[name] = self.now()
             self.changed_submit.set()
-            await self.kube.create(JOBS, job_manifest(job, self.node_models), team_of(job))
+            resource = ELASTICJOBS if kind == "elastic" else JOBS
+            await self.kube.create(resource, job_manifest(job, self.node_models), team_of(job))
 
 
 async def create_queues(kube: KubeClient, per_model: Mapping[str, int]) -> None:
@@ -563,6 +642,10 @@ async def run_workload(
         informer.add_handler(run.on_pod)
         job_informer = Informer(kube, JOBS, label_selector=LABEL_JOB, name="live-demo.jobs")
         job_informer.add_handler(run.on_job)
+        elastic_informer = Informer(
+            kube, ELASTICJOBS, label_selector=LABEL_JOB, name="live-demo.elasticjobs"
+        )
+        elastic_informer.add_handler(run.on_elastic)
         died = asyncio.Event()
 
         def on_death(_exc: BaseException) -> None:
@@ -572,6 +655,8 @@ async def run_workload(
         tasks = [
             spawn(informer.run(), name="live-demo.pods", on_death=on_death),
             spawn(job_informer.run(), name="live-demo.jobs", on_death=on_death),
+            spawn(elastic_informer.run(), name="live-demo.elasticjobs", on_death=on_death),
+            spawn(run.trainer.run(), name="live-demo.trainer", on_death=on_death),
             spawn(screenshot(run, state, shot), name="live-demo.console"),
         ]
         tasks += [
@@ -580,6 +665,7 @@ async def run_workload(
         ]
         await informer.synced.wait()
         await job_informer.synced.wait()
+        await elastic_informer.synced.wait()
         tasks.append(spawn(run.submit(), name="live-demo.submit", on_death=on_death))
         deadline = time.monotonic() + timeout_s
         columns = (
@@ -609,6 +695,8 @@ async def run_workload(
                     )
         finally:
             run.obs.ended = run.now()
+            run.obs.problems.extend(run.trainer.problems)
+            run.obs.elastic_grew = run.trainer.grew(run.obs.finished)
             await cancel_all(tasks)
         if died.is_set():
             raise AlnairError("a part of the live demo died; see the log lines above")
@@ -629,14 +717,16 @@ def queue_lines(obs: Observed) -> list[str]:
     )
     shares = ", ".join(f"{team} {100 * share:.0f}%" for team, share in obs.team_shares().items())
     done = [j for j, (_, phase) in obs.finished.items() if phase == "Succeeded"]
-    kinds = {k: sum(1 for j in done if obs.kind.get(j) == k) for k in ("training", "inference")}
+    kinds = {k: sum(1 for j in done if obs.kind.get(j) == k) for k in KINDS}
     held = [f"{job} ({obs.why[job]})" for job in sorted(obs.why) if job not in obs.finished]
     return [
+        *([f"problems            {'; '.join(obs.problems)}"] if obs.problems else []),
         f"waits by reason     {waits} (demo seconds)",
         *([f"still held          {'; '.join(held)}"] if held else []),
         f"team shares         {shares} of the GPU time (each entitled to 25%)",
         f"jobs by kind        {kinds['training']} training, {kinds['inference']} fractional "
-        "inference (half a GPU) done",
+        f"inference (half a GPU), {kinds['elastic']} elastic training done "
+        f"({obs.elastic_grew} grew past their minimum)",
     ]
 
 
@@ -746,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every job is accounted for: done, or still held by the dispatcher with its reason (a
     # job it predicts would run out of memory on every GPU here is not admitted, by design).
     held = sum(1 for job in obs.why if job not in obs.finished)
-    return 0 if r.failed == 0 and r.done + held == r.jobs else 1
+    return 0 if r.failed == 0 and r.done + held == r.jobs and not obs.problems else 1
 
 
 if __name__ == "__main__":

@@ -94,6 +94,9 @@ Publisher = Callable[[ScaleEvent, str], Awaitable[None]]
 COMPONENT = "alnair-elastic"
 LOST_SETTLE_S = 0.25
 """How long the victims of one preemption take to be deleted, so they make one shrink."""
+CONFLICT_RETRY_S = 0.2
+"""A status write refused because the job changed since the pass read it: the next pass, on
+the newer copy, after this long (the watch has usually brought it by then)."""
 
 
 @dataclass
@@ -547,14 +550,22 @@ class Controller:
     async def _event(self, obj: Obj, reason: str, message: str, *, warning: bool = False) -> None:
         await self.events.post(obj, reason, message, type_="Warning" if warning else "Normal")
 
-    async def _patch_status(self, obj: Obj, status: dict[str, Any]) -> None:
+    async def _patch_status(self, obj: Obj, status: dict[str, Any]) -> bool:
+        """Write `status` over the copy this pass read, never over a newer one: a trainer's
+        completion (`phase: Succeeded`) written meanwhile would otherwise be overwritten by
+        the phase computed before it. False when not written; a pass on the newer copy follows."""
         meta = obj["metadata"]
+        body: dict[str, Any] = {"status": status}
+        if meta.get("resourceVersion"):
+            body["metadata"] = {"resourceVersion": meta["resourceVersion"]}
         try:
-            await self.kube.patch(
-                ELASTICJOBS, meta["name"], {"status": status}, meta["namespace"], sub="status"
-            )
+            await self.kube.patch(ELASTICJOBS, meta["name"], body, meta["namespace"], sub="status")
         except NotFound:
-            return
+            return False
+        except Conflict:
+            self._defer(f"{meta['namespace']}/{meta['name']}", CONFLICT_RETRY_S)
+            return False
+        return True
 
     async def _write_status(
         self,
@@ -583,6 +594,8 @@ class Controller:
         if failed and not st.failed_reported:
             st.failed_reported = True
             await self._event(obj, "Failed", decision.reason, warning=True)
-        if any(old.get(k) != v for k, v in status.items()):
-            await self._patch_status(obj, status)
+        if any(old.get(k) != v for k, v in status.items()) and not await self._patch_status(
+            obj, status
+        ):
+            return
         st.status = {**old, **status}
