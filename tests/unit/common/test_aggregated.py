@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import cast
 
+import httpx
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from fastapi import FastAPI
 
-from alnair.common.aggregated import FrontProxy, GroupVersion, Resource
-from alnair.common.httpauth import Access
+from alnair.common.aggregated import FrontProxy, GroupVersion, Resource, install_aggregated
+from alnair.common.httpauth import Access, Identity, TokenReviewer
+from alnair.common.kube import Unavailable
 from alnair.common.kubectl_alnair import (
     ago_or_in,
     gpus_table,
@@ -188,3 +193,55 @@ def test_the_plugin_renders_gpus_top_and_why_a_pod_waits() -> None:
         "Insufficient GPU memory (4 nodes): a, b, d, and 1 more"
     )
     assert lines[5].strip() == "node selector mismatch (1 node): c"
+
+
+class _Reviewer:
+    """A TokenReviewer whose API server answers as told: `review` with an identity, None
+    (not authenticated) or Unavailable; `allowed` likewise."""
+
+    def __init__(self, who: Identity | Exception | None, allowed: bool | Exception) -> None:
+        self.who = who
+        self.verdict = allowed
+
+    async def review(self, _token: str) -> Identity | None:
+        if isinstance(self.who, Exception):
+            raise self.who
+        return self.who
+
+    async def allowed(self, _identity: Identity, _access: Access) -> tuple[bool, str]:
+        if isinstance(self.verdict, Exception):
+            raise self.verdict
+        return self.verdict, ""
+
+
+@pytest.mark.parametrize(
+    ("who", "allowed", "code", "reason"),
+    [
+        (Unavailable("no API server"), True, 503, "ServiceUnavailable"),
+        (None, True, 401, "Unauthorized"),
+        (Identity("ann"), Unavailable("no API server"), 503, "ServiceUnavailable"),
+        (Identity("ann"), False, 403, "Forbidden"),
+        (Identity("ann"), True, 200, None),
+    ],
+)
+async def test_a_bearer_token_that_cannot_be_reviewed_is_no_answer_not_a_refusal(
+    who: Identity | Exception | None, allowed: bool | Exception, code: int, reason: str | None
+) -> None:
+    """The API server unreachable: 503 (retry), as `httpauth` answers; 401 only when the API
+    server says the token is nobody's."""
+    api = GroupVersion("q.example.io", "v1", (Resource("things", False, "Thing"),))
+    app = FastAPI()
+    reviewer = cast(TokenReviewer, _Reviewer(who, allowed))
+    install_aggregated(app, api, front=None, reviewer=reviewer, service="test")
+
+    @app.get(api.prefix + "/things")
+    async def things() -> dict[str, str]:
+        return {"kind": "ThingList"}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        answer = await client.get(api.prefix + "/things", headers={"Authorization": "Bearer x"})
+    assert answer.status_code == code, answer.text
+    if reason is not None:
+        body = answer.json()
+        assert (body["kind"], body["reason"], body["code"]) == ("Status", reason, code)

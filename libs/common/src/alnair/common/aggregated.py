@@ -310,7 +310,12 @@ def install_aggregated(
         access = api.access(request.method, request.url.path)
         if access is None:
             return await call_next(request)
-        identity, refusal = await _who(request, front, reviewer)
+        try:
+            identity, refusal = await _who(request, front, reviewer)
+        except Unavailable as exc:
+            # As httpauth answers it: the caller may retry; nobody was refused.
+            log.warning("token review failed", extra={"service": service, "error": str(exc)})
+            return status(503, "ServiceUnavailable", "cannot verify the token right now")
         if identity is None:
             return status(401, "Unauthorized", refusal)
         assert reviewer is not None or front is not None
@@ -332,7 +337,8 @@ async def _who(
     request: Request, front: FrontProxyWatch | None, reviewer: TokenReviewer | None
 ) -> tuple[Identity | None, str]:
     """Who asks: the user the front proxy names (its certificate checked), else the owner of
-    a reviewed bearer token; with the reason when nobody is known."""
+    a reviewed bearer token; with the reason when nobody is known. Raises `Unavailable` when
+    the token cannot be reviewed (the API server unreachable): that is no answer, not a no."""
     chain: Iterable[str] = ((request.scope.get("extensions") or {}).get("tls") or {}).get(
         "client_cert_chain"
     ) or ()
@@ -348,10 +354,7 @@ async def _who(
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip() or reviewer is None:
         return None, "authenticate through the API server, or with a bearer token"
-    try:
-        identity = await reviewer.review(token.strip())
-    except Unavailable:
-        return None, "cannot verify the token right now"
+    identity = await reviewer.review(token.strip())
     return (identity, "") if identity else (None, "the API server does not authenticate it")
 
 
