@@ -22,7 +22,7 @@ from alnair.common import resources as r
 from alnair.common.aggregated import SCHEDULER_GROUP
 from alnair.common.kube import APISERVICES, JOBS, PODS, KubeClient, NotFound, Resource
 from alnair.common.tls import issue, write_folder
-from alnair.dev.builders import make_pod
+from alnair.dev.builders import make_pod, shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import register_api_service
 from alnair.dev.waiting import wait_for
@@ -82,8 +82,16 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
     # The serving certificate names what the aggregator checks: <service>.<namespace>.svc.
     issued = issue([f"{SERVICE}.default.svc", "127.0.0.1"])
     write_folder(tmp_path / "tls", issued.secret_data())
+    # The dispatcher under its own account, with the RBAC it ships (the APIService is
+    # registered by URL below, as the local stack does).
+    account = await shipped_account(
+        cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml", "dispatcher/query-api.yaml",
+        skip={"APIService"},
+    )  # fmt: skip
+    as_dispatcher = KubeClient(account)
     running = await start_dispatcher(
-        dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0)
+        dispatcher_settings(cp, ns, webhook_cert_dir=str(tmp_path / "tls"), webhook_port=0),
+        kube=as_dispatcher,
     )
     try:
         assert running.webhook is not None
@@ -166,6 +174,7 @@ async def test_queues_and_jobs_through_the_api_server_with_rbac(
         await _direct_calls(cp, port, issued.ca_pem, ns)
     finally:
         await running.stop()
+        await as_dispatcher.close()
     # Registered, nobody answering: one line naming the dispatcher.
     down = await sh(cp, "alnair", "queues", check=False)
     assert down.returncode == 1 and down.stderr.count("\n") == 1, down.stderr
@@ -242,11 +251,17 @@ async def test_gpus_top_and_why_pod_through_the_api_server(
     (node,) = await pool(cp, kube, "1x T4:4", ns)
     issued = issue([f"{SCHEDULER_SERVICE}.default.svc", "127.0.0.1"])
     write_folder(tmp_path / "tls", issued.secret_data())
+    # The scheduler under its own account, with the RBAC it ships.
+    account = await shipped_account(
+        cp, kube, "alnair-scheduler", "scheduler/rbac.yaml", "scheduler/query-api.yaml",
+        skip={"APIService"},
+    )  # fmt: skip
+    as_scheduler = KubeClient(account)
     running = Running(
-        kube, query_cert_dir=str(tmp_path / "tls"), query_port=0, http_host="127.0.0.1"
+        as_scheduler, query_cert_dir=str(tmp_path / "tls"), query_port=0, http_host="127.0.0.1"
     )
     sched = await running.start()
-    secure = await start_query(sched.settings, kube, sched)
+    secure = await start_query(sched.settings, as_scheduler, sched)
     assert secure is not None
     try:
         await register_api_service(
@@ -302,6 +317,7 @@ async def test_gpus_top_and_why_pod_through_the_api_server(
     finally:
         await secure.stop()
         await running.stop()
+        await as_scheduler.close()
         with contextlib.suppress(NotFound):
             await kube.delete(APISERVICES, f"{VERSION}.{SCHEDULER_GROUP}")
 

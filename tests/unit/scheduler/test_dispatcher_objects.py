@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +20,7 @@ from alnair.scheduler.dispatcher.parsing import (
 )
 from alnair.scheduler.dispatcher.predictions import (
     PredictionError,
+    PredictorClient,
     canonical_match,
     to_prediction,
 )
@@ -152,3 +156,63 @@ def test_the_time_a_preempted_job_ran_is_read_from_its_annotation(
 
     annotations = {} if raw is None else {ANN_RAN: raw}
     assert ran_s(parse_workload(job(annotations=annotations), 60.0)) == ran
+
+
+class _Predictor:
+    """The predictor's side of `alnair.predict` as a NATS client sees it: counts requests,
+    answers after `delay_s` with `answer` (or times out)."""
+
+    def __init__(self, answer: dict[str, Any] | None, delay_s: float = 0.05) -> None:
+        self.answer = answer
+        self.delay_s = delay_s
+        self.requests = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.nc = self
+
+    async def request(self, _subject: str, _data: bytes, **_kw: float) -> Any:
+        self.requests += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if self.answer is None:
+                raise TimeoutError
+            return SimpleNamespace(data=json.dumps(self.answer).encode())
+        finally:
+            self.in_flight -= 1
+
+
+FEATURES = [{"model_name": f"m{i % 3}"} for i in range(300)]
+"""A reconcile's waiting workloads: 300 of them, three distinct models."""
+
+
+async def test_a_reconcile_asks_once_per_distinct_job_and_never_floods_the_predictor() -> None:
+    bus = _Predictor(reply(low_confidence=True) | {"low_confidence": True})
+    now = [0.0]
+    client = PredictorClient(cast(Any, bus), "alnair.predict", 5.0, max_in_flight=2,
+                             low_confidence_s=5.0, clock=lambda: now[0])  # fmt: skip
+    many = [client.predict(f, 2, ["V100M32"]) for f in FEATURES]
+    answers = await asyncio.gather(*many)
+    assert bus.requests == 3 and bus.most_in_flight <= 2
+    assert all(a.low_confidence for a in answers)
+    # A low-confidence answer is reused for a while, then asked again.
+    await asyncio.gather(*(client.predict(f, 2, ["V100M32"]) for f in FEATURES))
+    assert bus.requests == 3
+    now[0] = 6.0
+    await client.predict(FEATURES[0], 2, ["V100M32"])
+    assert bus.requests == 4
+
+
+async def test_every_workload_waiting_on_a_request_gets_its_failure() -> None:
+    bus = _Predictor(None)
+    client = PredictorClient(cast(Any, bus), "alnair.predict", 5.0)
+    results = await asyncio.gather(
+        *(client.predict(f, 2, ["V100M32"]) for f in FEATURES[:30]), return_exceptions=True
+    )
+    assert bus.requests == 3
+    assert all(isinstance(x, PredictionError) and "did not answer" in str(x) for x in results)
+    # Nothing is remembered from a failure: the next reconcile asks again.
+    with pytest.raises(PredictionError):
+        await client.predict(FEATURES[0], 2, ["V100M32"])
+    assert bus.requests == 4

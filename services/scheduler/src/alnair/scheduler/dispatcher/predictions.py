@@ -11,10 +11,12 @@ request for jobs already asked about.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,18 +159,43 @@ def to_prediction(reply_doc: Any, gpus: int, models: Sequence[str]) -> JobPredic
 
 
 class PredictorClient:
-    """Asks the predictor, validates, caches until the model version changes."""
+    """Asks the predictor, validates, caches until the model version changes.
 
-    def __init__(self, bus: Bus, subject: str, timeout_s: float) -> None:
+    A reconcile asks for every waiting workload at once, and hundreds of them share a few
+    dozen (features, GPUs, models) keys: one request per key is in flight, the others wait for
+    its answer; at most `max_in_flight` requests are out at a time, so a burst queues here, not
+    in the predictor where the requests would time out while waiting. A low-confidence answer
+    (the predictor may absorb a measurement without a new model version) is reused for
+    `low_confidence_s` before it is asked again."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        subject: str,
+        timeout_s: float,
+        *,
+        max_in_flight: int = 16,
+        low_confidence_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.bus = bus
         self.subject = subject
         self.timeout_s = timeout_s
+        self.low_confidence_s = low_confidence_s
+        self.clock = clock
         self._cache: dict[tuple[Any, ...], JobPrediction] = {}
+        self._recent: dict[tuple[Any, ...], tuple[float, JobPrediction]] = {}
+        """Low-confidence answers and when they were received."""
+        self._asking: dict[tuple[Any, ...], asyncio.Future[JobPrediction]] = {}
+        self._slots = asyncio.Semaphore(max_in_flight)
         self.model_version: int | None = None
+        self.requests = 0
+        """Requests sent (the cache's and the coalescing's misses)."""
 
     def invalidate(self) -> None:
         """Forget every answer (a new model was trained)."""
         self._cache.clear()
+        self._recent.clear()
 
     async def predict(
         self, features: Mapping[str, str], gpus: int, models: Sequence[str]
@@ -178,17 +205,52 @@ class PredictorClient:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        request = _Request(job=job, gpu_types=_predictable(models), gpu_counts=[gpus])
+        recent = self._recent.get(key)
+        if recent is not None and self.clock() - recent[0] < self.low_confidence_s:
+            return recent[1]
+        asking = self._asking.get(key)
+        if asking is not None:
+            return await asyncio.shield(asking)
+        future: asyncio.Future[JobPrediction] = asyncio.get_running_loop().create_future()
+        self._asking[key] = future
         try:
-            msg = await self.bus.nc.request(
-                self.subject,
-                request.model_dump_json(exclude_none=True).encode(),
-                timeout=self.timeout_s,
+            prediction = await self._ask(
+                key,
+                _Request(job=job, gpu_types=_predictable(models), gpu_counts=[gpus]),
+                gpus,
+                models,
             )
-        except TimeoutError as exc:
-            raise PredictionError(f"predictor did not answer within {self.timeout_s} s") from exc
-        except Exception as exc:
-            raise PredictionError(f"predictor unreachable: {exc!r}") from exc
+        except BaseException as exc:
+            # Every waiter gets an answer, whatever ended this request (a cancellation of the
+            # caller that asked is no reason for the others to be cancelled).
+            told = exc if isinstance(exc, PredictionError) else PredictionError(
+                f"the request ended: {exc!r}")  # fmt: skip
+            future.set_exception(told)
+            future.exception()  # retrieved: nobody else may be waiting
+            raise
+        else:
+            future.set_result(prediction)
+            return prediction
+        finally:
+            del self._asking[key]
+
+    async def _ask(
+        self, key: tuple[Any, ...], request: _Request, gpus: int, models: Sequence[str]
+    ) -> JobPrediction:
+        async with self._slots:
+            self.requests += 1
+            try:
+                msg = await self.bus.nc.request(
+                    self.subject,
+                    request.model_dump_json(exclude_none=True).encode(),
+                    timeout=self.timeout_s,
+                )
+            except TimeoutError as exc:
+                raise PredictionError(
+                    f"predictor did not answer within {self.timeout_s} s"
+                ) from exc
+            except Exception as exc:
+                raise PredictionError(f"predictor unreachable: {exc!r}") from exc
         try:
             doc = json.loads(msg.data)
         except ValueError:
@@ -197,11 +259,13 @@ class PredictorClient:
             raise PredictionError(f"predictor refused the request: {doc['error']}")
         prediction = to_prediction(doc, gpus, models)
         if self.model_version is not None and prediction.model_version != self.model_version:
-            self._cache.clear()
+            self.invalidate()
         self.model_version = prediction.model_version
-        if not prediction.low_confidence:
+        if prediction.low_confidence:
             # A low-confidence answer may be superseded by a measurement the predictor has
-            # not absorbed yet (a trial that just completed): ask again next time.
+            # not absorbed yet (a trial that just completed): asked again after a while.
+            self._recent[key] = (self.clock(), prediction)
+        else:
             self._cache[key] = prediction
         return prediction
 
