@@ -123,3 +123,11 @@ def test_bad_records_name_their_field(over: dict[str, str], field: str) -> None:
 def test_steps_from_epochs() -> None:
     assert steps_of(3, 1000, 64) == 3 * 16
     assert steps_of(None, 1000, 64) is None
+
+
+def test_a_record_without_a_batch_size_is_its_models_usual_one() -> None:
+    fields = {k: v for k, v in record().items() if k != "batch_size"}
+    cyclegan = parse_record("k", fields | {"model_name": "CycleGAN"})
+    resnet = parse_record("k", fields)
+    assert isinstance(cyclegan, Observation) and isinstance(resnet, Observation)
+    assert (cyclegan.job, resnet.job) == (JobKey("cyclegan", 1), JobKey("resnet50", 32))

@@ -142,3 +142,18 @@ def test_validation_rejects_a_worse_candidate_and_accepts_a_good_one(bundle: Mod
     few = validate_candidate(gavel, consistent[:3], bundle, "gb", 0.9)
     assert few.accepted
     assert few.holdout_records == 0
+
+
+def test_a_job_without_a_batch_size_runs_with_its_models_usual_one(bundle: ModelBundle) -> None:
+    """CycleGAN as the Philly trace names it (no batch size): Gavel's measured job at one
+    sample per step, fitting a 16 GB GPU, not 32 samples that fit no GPU (the live demo held
+    every CycleGAN job for a predicted 49 GB)."""
+    assert JobSpec(model_name="CycleGAN").batch_size == 1
+    assert JobSpec(model_name="A3C").batch_size == 1
+    assert JobSpec(model_name="ResNet-50").batch_size == 32
+    assert JobSpec(model_name="CycleGAN", batch_size=4).batch_size == 4  # stated: kept
+    reply = predict(bundle, PredictRequest(job=JobSpec(model_name="CycleGAN", total_steps=100),
+                                           gpu_types=["V100"], gpu_counts=[1]))  # fmt: skip
+    (p,) = reply.predictions
+    assert p.basis == "measured" and not reply.low_confidence
+    assert p.peak_gpu_mem_mib < 16 * 1024

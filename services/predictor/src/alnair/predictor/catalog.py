@@ -117,6 +117,17 @@ def _family_of(raw: str) -> str:
     return "other"
 
 
+DEFAULT_BATCH_SIZE = 32
+ONE_SAMPLE_PER_STEP = frozenset({"a3c", "cyclegan"})
+"""Models Gavel runs (and its trace names) without a batch size: one sample per step (CycleGAN
+trains on one image pair per step, A3C on one rollout)."""
+
+
+def default_batch_size(name: str) -> int:
+    """The batch size a job of model `name` that states none runs with."""
+    return 1 if normalize_model_name(name) in ONE_SAMPLE_PER_STEP else DEFAULT_BATCH_SIZE
+
+
 @lru_cache(maxsize=4096)
 def describe_model(name: str) -> ModelInfo:
     """Family, size and activation memory of a model, from the table or from its name."""

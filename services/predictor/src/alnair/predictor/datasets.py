@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from alnair.common.data import GavelRow, gavel_throughputs, read_gavel_csv
-from alnair.predictor.catalog import normalize_model_name
+from alnair.predictor.catalog import default_batch_size, normalize_model_name
 from alnair.predictor.gpus import canonical_gpu
 
 SUCCESS_OUTCOMES = frozenset({"succeeded", "completed", "success", "ok"})
@@ -96,11 +96,12 @@ class TrainingData:
 def gavel_job_key(job_type: str) -> JobKey:
     """Gavel's job-type string ("ResNet-18 (batch size 16)", "A3C") as a JobKey.
 
-    A3C and CycleGAN carry no batch size in Gavel; both run one sample per step there.
+    A3C and CycleGAN carry no batch size in Gavel; both run one sample per step there
+    (`default_batch_size`).
     """
     match = _BATCH.match(job_type.strip())
     if match is None:
-        return JobKey(normalize_model_name(job_type), 1)
+        return JobKey(normalize_model_name(job_type), default_batch_size(job_type))
     return JobKey(normalize_model_name(match.group("name")), int(match.group("batch")))
 
 
@@ -209,7 +210,9 @@ def parse_record(key: str, fields: Mapping[str, str]) -> Observation | RecordPro
     except ValueError as error:
         name = str(error)
         return RecordProblem(key, name, f"{fields.get(name)!r} is not a finite number")
-    if batch is None or batch < 1:
+    if batch is None:
+        batch = float(default_batch_size(model))  # as a request that states none is read
+    if batch < 1:
         return RecordProblem(key, "batch_size", f"must be a positive integer, got {batch!r}")
     if count is None or count < 1:
         return RecordProblem(key, "gpu_count", f"must be a positive integer, got {count!r}")

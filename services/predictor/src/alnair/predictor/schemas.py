@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alnair.common.annotations import job_model
+from alnair.predictor.catalog import DEFAULT_BATCH_SIZE, default_batch_size
 from alnair.predictor.gpus import GPU_SPECS, canonical_gpu
 
 DEFAULT_GPU_COUNTS = (1, 2, 4, 8)
@@ -37,7 +38,13 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     model_name: str = Field(min_length=1, max_length=200, description="e.g. resnet50, bert-base")
-    batch_size: int = Field(default=32, ge=1, le=1_000_000, description="samples per step per GPU")
+    batch_size: int = Field(
+        default=DEFAULT_BATCH_SIZE,
+        ge=1,
+        le=1_000_000,
+        description="samples per step per GPU; when absent, the model's usual one (1 for A3C "
+        "and CycleGAN, as Gavel runs them; else 32)",
+    )
     data_size: int | None = Field(
         default=None, ge=1, description="training samples per epoch (with epoch: total steps)"
     )
@@ -45,6 +52,17 @@ class JobSpec(BaseModel):
     total_steps: int | None = Field(
         default=None, ge=1, description="total training steps; overrides epoch x data_size"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _usual_batch(cls, data: Any) -> Any:
+        # A job that states no batch size runs with its model's usual one: 32 samples of
+        # CycleGAN would be a model Gavel never measured, and 32 times its memory per sample.
+        if isinstance(data, dict) and data.get("batch_size") is None and data.get("model_name"):
+            model = data["model_name"]
+            if isinstance(model, str):
+                return {**data, "batch_size": default_batch_size(model)}
+        return data
 
     @field_validator("model_name")
     @classmethod
