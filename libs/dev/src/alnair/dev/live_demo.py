@@ -301,6 +301,8 @@ class Observed:
     problems: list[str] = field(default_factory=list)
     elastic_grew: int = 0
     """Elastic jobs that ran above their minimum size at some point."""
+    unfinished: dict[str, int] = field(default_factory=dict)
+    """Jobs not done when the run ended, by kind and what the dispatcher says of them."""
     """What the demo's own part could not do (an elastic job's completion not written)."""
     """The console screenshot's path, or why there is none."""
     timeline: list[tuple[float, float, int]] = field(default_factory=list)
@@ -700,7 +702,28 @@ async def run_workload(
             await cancel_all(tasks)
         if died.is_set():
             raise AlnairError("a part of the live demo died; see the log lines above")
+        await count_unfinished(run, state.services["dispatcher"].url)
         return run.obs
+
+
+async def count_unfinished(run: Run, dispatcher_url: str) -> None:
+    """What the dispatcher says of each job not done when the run ends (its explanation):
+    counted by kind, status and reason, so a run that times out says where the rest were."""
+    obs = run.obs
+    left = [j for j in run.jobs if j not in obs.finished]
+    async with httpx.AsyncClient(base_url=dispatcher_url, timeout=10) as http:
+        for job in left:
+            plural = "elasticjobs" if obs.kind.get(job) == "elastic" else "jobs"
+            try:
+                doc = (await http.get(f"/v1/{plural}/{obs.team.get(job)}/{job}")).json()
+            except (httpx.HTTPError, ValueError):
+                doc = {}
+            status = str(doc.get("status") or "unknown")
+            reason = (doc.get("reason") or {}).get("kind")
+            if status == "admitted" and job in obs.bound:
+                status = "running"
+            key = f"{obs.kind.get(job, '?')} {status}" + (f" ({reason})" if reason else "")
+            obs.unfinished[key] = obs.unfinished.get(key, 0) + 1
 
 
 def queue_lines(obs: Observed) -> list[str]:
@@ -721,6 +744,14 @@ def queue_lines(obs: Observed) -> list[str]:
     held = [f"{job} ({obs.why[job]})" for job in sorted(obs.why) if job not in obs.finished]
     return [
         *([f"problems            {'; '.join(obs.problems)}"] if obs.problems else []),
+        *(
+            [
+                "not done            "
+                + ", ".join(f"{n} {k}" for k, n in sorted(obs.unfinished.items()))
+            ]
+            if obs.unfinished
+            else []
+        ),
         f"waits by reason     {waits} (demo seconds)",
         *([f"still held          {'; '.join(held)}"] if held else []),
         f"team shares         {shares} of the GPU time (each entitled to 25%)",
