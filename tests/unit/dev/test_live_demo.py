@@ -24,7 +24,7 @@ def job(
 JOBS = [
     job(1, "ResNet-50 (batch size 64)", 0.0, {"k80": 4000.0, "p100": 2000.0, "v100": 1000.0}),
     job(2, "A3C", 3000.0, {"k80": 9000.0, "p100": 5000.0, "v100": 3000.0}),
-    job(10, "ResNet-50 (batch size 128)", 6000.0, {"p100": 8000.0, "v100": 5000.0}, gpus=4),
+    job(11, "ResNet-50 (batch size 128)", 6000.0, {"p100": 8000.0, "v100": 5000.0}, gpus=4),
 ]
 
 
@@ -72,7 +72,7 @@ def test_job_manifest_asks_for_our_scheduler_and_excludes_types_it_cannot_run_on
     pod = no_k80["spec"]["template"]
     assert pod["metadata"]["annotations"][res.GPU_MODEL_REQUEST] == "P100|V100M16"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {res.GPU: "4"}
-    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00010"
+    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00011"
 
 
 def test_report_from_what_the_watch_saw() -> None:
@@ -109,11 +109,12 @@ def test_the_shipped_trace_loads_with_runtimes_from_gavels_table() -> None:
     assert len(ld.load_trace(["v100"], limit=10)) == 10
 
 
-def test_every_fourth_training_job_is_an_elastic_job_for_its_teams_queue() -> None:
-    elastic = job(7, "ResNet-50 (batch size 64)", 0.0, {"v100": 1000.0}, gpus=4)
+def test_one_training_job_in_seven_is_an_elastic_job_for_its_teams_queue() -> None:
+    elastic = job(10, "ResNet-50 (batch size 64)", 0.0, {"v100": 1000.0}, gpus=4)
     assert ld.kind_of(elastic) == "elastic"
     assert ld.kind_of(job(5, "A3C", 0.0, {"v100": 1.0})) == "inference"  # fifth one-GPU
     assert ld.kind_of(job(6, "A3C", 0.0, {"v100": 1.0})) == "training"
+    assert ld.kind_of(job(15, "A3C", 0.0, {"v100": 1.0}, gpus=2)) == "training"  # 1 mod 7
     made = ld.job_manifest(elastic, ["K80", "V100M16"])
     assert made["kind"] == "ElasticJob"
     assert made["metadata"]["labels"][ld.LABEL_QUEUE] == ld.LOCAL_QUEUE
@@ -121,7 +122,7 @@ def test_every_fourth_training_job_is_an_elastic_job_for_its_teams_queue() -> No
     assert (spec["minReplicas"], spec["maxReplicas"], spec["gpusPerWorker"]) == (2, 8, 1)
     pod = spec["template"]
     assert pod["metadata"]["annotations"][res.GPU_MODEL_REQUEST] == "V100M16"
-    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00007"
+    assert pod["metadata"]["labels"][ld.LABEL_JOB] == "job-00010"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {res.GPU: "1"}
     # The elastic controller accepts what the demo submits.
     parsed = parse_elastic(made | {"metadata": {**made["metadata"], "namespace": "team-d"}})

@@ -12,7 +12,9 @@ exports. `status` says what is up (process alive, `/readyz` answer); `down` stop
 developer's.
 
 `up` is idempotent: on a running stack it restarts only the services that died and prints the
-same summary. A service that exits during start-up fails `up` with the tail of its log.
+same summary. Each service runs under `alnair.dev.supervise`, which starts it again when it
+exits, as the kubelet would (a leader that loses its Lease exits on purpose). A service that
+exits during start-up fails `up` with the tail of its log.
 
 The stack is secured as a deployment is (issue 16): nats-server admits only one user per
 service, each limited to its subjects (`alnair.common.natsauth`), redis-server only its ACL
@@ -70,6 +72,7 @@ from alnair.dev.stack_services import (
     real_node_info,
     service,
 )
+from alnair.dev.supervise import RESTART_MARK
 
 DIR_ENV = "ALNAIR_DEV_DIR"
 FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
@@ -288,13 +291,23 @@ class StartError(AlnairError):
     """A service did not come up; the message carries its log tail."""
 
 
+def _restarted(proc: Proc) -> bool:
+    """Whether the service's supervisor has started it again (its log is this run's only)."""
+    try:
+        with open(proc.log, "rb") as log:
+            return any(line.startswith(RESTART_MARK.encode()) for line in log)
+    except OSError:
+        return False
+
+
 def _wait_ready(procs: Sequence[tuple[ManagedProcess, Proc]], timeout_s: float) -> None:
     """Until every process answers ready; the first one that exits fails at once."""
     waiting = list(procs)
     deadline = time.monotonic() + timeout_s
     while waiting:
         for managed, proc in list(waiting):
-            if not managed.alive():
+            if not managed.alive() or _restarted(proc):
+                managed.stop()  # no crash loop is left behind a failed start
                 raise StartError(
                     f"{proc.name} exited during start-up (log {proc.log}):\n{proc.tail()}",
                     service=proc.name,
@@ -378,7 +391,11 @@ def _start_services(
             **(spec.env(stack) if spec.env else {}),
             **opts.env.get(spec.name, {}),
         }
-        managed = ManagedProcess(spec.name, [sys.executable, "-m", *spec.argv], logs, env)
+        # Supervised as the kubelet would: a service that exits is started again.
+        supervised = [sys.executable, "-m", "alnair.dev.supervise", "--name", spec.name, "--"]
+        managed = ManagedProcess(
+            spec.name, [*supervised, sys.executable, "-m", *spec.argv], logs, env
+        )
         managed.log_path.write_bytes(b"")  # this run's log only, so a failure's tail is its own
         managed.start()
         proc = Proc.of(managed, ports[spec.name])

@@ -6,8 +6,8 @@ across K80/P100/V100, and the scheduler, the dispatcher, the elastic controller,
 profiler agent, the aggregator and the predictor as processes). Four teams get a ClusterQueue
 each, a quarter of every GPU model, in one cohort. The trace's jobs are submitted to the teams'
 queues as batch/v1 Jobs written as users write them (no `suspend`: the dispatcher's webhook
-holds them for their queue), every fifth one-GPU job as fractional inference (half a GPU), every
-fourth training job as an ElasticJob (`alnair.dev.demo_elastic`: the elastic controller runs it
+holds them for their queue), every fifth one-GPU job as fractional inference (half a GPU), one
+training job in seven as an ElasticJob (`alnair.dev.demo_elastic`: the elastic controller runs it
 too), time-compressed so the run takes a few minutes. Halfway, the console's GPU map is captured
 in headless Chromium through `kubectl proxy`.
 
@@ -65,6 +65,7 @@ from alnair.common.tasks import cancel_all, spawn
 from alnair.dev import devstack
 from alnair.dev.demo_elastic import ElasticTrainer, elastic_manifest
 from alnair.dev.localstack import parse_node_specs
+from alnair.dev.supervise import RESTART_MARK
 from alnair.profiler.trialjob import LABEL_TRIALJOB
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
@@ -83,9 +84,9 @@ TEAMS = ("team-a", "team-b", "team-c", "team-d")
 LOCAL_QUEUE = "default"
 FRACTION_EVERY = 5
 """Every fifth one-GPU job runs as fractional inference: half a GPU's compute, 8 GiB."""
-ELASTIC_EVERY = 4
-"""Every fourth training job (by trace number, 3 mod 4) runs as an ElasticJob
-(`alnair.dev.demo_elastic`)."""
+ELASTIC_EVERY = 7
+"""Training jobs numbered 3 mod 7 run as ElasticJobs (`alnair.dev.demo_elastic`); 7 is prime
+to the four teams, so every team has some."""
 KINDS = ("training", "inference", "elastic")
 LABEL_KIND = "alnair.io/demo-kind"
 SERVICE_ENV = {
@@ -761,10 +762,26 @@ def queue_lines(obs: Observed) -> list[str]:
     ]
 
 
+def restarts(state: devstack.State) -> dict[str, int]:
+    """How often each service was started again by its supervisor during the run."""
+    counts: dict[str, int] = {}
+    for name, proc in state.services.items():
+        with contextlib.suppress(OSError):
+            text = Path(proc.log).read_text(errors="replace")
+            counts[name] = sum(1 for line in text.splitlines() if line.startswith(RESTART_MARK))
+    return {name: n for name, n in counts.items() if n}
+
+
 def system_summary(state: devstack.State, done: int, wait_s: float = 30.0) -> list[str]:
     """What the other services made of the run: execution records (given up to `wait_s` to
-    catch up with the last completions) and the predictor's serving model."""
-    lines = []
+    catch up with the last completions), the predictor's serving model, and any service that
+    exited and was started again (with why, in its log)."""
+    again = restarts(state)
+    lines = [
+        "restarts            "
+        + (", ".join(f"{name} {n}x" for name, n in sorted(again.items())) or "none")
+        + (f" (see {state.dir}/logs)" if again else "")
+    ]
     with httpx.Client(timeout=10) as http:
         agg = state.services["aggregator"]
         deadline = time.monotonic() + wait_s
