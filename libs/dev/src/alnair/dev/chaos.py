@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import subprocess
@@ -150,9 +149,7 @@ def _relaunch(argv: list[str], env: dict[str, str], log_path: str) -> int:
 
 def _kill(pid: int) -> None:
     """SIGKILL the process group of `pid` and wait until the process is gone (its port free)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    devstack._wait_exit(pid, 10.0)
+    devstack.kill_group(pid, signal.SIGKILL, 10.0)
 
 
 class Chaos:

@@ -133,9 +133,7 @@ class Proc:
         if not self.alive():
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
-            if _wait_exit(self.pid, timeout_s):
+            if kill_group(self.pid, sig, timeout_s):
                 return
 
     def to_json(self) -> dict[str, Any]:
@@ -146,6 +144,33 @@ class Proc:
             "log": self.log,
             "port": self.port,
         }
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (a service and its supervisor), from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def kill_group(pgid: int, sig: int, timeout_s: float) -> bool:
+    """Send `sig` to process group `pgid` and wait for every process in it to exit (a
+    supervisor killed before its service leaves the service holding the port a moment)."""
+    members = group_members(pgid) or [pgid]
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    deadline = time.monotonic() + timeout_s
+    return all(_wait_exit(pid, max(0.0, deadline - time.monotonic())) for pid in members)
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
