@@ -60,8 +60,8 @@ from alnair.elastic.scaling import Outcome, ScaleRequest
 from alnair.elastic.settings import ElasticSettings
 from alnair.elastic.sizing import (
     FINISHED,
+    ClusterView,
     Decision,
-    capacity,
     decide,
     holds_gpus,
     node_facts,
@@ -149,6 +149,10 @@ class Controller:
         self.pods.add_handler(self._on_pod)
         self.nodes.add_handler(self._on_node)
         self.state: dict[str, JobState] = {}
+        self._view: ClusterView | None = None
+        """Sizing's reading of the nodes and pods, until either changes."""
+        self._by_job: dict[tuple[str, str], dict[str, Obj]] = {}
+        """Pods by (namespace, the job label they carry), so a pass does not walk every pod."""
         self._kicked: set[str] = set()
         self._passes: set[asyncio.Task[Any]] = set()
         self.tasks: list[asyncio.Task[Any]] = []
@@ -265,7 +269,27 @@ class Controller:
                 return
             self.kick(f"{obj['metadata']['namespace']}/{job}")
 
+    def _index(self, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if old is not None:
+            before = (old["metadata"].get("labels") or {}).get(JOB_LABEL)
+            if before:
+                self._by_job.get((meta["namespace"], before), {}).pop(key, None)
+        job = (meta.get("labels") or {}).get(JOB_LABEL)
+        if not job:
+            return
+        group = self._by_job.setdefault((meta["namespace"], job), {})
+        if event is WatchEvent.DELETED:
+            group.pop(key, None)
+            if not group:
+                del self._by_job[(meta["namespace"], job)]
+        else:
+            group[key] = pod
+
     def _on_pod(self, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
+        self._view = None
+        self._index(event, pod, old)
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         job = labels.get(JOB_LABEL)
@@ -303,6 +327,7 @@ class Controller:
         return event is WatchEvent.DELETED or not holds_gpus(pod)
 
     def _on_node(self, event: WatchEvent, node: Obj, old: Obj | None) -> None:
+        self._view = None
         if event is WatchEvent.DELETED:
             return
         if old is None or node_facts(old) != node_facts(node):
@@ -336,17 +361,14 @@ class Controller:
     # --- the pass -------------------------------------------------------------------------
 
     def workers(self, spec: ElasticSpec) -> list[Obj]:
-        out = []
-        for pod in self.pods.store.values():
-            meta = pod["metadata"]
-            labels = meta.get("labels") or {}
-            if (
-                meta.get("namespace") == spec.namespace
-                and labels.get(JOB_LABEL) == spec.name
-                and labels.get(ROLE_LABEL) == "worker"
-            ):
-                out.append(pod)
-        return out
+        pods = self._by_job.get((spec.namespace, spec.name), {}).values()
+        return [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == "worker"]
+
+    def view(self) -> ClusterView:
+        """The nodes and pods as sizing reads them, rebuilt after any of them changed."""
+        if self._view is None:
+            self._view = ClusterView(self.nodes.values(), self.pods.values())
+        return self._view
 
     async def reconcile(self, key: str, req: ScaleRequest | None = None) -> Outcome:
         t0 = time.perf_counter()
@@ -427,13 +449,7 @@ class Controller:
                 st.lost_workers = False
                 forced = (max(ordinal(p) for p in live) + 1) if live else 0
         priority = max((int(p["spec"].get("priority") or 0) for p in workers), default=0)
-        cap = capacity(
-            shape_of(spec, priority),
-            self.nodes.values(),
-            self.pods.values(),
-            (spec.namespace, spec.name),
-            len(live),
-        )
+        cap = self.view().capacity(shape_of(spec, priority), (spec.namespace, spec.name), len(live))
         now = datetime.now(UTC)
         if req is not None and current is not None and req.replicas >= current:
             st.ceiling = None  # a request for more lifts an earlier shrink's ceiling

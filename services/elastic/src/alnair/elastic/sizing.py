@@ -99,11 +99,15 @@ def node_fits_shape(node: Obj, shape: WorkerShape) -> bool:
 
 def free_gpus(nodes: Iterable[Obj], pods: Iterable[Obj], shape: WorkerShape) -> dict[str, int]:
     """Whole GPUs free on every node a worker of `shape` may use."""
+    return _free_per_node([n for n in nodes if node_fits_shape(n, shape)], pods)
+
+
+def _free_per_node(nodes: Iterable[Obj], pods: Iterable[Obj]) -> dict[str, int]:
+    """Whole GPUs free on each of `nodes`."""
     allocatable: dict[str, int] = {}
     for node in nodes:
-        if node_fits_shape(node, shape):
-            gpus = ((node.get("status") or {}).get("allocatable") or {}).get(r.GPU, "0")
-            allocatable[node["metadata"]["name"]] = int(str(gpus))
+        gpus = ((node.get("status") or {}).get("allocatable") or {}).get(r.GPU, "0")
+        allocatable[node["metadata"]["name"]] = int(str(gpus))
     whole: dict[str, int] = dict.fromkeys(allocatable, 0)
     shared: dict[str, set[int]] = {n: set() for n in allocatable}
     for pod in pods:
@@ -165,6 +169,41 @@ class Capacity:
         return self.running + max(0, self.free_slots - self.demand_slots)
 
 
+class ClusterView:
+    """What sizing reads of the cluster, computed once from the nodes and pods and then
+    shared by every pass until one of them changes: the whole GPUs free on each node and the
+    pods waiting for one. One pod event wakes every job that could grow; without this each
+    of their passes walked every node and pod again (the live demo's controller spent most
+    of its CPU there, and lost its Lease under load)."""
+
+    def __init__(self, nodes: Iterable[Obj], pods: Iterable[Obj]) -> None:
+        self.nodes = list(nodes)
+        pods = list(pods)
+        self.free = _free_per_node(self.nodes, pods)
+        self.pending = [
+            p for p in pods
+            if not (p.get("spec") or {}).get("nodeName")
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in FINISHED
+        ]  # fmt: skip
+        self._eligible: dict[tuple[Any, ...], list[Obj]] = {}
+
+    def eligible(self, shape: WorkerShape) -> list[Obj]:
+        """The nodes a worker of `shape` may use."""
+        key = (tuple(sorted(shape.node_selector.items())), repr(shape.tolerations))
+        found = self._eligible.get(key)
+        if found is None:
+            found = self._eligible[key] = [n for n in self.nodes if node_fits_shape(n, shape)]
+        return found
+
+    def capacity(self, shape: WorkerShape, job: tuple[str, str], running: int) -> Capacity:
+        eligible = self.eligible(shape)
+        free = (self.free.get(n["metadata"]["name"], 0) for n in eligible)
+        slots = sum(g // shape.gpus for g in free) if shape.gpus else 0
+        demand = pending_demand_gpus(self.pending, job, shape.priority, eligible)
+        return Capacity(running, slots, math.ceil(demand / shape.gpus) if shape.gpus else 0)
+
+
 def capacity(
     shape: WorkerShape,
     nodes: Iterable[Obj],
@@ -172,11 +211,7 @@ def capacity(
     job: tuple[str, str],
     running: int,
 ) -> Capacity:
-    eligible = [n for n in nodes if node_fits_shape(n, shape)]
-    free = free_gpus(eligible, pods, shape)
-    slots = sum(g // shape.gpus for g in free.values()) if shape.gpus else 0
-    demand = pending_demand_gpus(pods, job, shape.priority, eligible)
-    return Capacity(running, slots, math.ceil(demand / shape.gpus) if shape.gpus else 0)
+    return ClusterView(nodes, pods).capacity(shape, job, running)
 
 
 @dataclass(frozen=True)
