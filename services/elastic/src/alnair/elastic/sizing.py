@@ -122,22 +122,19 @@ def _free_per_node(nodes: Iterable[Obj], pods: Iterable[Obj]) -> dict[str, int]:
     return {n: max(0, allocatable[n] - whole[n] - len(shared[n])) for n in allocatable}
 
 
-def _selects(pod: Obj, nodes: list[Obj]) -> bool:
-    """The pod's nodeSelector matches one of `nodes` (a pod pinned elsewhere competes for
-    none of this job's GPUs)."""
-    wanted = (pod.get("spec") or {}).get("nodeSelector") or {}
-    return any(
-        all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
-        for n in nodes
-    )
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A pod waiting for a node, as demand reads it."""
+
+    job: tuple[str | None, str | None]
+    priority: int
+    gpus: int
+    selector: tuple[tuple[str, str], ...]
 
 
-def pending_demand_gpus(
-    pods: Iterable[Obj], job: tuple[str, str], priority: int, nodes: list[Obj] | None = None
-) -> int:
-    """GPUs that pending pods of other jobs with priority >= `priority` wait for, counting
-    only pods that may run on `nodes` (the job's eligible nodes) when given."""
-    total = 0
+def _waiting(pods: Iterable[Obj]) -> list[_Waiting]:
+    """The pods that wait for a node and ask for whole GPUs."""
+    out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
@@ -145,14 +142,46 @@ def pending_demand_gpus(
             continue
         if (pod.get("status") or {}).get("phase") in FINISHED:
             continue
-        if (meta.get("namespace"), (meta.get("labels") or {}).get(JOB_LABEL)) == job:
+        gpus = whole_gpus(pod)
+        if gpus:
+            job = (meta.get("namespace"), (meta.get("labels") or {}).get(JOB_LABEL))
+            selector = tuple(sorted((spec.get("nodeSelector") or {}).items()))
+            out.append(_Waiting(job, int(spec.get("priority") or 0), gpus, selector))
+    return out
+
+
+def _demand(
+    waiting: Iterable[_Waiting], job: tuple[str, str], priority: int, nodes: list[Obj] | None
+) -> int:
+    """GPUs the `waiting` pods of other jobs with priority >= `priority` ask for, counting
+    only pods whose nodeSelector matches one of `nodes` when given (a pod pinned elsewhere
+    competes for none of this job's GPUs); each distinct selector is matched once."""
+    labels = (
+        None if nodes is None else [(n.get("metadata") or {}).get("labels") or {} for n in nodes]
+    )
+    matches: dict[tuple[tuple[str, str], ...], bool] = {}
+    total = 0
+    for w in waiting:
+        if w.job == job or w.priority < priority:
             continue
-        if int(spec.get("priority") or 0) < priority:
-            continue
-        if nodes is not None and not _selects(pod, nodes):
-            continue
-        total += whole_gpus(pod)
+        if labels is not None:
+            ok = matches.get(w.selector)
+            if ok is None:
+                ok = matches[w.selector] = any(
+                    all(have.get(k) == v for k, v in w.selector) for have in labels
+                )
+            if not ok:
+                continue
+        total += w.gpus
     return total
+
+
+def pending_demand_gpus(
+    pods: Iterable[Obj], job: tuple[str, str], priority: int, nodes: list[Obj] | None = None
+) -> int:
+    """GPUs that pending pods of other jobs with priority >= `priority` wait for, counting
+    only pods that may run on `nodes` (the job's eligible nodes) when given."""
+    return _demand(_waiting(pods), job, priority, nodes)
 
 
 @dataclass(frozen=True)
@@ -180,12 +209,7 @@ class ClusterView:
         self.nodes = list(nodes)
         pods = list(pods)
         self.free = _free_per_node(self.nodes, pods)
-        self.pending = [
-            p for p in pods
-            if not (p.get("spec") or {}).get("nodeName")
-            and not (p.get("metadata") or {}).get("deletionTimestamp")
-            and (p.get("status") or {}).get("phase") not in FINISHED
-        ]  # fmt: skip
+        self.waiting = _waiting(pods)
         self._eligible: dict[tuple[Any, ...], list[Obj]] = {}
 
     def eligible(self, shape: WorkerShape) -> list[Obj]:
@@ -200,7 +224,7 @@ class ClusterView:
         eligible = self.eligible(shape)
         free = (self.free.get(n["metadata"]["name"], 0) for n in eligible)
         slots = sum(g // shape.gpus for g in free) if shape.gpus else 0
-        demand = pending_demand_gpus(self.pending, job, shape.priority, eligible)
+        demand = _demand(self.waiting, job, shape.priority, eligible)
         return Capacity(running, slots, math.ceil(demand / shape.gpus) if shape.gpus else 0)
 
 
