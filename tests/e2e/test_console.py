@@ -20,6 +20,7 @@ from alnair.common.bus import Bus
 from alnair.common.kube import APISERVICES, JOBS, KubeClient, NotFound
 from alnair.common.tls import issue, write_folder
 from alnair.dev.browser import Browser
+from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import register_api_service
 from alnair.dev.waiting import wait_for
@@ -73,16 +74,25 @@ async def test_the_console_shows_gpus_queues_and_jobs_and_follows_admissions_liv
         certs[service] = issue([f"alnair-{service}-query.default.svc", "127.0.0.1"])
         write_folder(tmp_path / service, certs[service].secret_data())
     bus = await Bus.connect(nats_url, name="console-e2e")
+    # Both services under their own accounts, with the RBAC they ship.
+    accounts = {
+        service: KubeClient(await shipped_account(
+            cp, kube, f"alnair-{service}", f"{service}/rbac.yaml", f"{service}/query-api.yaml",
+            skip={"APIService"},
+        ))
+        for service in ("dispatcher", "scheduler")
+    }  # fmt: skip
     running = Running(
-        kube, query_cert_dir=str(tmp_path / "scheduler"), query_port=0, http_host="127.0.0.1"
-    )
+        accounts["scheduler"], query_cert_dir=str(tmp_path / "scheduler"), query_port=0,
+        http_host="127.0.0.1",
+    )  # fmt: skip
     sched = await running.start()
-    secure = await start_query(sched.settings, kube, sched, bus=bus)
+    secure = await start_query(sched.settings, accounts["scheduler"], sched, bus=bus)
     assert secure is not None
     dispatcher = await start_dispatcher(dispatcher_settings(
         cp, ns, webhook_cert_dir=str(tmp_path / "dispatcher"), webhook_port=0,
         nats_enabled=True, nats_url=nats_url,
-    ))  # fmt: skip
+    ), kube=accounts["dispatcher"])  # fmt: skip
     assert dispatcher.webhook is not None
     try:
         for service, group, port in (
@@ -146,6 +156,8 @@ async def test_the_console_shows_gpus_queues_and_jobs_and_follows_admissions_liv
         await dispatcher.stop()
         await secure.stop()
         await running.stop()
+        for client in accounts.values():
+            await client.close()
         await bus.close()
         for group in (DISPATCHER_GROUP, SCHEDULER_GROUP):
             with contextlib.suppress(NotFound):
