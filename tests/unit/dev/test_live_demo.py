@@ -159,3 +159,14 @@ def test_gpu_time_follows_each_holding_and_gives_team_shares() -> None:
     assert shares["team-a"] == pytest.approx(60 / 130)
     assert shares["team-b"] == pytest.approx(70 / 130)
     assert obs.allocated == 0
+
+
+def test_latency_is_split_by_kind_of_job() -> None:
+    obs = ld.Observed(total_gpus=8)
+    obs.kind = {"a": "training", "b": "training", "e": "elastic"}
+    obs.seen = {"a": 0.0, "b": 0.0, "e": 0.0}
+    obs.bound = {"a": 0.01, "b": 0.03, "e": 2.0}
+    split = ld.latency_by_kind(obs)
+    assert split["training"] == (pytest.approx(10.0), pytest.approx(30.0))
+    assert split["elastic"] == (pytest.approx(2000.0), pytest.approx(2000.0))
+    assert "inference" not in split

@@ -389,6 +389,20 @@ def report(obs: Observed) -> Report:
     )
 
 
+def latency_by_kind(obs: Observed) -> dict[str, tuple[float, float]]:
+    """Pod creation to bind (p50, p99, ms) per kind of job: where a latency tail comes from."""
+    out: dict[str, tuple[float, float]] = {}
+    for kind in KINDS:
+        lat = sorted(
+            (obs.bound[j] - obs.seen[j]) * 1000
+            for j in obs.bound
+            if j in obs.seen and obs.kind.get(j) == kind
+        )
+        if lat:
+            out[kind] = (_pct(lat, 50), _pct(lat, 99))
+    return out
+
+
 def _pct(sorted_values: Sequence[float], pct: float) -> float:
     if not sorted_values:
         return 0.0
@@ -871,7 +885,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"job completion time mean {r.mean_jct_s:.1f} s, median {r.median_jct_s:.1f} s "
         "(submission to success, demo seconds)",
         f"scheduling latency  pod creation to bind: p50 {r.latency_p50_ms:.0f} ms, "
-        f"p99 {r.latency_p99_ms:.0f} ms, max {r.latency_max_ms:.0f} ms",
+        f"p99 {r.latency_p99_ms:.0f} ms, max {r.latency_max_ms:.0f} ms ("
+        + ", ".join(f"{k} {a:.0f}/{b:.0f}" for k, (a, b) in latency_by_kind(obs).items())
+        + " ms p50/p99)",
         f"GPUs allocated      mean {r.mean_util_pct:.0f}%, peak {r.peak_util_pct:.0f}% "
         f"over {r.makespan_s:.0f} s",
         *queue_lines(obs),
