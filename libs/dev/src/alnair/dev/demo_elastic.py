@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from alnair.common import resources as res
-from alnair.common.kube import ELASTICJOBS, ApiError, KubeClient, NotFound, Obj
+from alnair.common.kube import ELASTICJOBS, ApiError, KubeClient, Obj
+from alnair.elastic.sizing import holds_gpus
 
 COOLDOWN_S = 5
 """Seconds between two resizes of one job: the demo's runtimes are tens of seconds, the
@@ -110,11 +111,11 @@ class Progress:
 
 
 def holds_gpu(pod: Obj, deleted: bool) -> bool:
-    """A worker holds its GPU from its binding until it is deleted or ends."""
+    """A worker trains from its binding until it ends or is being deleted (the controller's
+    sizing counts a terminating pod's GPUs as taken; the trainer stops counting its work)."""
     if deleted or pod["metadata"].get("deletionTimestamp"):
         return False
-    phase = (pod.get("status") or {}).get("phase")
-    return bool(pod["spec"].get("nodeName")) and phase not in ("Succeeded", "Failed")
+    return holds_gpus(pod)
 
 
 class ElasticTrainer:
@@ -195,7 +196,7 @@ class ElasticTrainer:
             await self.kube.patch(
                 ELASTICJOBS, job, {"status": {"phase": "Succeeded"}}, namespace, sub="status"
             )
-        except (ApiError, NotFound) as exc:
+        except ApiError as exc:
             self.problems.append(f"{namespace}/{job}: completion not written: {exc}")
 
 

@@ -111,6 +111,11 @@ class TraceJob:
     runtime_s: Mapping[str, float]
     """Gavel GPU type -> seconds (types where Gavel measured no throughput are absent)."""
 
+    @property
+    def number(self) -> int:
+        """The job's line number in the trace (its id is `<prefix>-<number>`)."""
+        return int(self.id.rsplit("-", 1)[1])
+
 
 def load_trace(gpu_types: Sequence[str], limit: int | None = None) -> list[TraceJob]:
     """The shipped Philly-derived trace: Gavel's seven tab-separated columns `job_type,
@@ -197,18 +202,18 @@ def model_annotations(job_type: str) -> dict[str, str]:
 
 
 def team_of(job: TraceJob) -> str:
-    return TEAMS[int(job.id.rsplit("-", 1)[1]) % len(TEAMS)]
+    return TEAMS[job.number % len(TEAMS)]
 
 
 def fractional(job: TraceJob) -> bool:
-    return job.gpus == 1 and int(job.id.rsplit("-", 1)[1]) % FRACTION_EVERY == 0
+    return job.gpus == 1 and job.number % FRACTION_EVERY == 0
 
 
 def kind_of(job: TraceJob) -> str:
     """training (a batch Job), inference (fractional) or elastic (an ElasticJob)."""
     if fractional(job):
         return "inference"
-    return "elastic" if int(job.id.rsplit("-", 1)[1]) % ELASTIC_EVERY == 3 else "training"
+    return "elastic" if job.number % ELASTIC_EVERY == 3 else "training"
 
 
 def job_manifest(job: TraceJob, node_models: Sequence[str]) -> Obj:
@@ -299,13 +304,13 @@ class Observed:
     ended: float = 0.0
     """When the run stopped watching."""
     console: str = "not taken"
+    """The console screenshot's path, or why there is none."""
     problems: list[str] = field(default_factory=list)
+    """What the demo's own part could not do (an elastic job's completion not written)."""
     elastic_grew: int = 0
     """Elastic jobs that ran above their minimum size at some point."""
     unfinished: dict[str, int] = field(default_factory=dict)
     """Jobs not done when the run ended, by kind and what the dispatcher says of them."""
-    """What the demo's own part could not do (an elastic job's completion not written)."""
-    """The console screenshot's path, or why there is none."""
     timeline: list[tuple[float, float, int]] = field(default_factory=list)
     """(t, GPUs allocated, pods waiting) after every change."""
 

@@ -275,17 +275,23 @@ class Controller:
         if old is not None:
             before = (old["metadata"].get("labels") or {}).get(JOB_LABEL)
             if before:
-                self._by_job.get((meta["namespace"], before), {}).pop(key, None)
+                self._forget(meta["namespace"], before, key)
         job = (meta.get("labels") or {}).get(JOB_LABEL)
         if not job:
             return
-        group = self._by_job.setdefault((meta["namespace"], job), {})
         if event is WatchEvent.DELETED:
-            group.pop(key, None)
-            if not group:
-                del self._by_job[(meta["namespace"], job)]
+            self._forget(meta["namespace"], job, key)
         else:
-            group[key] = pod
+            self._by_job.setdefault((meta["namespace"], job), {})[key] = pod
+
+    def _forget(self, namespace: str, job: str, key: str) -> None:
+        """`key` is no longer one of `job`'s pods; a job without pods leaves the index."""
+        group = self._by_job.get((namespace, job))
+        if group is None:
+            return
+        group.pop(key, None)
+        if not group:
+            del self._by_job[(namespace, job)]
 
     def _on_pod(self, event: WatchEvent, pod: Obj, old: Obj | None) -> None:
         self._view = None

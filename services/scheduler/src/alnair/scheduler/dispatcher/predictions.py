@@ -189,8 +189,6 @@ class PredictorClient:
         self._asking: dict[tuple[Any, ...], asyncio.Future[JobPrediction]] = {}
         self._slots = asyncio.Semaphore(max_in_flight)
         self.model_version: int | None = None
-        self.requests = 0
-        """Requests sent (the cache's and the coalescing's misses)."""
 
     def invalidate(self) -> None:
         """Forget every answer (a new model was trained)."""
@@ -238,7 +236,6 @@ class PredictorClient:
         self, key: tuple[Any, ...], request: _Request, gpus: int, models: Sequence[str]
     ) -> JobPrediction:
         async with self._slots:
-            self.requests += 1
             try:
                 msg = await self.bus.nc.request(
                     self.subject,
