@@ -38,6 +38,7 @@ from alnair.common.kube import (
     Resource,
     Unavailable,
 )
+from alnair.common.kubeconfig import KubeConfig
 from alnair.common.tls import write_folder
 from alnair.dev.builders import SYSTEM_NS, make_pod, shipped_account
 from alnair.dev.elastic import elastic_job, start_controller, workers
@@ -91,13 +92,23 @@ async def forbidden(request: Any) -> None:
     assert refused.value.status == 403, refused.value
 
 
+async def dispatcher_account(cp: ControlPlane, kube: KubeClient) -> KubeConfig:
+    """The dispatcher's token with what its deploy grants: its RBAC and, since it serves the
+    aggregated query API on the webhook's port, the front-proxy CA's reader role in
+    kube-system (`query-api.yaml`; its APIService is not registered here)."""
+    return await shipped_account(
+        cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml", "dispatcher/query-api.yaml",
+        skip={"APIService"},
+    )  # fmt: skip
+
+
 async def test_held_at_creation_admitted_under_its_own_account_and_refused_when_down(
     control_plane: ControlPlane, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
     ns = namespace
     cp = control_plane
     skip = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Job"}
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    dispatcher_cfg = await dispatcher_account(cp, kube)
     elastic_cfg = await shipped_account(
         cp, kube, "alnair-elastic", "elastic/rbac.yaml", "elastic/owned-policy.yaml"
     )
@@ -273,7 +284,7 @@ async def test_pods_of_their_own_queue_admit_complete_and_are_evicted_for_the_le
     borrowed is evicted when the lender needs its quota back (a gate cannot be put back)."""
     ns = namespace
     cp = control_plane
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    dispatcher_cfg = await dispatcher_account(cp, kube)
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
     await cohort_queues(kube, ns, "pc", {"pods": (2, 2), "lender": (2, 0)})
 
@@ -415,7 +426,7 @@ async def test_serving_deployments_are_admitted_whole_and_evicted_whole(
     evicted whole for the lender, and its recreated pods wait gated again."""
     ns = namespace
     cp = control_plane
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    dispatcher_cfg = await dispatcher_account(cp, kube)
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
     await cohort_queues(kube, ns, "sc", {"serve": (2, 2), "lender": (2, 0)})
     async with (
@@ -475,7 +486,7 @@ async def test_a_serving_statefulset_is_admitted_pod_by_pod(
     whole for it and its pods come back gated."""
     ns = namespace
     cp = control_plane
-    dispatcher_cfg = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    dispatcher_cfg = await dispatcher_account(cp, kube)
     await cp.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=ns, labels={POOL: ns})
     await cohort_queues(kube, ns, "ss", {"serve": (0, 2), "lender": (2, 0)})
     async with (
