@@ -4,14 +4,15 @@ real API server (issue 26):
 - a follower whose wall clock runs 30 s ahead does not take a lease its holder keeps renewing
   (expiry is judged by the follower's own clock since it last saw the Lease change);
 - a leader whose renewals stall stops leading at the renew deadline, before a follower can take
-  the lease, and its scheduler sends no Binding after that;
+  the lease, and its scheduler sends no Binding after that (the API server's audit log);
 - two dispatchers: only the leader admits; when it dies without handing the Lease back, the
   standby takes over within the lease duration plus one second (measured), and no workload is
   admitted twice;
 - two elastic controllers: only the leader is ready (so the Service sends it scale requests);
   the standby takes over when it dies;
 - two scheduler processes, the leader SIGSTOPped: the standby takes over and binds; the old
-  leader, resumed, binds nothing and exits; no GPU is ever held by two pods.
+  leader, resumed, binds nothing and exits; no GPU is ever held by two pods; the audit log
+  shows every Binding of the old leader within the renew deadline of its last renewal.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ from alnair.common.kube import (
     NotFound,
     Obj,
     Resource,
+    user_agent,
 )
 from alnair.common.leader import LeaderElector, NotLeading
 from alnair.dev.builders import make_pod
 from alnair.dev.elastic import start_controller
 from alnair.dev.localstack import ControlPlane
+from alnair.dev.localstack.audit import AuditEvent
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.cluster.requests import Placement, PodRequest
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
@@ -60,6 +63,11 @@ from dispatcher_support import POOL, cohort_queues, dispatcher_settings, gpu_job
 pytestmark = pytest.mark.e2e
 
 FAST = {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.2}
+
+
+def by(event: AuditEvent, identity: str) -> bool:
+    """The audited request came from the replica named `identity` (its User-Agent's end)."""
+    return event.user_agent.endswith(f" {identity}")
 
 
 def elector(kube: KubeClient, ns: str, lease: str, identity: str, **kw: Any) -> LeaderElector:
@@ -204,7 +212,9 @@ async def test_a_leader_whose_renewals_stall_stops_binding_before_a_follower_can
                  "containers": [{"name": "c", "image": "example.invalid/c:1"}]},
     }  # fmt: skip
     made = await kube.create(PODS, pod, namespace)
-    stalling = _StallingLeases.from_config(str(control_plane.kubeconfig))
+    stalling = _StallingLeases.from_config(
+        str(control_plane.kubeconfig), agent=user_agent("test-elector", "a")
+    )
     assert isinstance(stalling, _StallingLeases)
     async with stalling:
         a = elector(stalling, namespace, "stall", "a")
@@ -234,6 +244,14 @@ async def test_a_leader_whose_renewals_stall_stops_binding_before_a_follower_can
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
+    # The API server's own record: `a` wrote the Lease until the stall and never after, `b`
+    # took it only after that, and no Binding of the pod ever reached the server.
+    events = [e for e in control_plane.audit_events() if e.namespace == namespace]
+    a_writes = [e.at for e in events if e.resource == "leases" and by(e, "a") and e.succeeded]
+    b_writes = [e.at for e in events if e.resource == "leases" and e.user_agent == kube.headers[
+        "User-Agent"] and e.succeeded]  # fmt: skip
+    assert a_writes and b_writes and max(a_writes) < min(b_writes)
+    assert not [e for e in events if e.resource == "pods/binding"]
 
 
 async def _admitted(kube: KubeClient, ns: str) -> dict[str, str]:
@@ -395,6 +413,7 @@ async def test_two_schedulers_with_the_leader_sigstopped_and_resumed_never_hold_
         # The leader freezes (a stalled VM, a debugger): the standby takes over and places
         # what arrives meanwhile, and the room one pod leaves.
         a.send_signal(signal.SIGSTOP)
+        stopped_at = datetime.now(UTC)
         for i in (2, 3):
             await kube.create(PODS, pod(f"p{i}"), ns)
 
@@ -422,6 +441,17 @@ async def test_two_schedulers_with_the_leader_sigstopped_and_resumed_never_hold_
         late = await bound_by(["p2", "p3", "p4"])
         assert late is not None and set(late.values()) == {"sched-b"}
         assert await holder() == "sched-b"
+        # The API server's audit log: every Binding `a` sent completed before it was stopped
+        # and within the renew deadline of its last Lease renewal; `b`'s are recorded too.
+        events = [e for e in control_plane.audit_events() if e.namespace == ns]
+        binds = [e for e in events if e.resource == "pods/binding"]
+        renewed = max(e.at for e in events if e.resource == "leases" and by(e, "sched-a")
+                      and e.succeeded)  # fmt: skip
+        deadline = renewed + timedelta(seconds=FAST["renew_deadline_s"])
+        a_binds = [e for e in binds if by(e, "sched-a")]
+        assert {e.name for e in a_binds if e.succeeded} == {"p0", "p1"}, a_binds
+        assert all(e.at < stopped_at and e.at < deadline for e in a_binds), (a_binds, deadline)
+        assert {e.name for e in binds if by(e, "sched-b") and e.succeeded} >= {"p2", "p3", "p4"}
     finally:
         for proc in (a, b):
             if proc is not None and proc.returncode is None:

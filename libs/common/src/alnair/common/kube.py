@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -198,10 +200,22 @@ def _with(cred: Credential | None, headers: dict[str, str] | None) -> dict[str, 
     return extra
 
 
+VERSION = "0.1.0"
+
+
+def user_agent(component: str = "alnair", identity: str | None = None) -> str:
+    """The User-Agent the API server records for a client (its audit log's `userAgent`):
+    client-go's `<component>/<version> (<os>/<arch>)`, and the replica's identity where
+    replicas share one account, so the audit log tells a leader's writes from its standby's."""
+    agent = f"{component}/{VERSION} ({sys.platform}/{platform.machine().lower() or 'unknown'})"
+    return f"{agent} {identity}" if identity else agent
+
+
 class KubeClient:
     """Async Kubernetes REST client. Use as `async with KubeClient.from_config(...) as kube:`.
 
     `token_recheck_s`: how long a token file's contents are trusted before it is `stat`ed again.
+    `agent`: the User-Agent sent (`user_agent`).
     """
 
     def __init__(
@@ -211,9 +225,10 @@ class KubeClient:
         max_connections: int = 256,
         timeout_s: float = 30,
         token_recheck_s: float = 60.0,
+        agent: str | None = None,
     ):
         self.config = config
-        self.headers = {"Accept": "application/json", "User-Agent": "alnair/0.1"}
+        self.headers = {"Accept": "application/json", "User-Agent": agent or user_agent()}
         self.auth = config.authenticator(token_recheck_s)
         if config.token and self.auth is None:
             # Static: the session sends it, nothing to do per request.

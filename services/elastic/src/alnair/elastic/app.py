@@ -28,7 +28,7 @@ from alnair.common.delivery import Subscription
 from alnair.common.events import ScaleEvent
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.httpauth import Access, install_token_auth, reviewer_for
-from alnair.common.kube import KubeClient
+from alnair.common.kube import KubeClient, user_agent
 from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import spawn, until_stopped
@@ -85,7 +85,9 @@ async def start(
     kube: KubeClient | None = None,
 ) -> Running:
     metrics = ElasticMetrics(registry)
-    kube = kube or KubeClient.from_config(settings.kubeconfig)
+    kube = kube or KubeClient.from_config(
+        settings.kubeconfig, agent=user_agent("alnair-elastic", settings.identity)
+    )
     died = asyncio.Event()
 
     def on_death(_exc: BaseException) -> None:

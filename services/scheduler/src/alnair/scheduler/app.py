@@ -20,7 +20,7 @@ from alnair.common.aggregated import SecureServer
 from alnair.common.events import JobEvent
 from alnair.common.http import install_problem_handlers, start_http
 from alnair.common.httpauth import guard_reads
-from alnair.common.kube import KubeClient
+from alnair.common.kube import KubeClient, user_agent
 from alnair.common.leader import LeaderElector
 from alnair.common.logs import setup_logging
 from alnair.common.memtrace import install as trace_memory
@@ -43,7 +43,9 @@ async def serve(settings: SchedulerSettings) -> int:
     """Run the scheduler; returns 1 when a vital task died or leadership was lost (crash-only:
     Kubernetes restarts the process, a follower takes over), 0 when cancelled by a signal."""
     kube = KubeClient.from_config(
-        settings.kubeconfig, max_connections=settings.max_binds_in_flight + 32
+        settings.kubeconfig,
+        max_connections=settings.max_binds_in_flight + 32,
+        agent=user_agent("alnair-scheduler", settings.identity),
     )
     if settings.tracemalloc_dir:
         trace_memory(Path(settings.tracemalloc_dir), settings.tracemalloc_frames, "scheduler")

@@ -41,6 +41,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
+from alnair.dev.localstack.audit import AuditEvent, read_events, write_policy
 from alnair.dev.localstack.certs import (
     FRONT_PROXY_CLIENT,
     KUBELET_API_CLIENT,
@@ -179,6 +180,8 @@ class ControlPlane:
         self.procs: dict[str, ManagedProcess] = {}
         self.pki: Pki | None = None
         self.kubeconfig = self.workdir / "kubeconfig"
+        self.audit_log = self.workdir / "logs" / "audit.log"
+        """Bindings and Lease writes, as the API server recorded them (`audit.read_events`)."""
         self._node_seq = 0
 
     @property
@@ -262,6 +265,10 @@ class ControlPlane:
                 "--max-mutating-requests-inflight=0",
                 "--enable-priority-and-fairness=false",
                 "--event-ttl", "1h",
+                "--audit-policy-file", str(write_policy(self.workdir / "audit-policy.yaml")),
+                "--audit-log-path", str(self.audit_log),
+                "--audit-log-format", "json",
+                "--audit-log-maxsize", "200",
                 "--v", "1",
             ],
             logs,
@@ -322,6 +329,10 @@ class ControlPlane:
                 raise ConfigError(f"{p.name} exited: {p.tail()}", name=p.name)
         self.start_s = time.monotonic() - t0
         return self
+
+    def audit_events(self) -> list[AuditEvent]:
+        """What the API server's audit log holds now (`alnair.dev.localstack.audit`)."""
+        return read_events(self.audit_log)
 
     def stop(self) -> None:
         for name in ("kwok", "kube-controller-manager", "kube-apiserver", "etcd"):

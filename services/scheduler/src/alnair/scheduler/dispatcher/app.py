@@ -22,7 +22,7 @@ from alnair.common.bus import Bus
 from alnair.common.events import Envelope, JobEvent, JobPhase
 from alnair.common.http import bound_port, start_http
 from alnair.common.httpauth import guard_reads
-from alnair.common.kube import KubeClient
+from alnair.common.kube import KubeClient, user_agent
 from alnair.common.leader import LeaderElector, elector_for
 from alnair.common.logs import setup_logging
 from alnair.common.tasks import on_stop_signals, spawn
@@ -122,7 +122,9 @@ async def start_webhook(
 
 
 async def start(settings: DispatcherSettings, kube: KubeClient | None = None) -> Running:
-    kube = kube or KubeClient.from_config(settings.kubeconfig)
+    kube = kube or KubeClient.from_config(
+        settings.kubeconfig, agent=user_agent("alnair-dispatcher", settings.identity)
+    )
     metrics = DispatcherMetrics()
     bus: Bus | None = None
     predictor: PredictorClient | None = None
