@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from alnair.common import dra
@@ -38,7 +39,7 @@ from alnair.dev.builders import BASE, SYSTEM_NS, shipped_account
 from alnair.dev.localstack import ControlPlane, NatsServer
 from alnair.dev.localstack.controlplane import load_manifests
 from alnair.dev.localstack.images import ImageFile, ImageSpec
-from alnair.dev.localstack.procs import ManagedProcess
+from alnair.dev.localstack.procs import ManagedProcess, free_port
 from alnair.dev.localstack.realnode import PAUSE_IMAGE, REAL_NODE_TAINT, RealNode, node_binaries
 from alnair.dev.waiting import wait_for
 from alnair.deviceplugin import cdi
@@ -177,6 +178,7 @@ class NodeServices:
             )
         )  # fmt: skip
         common = {**os.environ, "ALNAIR_NATS_URL": self.nats.url, "ALNAIR_LOG_LEVEL": "INFO"}
+        self.plugin_port = free_port()
         self.xids = workdir / "xids"
         self.xids.write_text("")
         self.agent = ManagedProcess(
@@ -202,7 +204,7 @@ class NodeServices:
             logs,
             {**common,
              "ALNAIR_KUBECONFIG": str(plugin_config),
-             "ALNAIR_DEVICEPLUGIN_HTTP_PORT": "0",
+             "ALNAIR_DEVICEPLUGIN_HTTP_PORT": str(self.plugin_port),
              "ALNAIR_DEVICEPLUGIN_NODE_NAME": node.name,
              "ALNAIR_DEVICEPLUGIN_MODE": "both",
              "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": str(node.device_plugin_dir),
@@ -222,6 +224,12 @@ class NodeServices:
         self.plugin.stop()
         self.agent.stop()
         self.nats.stop()
+
+    async def plugin_readiness(self) -> tuple[int, str]:
+        """The device plugin's `/readyz`: its status and, when not ready, why."""
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.plugin_port}") as http:
+            resp = await http.get("/readyz")
+        return resp.status_code, resp.json().get("detail", "")
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +326,11 @@ async def plugin_served(services: NodeServices, node_kube: KubeClient) -> None:
         return sorted(p.name for p in services.node.device_plugin_dir.glob("*.sock"))
 
     await wait_for(lambda: len(sockets()) == 1 + len(DEFAULT_RESOURCES), 60, 0.5, what="sockets")
+
+    async def ready() -> bool:  # every resource and the DRA driver registered
+        return (await services.plugin_readiness())[0] == 200
+
+    await wait_for(ready, 30, 0.2, what="the plugin ready (registered with the kubelet)")
     assert got[r.GPU] == str(GPUS)
     assert got[r.GPU_COMPUTE] == str(100 * GPUS)
     assert got[r.GPU_MEMORY_GIB] == str(GPUS * GPU_MIB // 1024)
@@ -376,6 +389,11 @@ async def test_a_kubelet_restart_registers_the_plugins_again_and_keeps_the_runni
         return got.get(r.GPU) == str(GPUS) and services.node.healthy()
 
     await wait_for(registered_again, 90, 0.5, what="the plugins registered again")
+
+    async def ready() -> bool:
+        return (await services.plugin_readiness())[0] == 200
+
+    await wait_for(ready, 30, 0.2, what="the plugin ready again")
 
     async def slice_back() -> bool:
         # the starting kubelet deleted its node's ResourceSlices; the driver writes its own again

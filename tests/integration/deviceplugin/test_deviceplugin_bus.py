@@ -143,3 +143,32 @@ async def test_utilisation_reaches_the_shims_of_the_pod(
     assert vgpus[0]["processes"] == 1
     writer.close()
     await writer.wait_closed()
+
+
+async def test_ready_only_while_the_kubelet_has_registered_every_resource(
+    plugin: Running, kubelet: Any
+) -> None:
+    """`/readyz` says which resources the kubelet does not know yet: a plugin it never
+    registered offers the node's GPUs to no pod. A restarting kubelet (its folder cleared)
+    makes the plugin unready until each resource has registered again."""
+
+    async def readiness(http: httpx.AsyncClient) -> tuple[int, str]:
+        resp = await http.get("/readyz")
+        return resp.status_code, resp.json().get("detail", "")
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{plugin.http_port}") as http:
+        await kubelet.wait_registrations(3)
+        async with asyncio.timeout(5):  # counted once the kubelet's answer is back
+            while (await readiness(http))[0] != 200:
+                await asyncio.sleep(0.05)
+        await kubelet.stop(clear=True)
+        async with asyncio.timeout(5):  # the plugins see their sockets go (directory watch)
+            while (got := await readiness(http))[0] != 503:
+                await asyncio.sleep(0.05)
+        assert got[1].startswith("not registered with the kubelet: ")
+        assert set(got[1].split(": ", 1)[1].split(", ")) <= set(plugin.plugins)
+        await kubelet.start()
+        await kubelet.wait_registrations(6, timeout_s=15)
+        async with asyncio.timeout(5):
+            while (await readiness(http))[0] != 200:
+                await asyncio.sleep(0.05)

@@ -90,13 +90,15 @@ def _deviceplugin_env(stack: StackInfo) -> dict[str, str]:
         return _real_node_plugin_env(stack.real_node)
     # One plugin, for the first KWOK node, with the kubelet directory and the node's state
     # under the stack's folder: it serves its gRPC endpoints and device API, and keeps asking
-    # for a kubelet that KWOK does not run (see docs/notes/issue-12.md).
+    # for a kubelet that KWOK does not run (see docs/notes/issue-12.md), so its readiness does
+    # not wait for a registration.
     root = (stack.dir / "deviceplugin").resolve()
     return {
         "ALNAIR_DEVICEPLUGIN_NODE_NAME": stack.nodes[0] if stack.nodes else "",
         "ALNAIR_DEVICEPLUGIN_KUBELET_DIR": str(root / "kubelet"),
         "ALNAIR_DEVICEPLUGIN_STATE_DIR": str(root / "state"),
         "ALNAIR_DEVICEPLUGIN_REGISTER_RETRY_MAX_S": "60",
+        "ALNAIR_DEVICEPLUGIN_READY_WHEN_REGISTERED": "false",
     }
 
 

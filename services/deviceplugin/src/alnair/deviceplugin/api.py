@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -26,7 +27,9 @@ def create_app(
     metrics: DevicePluginMetrics,
     resources: list[str],
     bus: Bus | None = None,
+    unregistered: Callable[[], str | None] = lambda: None,
 ) -> FastAPI:
+    """`unregistered`: why the kubelet cannot use the plugin yet (None: registered)."""
     app = FastAPI(title="alnair-deviceplugin")
     install_problem_handlers(app)
 
@@ -38,6 +41,9 @@ def create_app(
     async def readyz() -> Response:
         # Without the bus, GPU health and the node's inventory stop arriving: not ready.
         if (why := not_ready(bus)) is not None:
+            return problem(503, "Not Ready", why)
+        # A plugin the kubelet does not know serves no pod: the node's GPUs are not offered.
+        if (why := unregistered()) is not None:
             return problem(503, "Not Ready", why)
         return JSONResponse({"status": "ready"})
 

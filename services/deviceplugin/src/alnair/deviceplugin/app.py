@@ -92,6 +92,17 @@ class Running:
             await self.kube.close()
 
 
+def unregistered(plugins: dict[str, PluginServer], dra: DraServer | None) -> str | None:
+    """What the kubelet has not registered (or refused), for `/readyz`; None: all of it."""
+    missing = [res for res, srv in plugins.items() if not srv.registered.is_set()]
+    if dra is not None and not dra.registrar.registered.is_set():
+        refused = dra.registrar.error
+        missing.append(f"DRA driver {dra.registrar.driver}" + (f" ({refused})" if refused else ""))
+    if not missing:
+        return None
+    return f"not registered with the kubelet: {', '.join(missing)}"
+
+
 async def start(
     settings: DevicePluginSettings,
     registry: CollectorRegistry | None = None,
@@ -210,7 +221,13 @@ async def start(
 
     server: uvicorn.Server | None = None
     if http:
-        app = create_app(state, vgpus, metrics, settings.resources, bus)
+        app = create_app(
+            state, vgpus, metrics, settings.resources, bus,
+            unregistered=(
+                (lambda: unregistered(plugins, drasrv)) if settings.ready_when_registered
+                else lambda: None
+            ),
+        )  # fmt: skip
         server, http_task = await start_http(
             app, settings.http_host, settings.http_port, name="deviceplugin.http", on_death=on_death
         )

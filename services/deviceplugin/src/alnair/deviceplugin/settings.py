@@ -106,6 +106,12 @@ class DevicePluginSettings(ServiceSettings):
     register_retry_max_s: float = Field(
         default=5.0, gt=0, description="longest wait between attempts to reach the kubelet"
     )
+    ready_when_registered: bool = Field(
+        default=True,
+        description="/readyz answers 200 only while every resource (and the DRA driver) is "
+        "registered with the kubelet; false on a node without a kubelet (KWOK in the local "
+        "stack), where nothing would ever register",
+    )
     source: str = Field(
         default="alnair-deviceplugin", description="CloudEvents source of this service's events"
     )
