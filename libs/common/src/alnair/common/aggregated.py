@@ -380,7 +380,9 @@ class SecureServer:
         self.front = front
         self.front_task = front_task
         self._stop = asyncio.Event()
-        self.watcher = spawn(tls.watch(self._stop), name=f"{name}-certs", on_death=on_death)
+        self.watcher = spawn(
+            tls.watch(self._stop), name=f"{name}-certs", on_death=on_death, ends=self._stop.is_set
+        )
         self.closers: list[Callable[[], Awaitable[Any]]] = []
         """What else ends with the server (a subscription feeding it)."""
 

@@ -119,7 +119,9 @@ async def start_http(
         timeout_keep_alive=KEEP_ALIVE_S, **tls_options,
     )  # fmt: skip
     server = uvicorn.Server(config)
-    task = spawn(server.serve(), name=name, on_death=on_death)
+    task = spawn(
+        server.serve(), name=name, on_death=on_death, ends=lambda: bool(server.should_exit)
+    )
     while not server.started:
         if task.done():
             raise ConfigError(f"HTTP server did not start on {host}:{port}", host=host, port=port)

@@ -4,8 +4,11 @@ A background task that dies silently is the worst kind of outage: the service lo
 does nothing. `spawn` starts a long-lived task: it names it, logs its exit (normal, cancelled,
 or with the traceback), keeps a strong reference so the event loop cannot garbage-collect it,
 and can call `on_death` so the owner may stop the service (crash-only) instead of running
-half-broken. `in_flight` starts a short one (a binding, a write, one message) in its owner's
-set, so the owner can wait for what is in flight at stop, and logs a failure by name.
+half-broken. A guarded task (one with `on_death`) that returns is a death too, unless its owner
+says a return is its end (`ends`): a watch loop that fell out of its `async for` has stopped
+watching as surely as one that raised. `in_flight` starts a short one (a binding, a write,
+one message) in its owner's set, so the owner can wait for what is in flight at stop, and logs
+a failure by name.
 `tests/unit/common/test_task_starts.py` fails on a task started any other way.
 """
 
@@ -23,13 +26,22 @@ log = logging.getLogger(__name__)
 _running: set[asyncio.Task[Any]] = set()
 
 
+class TaskReturned(RuntimeError):
+    """A guarded task returned while its owner still needed it running."""
+
+
 def spawn(
     coro: Coroutine[Any, Any, Any],
     *,
     name: str,
     on_death: Callable[[BaseException], None] | None = None,
+    ends: bool | Callable[[], bool] = False,
 ) -> asyncio.Task[Any]:
-    """Start `coro` as a named task whose end is always logged."""
+    """Start `coro` as a named task whose end is always logged.
+
+    With `on_death`, an exception or a return ends the owner's service, except a return that
+    `ends` allows: True for work that finishes (a one-off reconcile), or a check asked when it
+    returns (a server asked to exit, a stop already under way)."""
     task = asyncio.create_task(coro, name=name)
     _running.add(task)
 
@@ -40,8 +52,10 @@ def spawn(
             return
         exc = t.exception()
         if exc is None:
-            log.info("task finished", extra={"task": name})
-            return
+            if on_death is None or (ends() if callable(ends) else ends):
+                log.info("task finished", extra={"task": name})
+                return
+            exc = TaskReturned(f"task {name} returned: it was meant to run until stopped")
         log.error("task died", extra={"task": name}, exc_info=exc)
         if on_death is not None:
             on_death(exc)

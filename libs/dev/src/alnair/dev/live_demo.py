@@ -688,7 +688,7 @@ async def run_workload(
         await informer.synced.wait()
         await job_informer.synced.wait()
         await elastic_informer.synced.wait()
-        tasks.append(spawn(run.submit(), name="live-demo.submit", on_death=on_death))
+        tasks.append(spawn(run.submit(), name="live-demo.submit", on_death=on_death, ends=True))
         deadline = time.monotonic() + timeout_s
         columns = (
             TextColumn("[bold]{task.description}"),

@@ -156,7 +156,12 @@ async def start(
             informer.add_handler(pod_cleanup_handler(vgpus))
             tasks.append(spawn(informer.run(), name="deviceplugin.pods", on_death=on_death))
             tasks.append(
-                spawn(_reconcile(informer, vgpus), name="deviceplugin.reconcile", on_death=on_death)
+                spawn(
+                    _reconcile(informer, vgpus),
+                    name="deviceplugin.reconcile",
+                    on_death=on_death,
+                    ends=True,  # once, after the first list
+                )
             )
         else:
             pods = NoPods()

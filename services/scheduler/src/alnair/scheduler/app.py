@@ -100,7 +100,9 @@ async def serve(settings: SchedulerSettings) -> int:
                 retry_period_s=settings.retry_period_s,
             )
             scheduler.leading = elector.leading  # no Binding once the renew deadline passed
-            campaign = spawn(elector.run(), name="scheduler.leader", on_death=on_death)
+            campaign = spawn(
+                elector.run(), name="scheduler.leader", on_death=on_death, ends=elector.lost.is_set
+            )
             await first_of(elector.is_leader, died)
         if not died.is_set():
             metrics.leader.set(1)
