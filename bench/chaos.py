@@ -18,7 +18,16 @@ from pathlib import Path
 
 from alnair.dev.chaos import ChaosConfig, run_chaos
 
-INVARIANTS = ("lost", "double_bound", "gpu_overcommitted", "records_duplicated", "records_missing")
+INVARIANTS = (
+    "lost",
+    "double_bound",
+    "gpu_overcommitted",
+    "records_duplicated",
+    "records_missing",
+    "admissions_duplicated",
+    "completions_duplicated",
+    "completions_missing",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-s", type=float, nargs=2, default=list(d.run_s), metavar=("MIN", "MAX"))
     p.add_argument("--nats-down-s", type=float, default=d.nats_down_s)
     p.add_argument("--no-apiserver-restart", action="store_true")
+    p.add_argument(
+        "--queued-every", type=int, default=d.queued_every,
+        help="every n-th job goes through the dispatcher's queue (0: none)",
+    )  # fmt: skip
     p.add_argument("--settle-s", type=float, default=d.settle_s)
     p.add_argument("--nodes", default=d.nodes)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -44,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         run_s=(args.run_s[0], args.run_s[1]),
         nats_down_s=args.nats_down_s,
         restart_apiserver=not args.no_apiserver_restart,
+        queued_every=args.queued_every,
         settle_s=args.settle_s,
         nodes=args.nodes,
         seed=args.seed,

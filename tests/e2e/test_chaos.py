@@ -1,7 +1,9 @@
 """`make chaos` in a reduced form (issue 16): the whole local system under job arrivals while
 every service is killed with SIGKILL and restarted, nats-server is down for a while and the
 API server restarts; afterwards no job is lost, none ran twice, no GPU was given twice, and
-every completed job has exactly one execution record. Runs `bench/chaos.py` (what
+every completed job has exactly one execution record and one completion event on the bus, and
+every second job went through the dispatcher's queue and was admitted once. Runs
+`bench/chaos.py` (what
 `make chaos` runs) in its own process, with fewer jobs and kills.
 """
 
@@ -33,7 +35,9 @@ def test_reduced_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert report["kills"] == len(report["services"]) >= 6  # each service once
     assert report["nats_restarts"] == 1 and report["apiserver_restarts"] == 1
     assert report["pod_samples"] > 0
-    for key in ("lost", "double_bound", "gpu_overcommitted", "records_duplicated"):
+    assert report["queued"] == 6  # every second job went through the dispatcher's queue
+    for key in ("lost", "double_bound", "gpu_overcommitted", "records_duplicated",
+                "admissions_duplicated", "completions_duplicated", "completions_missing"):  # fmt: skip
         assert report[key] == 0, report
     assert report["records_missing"] == 0, report
     assert done.returncode == 0, report

@@ -3,7 +3,9 @@ form in the tests (tests/e2e/test_chaos.py).
 
 The stack is `make up`'s (`alnair.dev.devstack`): nats-server, redis-server, the control
 plane with KWOK GPU nodes, and every service as its own process. Jobs (`schedulerName:
-alnair`, 1 or 2 GPUs, a KWOK run time) arrive at a steady rate while the chaos loop kills a
+alnair`, 1 or 2 GPUs, a KWOK run time) arrive at a steady rate, every `queued_every`-th one
+through the dispatcher's queue (created suspended in a LocalQueue whose ClusterQueue holds
+every GPU, so only the dispatcher decides when it runs), while the chaos loop kills a
 random service with SIGKILL at random moments, each service `kills_per_service` times, and
 brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
 readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
@@ -21,7 +23,13 @@ findings, and the run reports:
 - records_duplicated / records_missing: execution records per completed Job other than one;
 - records_without_usage: completed Jobs recorded without usage, because no sample of theirs
   reached the aggregator (they ran while the agent was killed): not a failure, reported so a
-  reader sees how often the kills fell that way.
+  reader sees how often the kills fell that way;
+- admissions_duplicated: queued Jobs the dispatcher admitted more than once (its `Admitted`
+  Events, counted with their series), which a restarted or second leader would cause;
+- admissions_unrecorded: complete queued Jobs with no `Admitted` Event (an Event is written
+  best-effort, so one lost while the API server restarted is reported, not failed);
+- completions_duplicated / completions_missing: `completed` job events on the bus (the JOBS
+  stream, read from its start at the end) per complete Job other than one.
 """
 
 from __future__ import annotations
@@ -37,16 +45,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import redis.asyncio as aioredis
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from alnair.common import resources as r
-from alnair.common.kube import JOBS, NAMESPACES, PODS, KubeClient
+from alnair.common.events import DecodeError, JobEvent, JobPhase, decode, subject_token
+from alnair.common.kube import (
+    CLUSTERQUEUES,
+    EVENTS,
+    JOBS,
+    LOCALQUEUES,
+    NAMESPACES,
+    PODS,
+    KubeClient,
+)
+from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
 from alnair.dev import devstack
 from alnair.dev.localstack import NatsServer
+from alnair.dev.localstack.controlplane import parse_node_specs
 from alnair.dev.localstack.procs import port_open
 
 NAMESPACE = "chaos"
+QUEUE = "chaos"
+LABEL_QUEUE = "alnair.io/queue-name"
+"""The dispatcher's LocalQueue label (`alnair.scheduler.dispatcher.parsing.LABEL_QUEUE`)."""
 RECORD_PREFIX = "alnair:record:"
 
 
@@ -58,6 +82,8 @@ class ChaosConfig:
     run_s: tuple[float, float] = (10.0, 30.0)
     nats_down_s: float = 30.0
     restart_apiserver: bool = True
+    queued_every: int = 2
+    """Every n-th job goes through the dispatcher's queue (0: none)."""
     settle_s: float = 600.0
     nodes: str = "16x V100M32, 8x T4:4"
     services: tuple[str, ...] = (
@@ -84,10 +110,15 @@ class Findings:
 
 
 def job_body(
-    name: str, gpus: int, run_s: float, ttl_after_finished_s: int | None = None
+    name: str,
+    gpus: int,
+    run_s: float,
+    ttl_after_finished_s: int | None = None,
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """A Job for the alnair scheduler: `gpus` GPUs for `run_s` seconds of KWOK run time
-    (deleted with its pods `ttl_after_finished_s` after it ends, if given)."""
+    (deleted with its pods `ttl_after_finished_s` after it ends, if given); with `queue`,
+    created suspended in that LocalQueue, for the dispatcher to admit."""
     body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -115,7 +146,32 @@ def job_body(
     }
     if ttl_after_finished_s is not None:
         body["spec"]["ttlSecondsAfterFinished"] = ttl_after_finished_s
+    if queue is not None:
+        body["metadata"]["labels"] = {LABEL_QUEUE: queue}
+        body["spec"]["suspend"] = True
     return body
+
+
+def queue_bodies(nodes: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ClusterQueue holding every GPU of `nodes` (by model), and its LocalQueue."""
+    per_model: Counter[str] = Counter()
+    for spec in parse_node_specs(nodes):
+        per_model[spec.model] += spec.count * spec.gpus
+    flavors = [
+        {"name": model, "resources": [{"name": r.GPU, "nominalQuota": gpus}]}
+        for model, gpus in sorted(per_model.items())
+    ]
+    cluster_queue = {
+        "apiVersion": "alnair.io/v1alpha1", "kind": "ClusterQueue",
+        "metadata": {"name": QUEUE},
+        "spec": {"resourceGroups": [{"coveredResources": [r.GPU], "flavors": flavors}]},
+    }  # fmt: skip
+    local_queue = {
+        "apiVersion": "alnair.io/v1alpha1", "kind": "LocalQueue",
+        "metadata": {"name": QUEUE, "namespace": NAMESPACE},
+        "spec": {"clusterQueue": QUEUE},
+    }  # fmt: skip
+    return cluster_queue, local_queue
 
 
 def _keep_log(proc: devstack.Proc, n: int) -> None:
@@ -162,6 +218,7 @@ class Chaos:
         )
         self.found = Findings()
         self.names: list[str] = []
+        self.queued: set[str] = set()
 
     # --- the stack -------------------------------------------------------------------------
 
@@ -220,9 +277,11 @@ class Chaos:
             name = f"job-{i:04d}"
             gpus = self.rng.choice((1, 1, 2))
             run_s = self.rng.uniform(*self.cfg.run_s)
+            queued = self.cfg.queued_every > 0 and i % self.cfg.queued_every == 0
+            body = job_body(name, gpus, run_s, queue=QUEUE if queued else None)
             while True:
                 try:
-                    await kube.create(JOBS, job_body(name, gpus, run_s), NAMESPACE)
+                    await kube.create(JOBS, body, NAMESPACE)
                     break
                 except Exception:  # the API server may be restarting: try again
                     with contextlib.suppress(Exception):
@@ -230,6 +289,8 @@ class Chaos:
                         break
                     await asyncio.sleep(0.5)
             self.names.append(name)
+            if queued:
+                self.queued.add(name)
             await asyncio.sleep(self.cfg.arrival_interval_s)
 
     async def faults(self, until_s: float) -> None:
@@ -281,6 +342,9 @@ class Chaos:
                     NAMESPACES,
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                 )
+            cluster_queue, local_queue = queue_bodies(self.cfg.nodes)
+            await kube.create(CLUSTERQUEUES, cluster_queue)
+            await kube.create(LOCALQUEUES, local_queue, NAMESPACE)
             stop = asyncio.Event()
             sampler = asyncio.create_task(self.sample(kube, stop))
             arrivals_s = self.cfg.jobs * self.cfg.arrival_interval_s
@@ -324,6 +388,40 @@ class Chaos:
         finally:
             await client.aclose()
 
+    async def completions(self) -> Counter[str]:
+        """`completed` job events per Job name, read from the JOBS stream's start (what every
+        consumer of completions was given, duplicates included)."""
+        state = self.state()
+        password = (state.credentials.get("nats") or {}).get(NATS_ADMIN)
+        creds: dict[str, Any] = {"user": NATS_ADMIN, "password": password} if password else {}
+        nc = await nats.connect(state.nats_url, name="chaos-checker", **creds)
+        found: Counter[str] = Counter()
+        try:
+            js = nc.jetstream()
+            subject = f"{JobEvent.SUBJECT_PREFIX}.*.{subject_token(NAMESPACE)}.Job"
+            pending = (await js.stream_info(JobEvent.STREAM or "JOBS")).state.messages
+            sub = await js.pull_subscribe(
+                subject, stream=JobEvent.STREAM,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=60),
+            )  # fmt: skip
+            seen = 0
+            while seen < pending:
+                try:
+                    batch = await sub.fetch(256, timeout=2.0)
+                except nats.errors.TimeoutError:
+                    break  # the subject's messages are fewer than the stream's
+                for msg in batch:
+                    seen += 1
+                    with contextlib.suppress(DecodeError):
+                        event = decode(msg.data, JobEvent).data
+                        if event.phase is JobPhase.COMPLETED:
+                            found[event.name] += 1
+                    await msg.ack()
+            await sub.unsubscribe()
+        finally:
+            await nc.close()
+        return found
+
     async def check(self, kube: KubeClient) -> dict[str, Any]:
         jobs = {j["metadata"]["name"]: j for j in (await kube.list(JOBS, NAMESPACE))["items"]}
         pods = (await kube.list(PODS, NAMESPACE))["items"]
@@ -334,6 +432,13 @@ class Chaos:
                 ran[job] += 1
         complete = [n for n in self.names if n in jobs and job_complete(jobs[n])]
         records = await self.records()
+        completions = await self.completions()
+        admitted: Counter[str] = Counter()
+        for event in (await kube.list(EVENTS, NAMESPACE))["items"]:
+            involved = event.get("involvedObject") or {}
+            if event.get("reason") == "Admitted" and involved.get("kind") == "Job":
+                series = (event.get("series") or {}).get("count")
+                admitted[involved.get("name", "")] += int(series or event.get("count") or 1)
         recoveries = sorted(t for ts in self.found.recoveries_s.values() for t in ts)
         return {
             "jobs": len(self.names),
@@ -343,6 +448,13 @@ class Chaos:
             "records_duplicated": sum(1 for n in complete if len(records[n]) > 1),
             "records_missing": sum(1 for n in complete if not records[n]),
             "records_without_usage": sum(1 for n in complete if records[n] and not any(records[n])),
+            "completions_duplicated": sum(1 for n in complete if completions[n] > 1),
+            "completions_missing": sum(1 for n in complete if not completions[n]),
+            "queued": len(self.queued),
+            "admissions_duplicated": sum(1 for n in self.queued if admitted[n] > 1),
+            "admissions_unrecorded": sum(
+                1 for n in complete if n in self.queued and not admitted[n]
+            ),
             "kills": self.found.kills,
             "recovery_p99_s": round(_pct(recoveries, 0.99), 2) if recoveries else None,
             "recovery_p50_s": round(_pct(recoveries, 0.5), 2) if recoveries else None,
