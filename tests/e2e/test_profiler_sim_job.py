@@ -23,7 +23,7 @@ from alnair.common import resources as res
 from alnair.common.bus import Bus
 from alnair.common.data import gavel_throughputs
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
-from alnair.common.kube import JOBS, TRIALJOBS, KubeClient
+from alnair.common.kube import EVENTS, JOBS, TRIALJOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import consumed, wait_for
@@ -338,3 +338,58 @@ async def test_trialjob_measures_each_candidate(
         await redis.aclose()
         await aggregator.stop()
         await agent.stop()
+
+
+async def test_a_trial_the_api_server_refuses_fails_with_the_reason_instead_of_waiting(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, nats_url: str, redis_url: str
+) -> None:
+    """Found by `make chaos`: a trial whose Job the API server refused (a 2-GPU Job's request
+    kept beside the trial's 1-GPU limit) stayed Pending for ever, and the dispatcher held the
+    measured job behind it. Now the 2 becomes the trial's count, and a trial refused for
+    another reason ends Failed with the API server's words, in its status and an Event."""
+    (node,) = await control_plane.create_gpu_nodes("1x V100M32:4", kube=kube, prefix=namespace)
+    aggregator = await start_aggregator(
+        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node, role="aggregator")
+    )
+    try:
+        container = {
+            "name": "train", "image": "example.invalid/train:1",
+            "resources": {"requests": {res.GPU: "2", "memory": "-1Gi"},
+                          "limits": {res.GPU: "2"}},
+        }  # fmt: skip
+        trial = {
+            "apiVersion": "alnair.io/v1alpha1",
+            "kind": "TrialJob",
+            "metadata": {"name": "refused", "namespace": namespace},
+            "spec": {
+                "durationSeconds": 6,
+                "candidates": [{"gpuModel": "V100M32", "gpuCount": 1}],
+                "template": {"spec": {"containers": [container]}},
+            },
+        }
+        await kube.create(TRIALJOBS, trial, namespace)
+
+        async def ended() -> dict[str, Any] | None:
+            status = (await kube.get(TRIALJOBS, "refused", namespace)).get("status") or {}
+            return status if status.get("phase") in {"Succeeded", "Failed"} else None
+
+        status = await wait_for(ended, 30, 0.2, what="the refused trial's end")
+        assert status["phase"] == "Failed" and status["finished"] == 1, status
+        (entry,) = status["trials"]
+        assert entry["phase"] == "Refused" and "-1Gi" in entry["message"], entry
+        # The GPU request followed the trial's count (only the memory was wrong).
+        assert "must be equal to" not in entry["message"]
+
+        async def warned() -> list[dict[str, Any]]:
+            events = (await kube.list(EVENTS, namespace))["items"]
+            return [e for e in events if e["reason"] == "TrialRefused"]
+
+        (event,) = await wait_for(warned, 10, 0.2, what="the TrialRefused Event")
+        assert event["type"] == "Warning" and event["involvedObject"]["name"] == "refused"
+        # It stays Failed: the next reconcile keeps the refusal, creates nothing.
+        await kube.patch(TRIALJOBS, "refused", {"metadata": {"labels": {"touched": "1"}}},
+                         namespace)  # fmt: skip
+        assert (await kube.list(JOBS, namespace))["items"] == []
+        assert (await kube.get(TRIALJOBS, "refused", namespace))["status"]["phase"] == "Failed"
+    finally:
+        await aggregator.stop()

@@ -167,3 +167,15 @@ def test_a_template_copied_from_a_job_loses_that_jobs_controller_labels() -> Non
     assert job["spec"]["template"]["metadata"]["labels"] == {
         "team": "ml", LABEL_TRIALJOB: "resnet-dry-run",
     }  # fmt: skip
+
+
+def test_a_gpu_request_copied_from_the_job_follows_the_trials_count() -> None:
+    """Found by `make chaos`: a 2-GPU Job's template asked 2 GPUs where the trial limits 1,
+    and the API server refuses an extended resource whose request is not its limit."""
+    tj = trialjob()
+    resources = tj["spec"]["template"]["spec"]["containers"][0]["resources"]
+    resources["requests"][res.GPU] = "2"
+    resources["limits"] = {res.GPU: "2"}
+    job = trial_job_manifest(tj, "V100M32", 1)
+    got = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert got == {"requests": {"cpu": "2", res.GPU: "1"}, "limits": {res.GPU: "1"}}

@@ -27,7 +27,15 @@ from typing import Any
 
 from alnair.common import resources as res
 from alnair.common.annotations import MODEL_ANNOTATION_KEYS
-from alnair.common.kube import JOBS, TRIALJOBS, Conflict, KubeClient, NotFound
+from alnair.common.kube import (
+    JOBS,
+    TRIALJOBS,
+    ApiError,
+    Conflict,
+    KubeClient,
+    NotFound,
+    Unavailable,
+)
 from alnair.common.records import ExecutionRecord
 from alnair.profiler.aggregator.owners import finished
 from alnair.profiler.aggregator.records import RecordStore
@@ -76,8 +84,12 @@ def trial_job_manifest(
     pod.setdefault("nodeSelector", {})[res.LABEL_GPU_MODEL] = gpu_model
     containers = pod.get("containers") or []
     if containers:
-        limits = containers[0].setdefault("resources", {}).setdefault("limits", {})
-        limits[res.GPU] = str(gpu_count)
+        # The API server takes an extended resource's request only equal to its limit: a
+        # template copied from a 2-GPU Job asks 2 where the trial runs on `gpu_count`.
+        resources = containers[0].setdefault("resources", {})
+        resources.setdefault("limits", {})[res.GPU] = str(gpu_count)
+        if res.GPU in (resources.get("requests") or {}):
+            resources["requests"][res.GPU] = str(gpu_count)
     name = trial_job_name(meta["name"], gpu_model, gpu_count)
     return {
         "apiVersion": "batch/v1",
@@ -142,8 +154,12 @@ def trial_entry(
     return entry
 
 
+REFUSED = "Refused"
+"""A trial whose Job the API server would not create (its entry says why): it will not run."""
+
+
 def trial_status(trials: list[dict[str, Any]]) -> dict[str, Any]:
-    finished_count = sum(1 for t in trials if t["phase"] in {"Measured", "Finished"})
+    finished_count = sum(1 for t in trials if t["phase"] in {"Measured", "Finished", REFUSED})
     if finished_count < len(trials):
         phase = "Running" if any(t["phase"] != "Pending" for t in trials) else "Pending"
     else:
@@ -169,10 +185,16 @@ class TrialController:
         ns, name = meta["namespace"], meta["name"]
         existing = await self.kube.list(JOBS, ns, label_selector=f"{LABEL_TRIALJOB}={name}")
         by_name = {j["metadata"]["name"]: j for j in existing.get("items", [])}
+        before = (trialjob.get("status") or {}).get("trials") or []
+        refused = {(t.get("gpuModel"), t.get("gpuCount")): t for t in before
+                   if t.get("phase") == REFUSED}  # fmt: skip
         trials = []
         for gpu_model, gpu_count in candidates(trialjob):
             manifest = trial_job_manifest(trialjob, gpu_model, gpu_count)
             job = by_name.get(manifest["metadata"]["name"])
+            if job is None and (gpu_model, gpu_count) in refused:
+                trials.append(refused[(gpu_model, gpu_count)])
+                continue
             if job is None and (trialjob.get("status") or {}).get("phase") not in {
                 "Succeeded",
                 "Failed",
@@ -185,6 +207,11 @@ class TrialController:
                     )
                 except Conflict:
                     job = await self.kube.get(JOBS, manifest["metadata"]["name"], ns)
+                except ApiError as exc:
+                    # Refused for good (invalid, forbidden): the trial ends here, said where a
+                    # user looks, instead of holding the measured job for ever.
+                    trials.append(await self._refused(trialjob, gpu_model, gpu_count, exc))
+                    continue
             record = None
             recording = False
             if job is not None and finished(job) is not None:
@@ -198,6 +225,19 @@ class TrialController:
             with contextlib.suppress(NotFound):
                 await self.kube.patch(TRIALJOBS, name, {"status": status}, ns, sub="status")
         return status
+
+    async def _refused(
+        self, trialjob: Mapping[str, Any], gpu_model: str, gpu_count: int, exc: ApiError
+    ) -> dict[str, Any]:
+        message = f"trial Job on {gpu_count}x {gpu_model} refused by the API server: {exc}"
+        log.error("trial job refused", extra={"trialjob": trialjob["metadata"]["name"],
+                                              "error": str(exc)})  # fmt: skip
+        with contextlib.suppress(ApiError, Unavailable):
+            await self.kube.event(
+                dict(trialjob), reason="TrialRefused", message=message[:1000], type_="Warning"
+            )
+        return {"gpuModel": gpu_model, "gpuCount": gpu_count, "phase": REFUSED,
+                "message": message[:1000]}  # fmt: skip
 
     async def on_trialjob(self, kind: str, obj: dict[str, Any]) -> None:
         if kind != "DELETED":
