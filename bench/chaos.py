@@ -27,6 +27,7 @@ INVARIANTS = (
     "admissions_duplicated",
     "completions_duplicated",
     "completions_missing",
+    "fault_windows_unsampled",
 )
 
 
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         "--queued-every", type=int, default=d.queued_every,
         help="every n-th job goes through the dispatcher's queue (0: none)",
     )  # fmt: skip
+    p.add_argument(
+        "--fraction-every", type=int, default=d.fraction_every,
+        help="every n-th job asks a fraction of one GPU (0: none)",
+    )  # fmt: skip
     p.add_argument("--settle-s", type=float, default=d.settle_s)
     p.add_argument("--nodes", default=d.nodes)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -58,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         nats_down_s=args.nats_down_s,
         restart_apiserver=not args.no_apiserver_restart,
         queued_every=args.queued_every,
+        fraction_every=args.fraction_every,
         settle_s=args.settle_s,
         nodes=args.nodes,
         seed=args.seed,

@@ -36,6 +36,9 @@ def test_reduced_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert report["nats_restarts"] == 1 and report["apiserver_restarts"] == 1
     assert report["pod_samples"] > 0
     assert report["queued"] == 6  # every second job went through the dispatcher's queue
+    assert report["fractions"] == 3  # and every fifth asked a fraction of a GPU
+    assert report["fault_windows"] == report["kills"] + 1  # each kill, and nats-server's
+    assert report["fault_windows_unsampled"] == 0, report
     for key in ("lost", "double_bound", "gpu_overcommitted", "records_duplicated",
                 "admissions_duplicated", "completions_duplicated", "completions_missing"):  # fmt: skip
         assert report[key] == 0, report

@@ -3,14 +3,16 @@ form in the tests (tests/e2e/test_chaos.py).
 
 The stack is `make up`'s (`alnair.dev.devstack`): nats-server, redis-server, the control
 plane with KWOK GPU nodes, and every service as its own process. Jobs (`schedulerName:
-alnair`, 1 or 2 GPUs, a KWOK run time) arrive at a steady rate, every `queued_every`-th one
+alnair`, 1 or 2 GPUs, every `fraction_every`-th one half a GPU's compute and 8 GiB of its
+memory, a KWOK run time) arrive at a steady rate, every `queued_every`-th one
 through the dispatcher's queue (created suspended in a LocalQueue whose ClusterQueue holds
 every GPU, so only the dispatcher decides when it runs), while the chaos loop kills a
 random service with SIGKILL at random moments, each service `kills_per_service` times, and
 brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
 readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
 and restarted on its port and store; the API server is killed once and started again with
-its own command line. A sampler lists pods while all this runs and counts GPUs given twice.
+its own command line. A sampler lists pods every second and at the start and end of every
+fault, and counts GPUs given past their whole (the shares of the pods on each GPU summed).
 
 At the end the invariant checker reads every Job, pod, Redis record and the sampler's
 findings, and the run reports:
@@ -19,7 +21,11 @@ findings, and the run reports:
 - lost: Jobs not complete within `settle_s` after the last arrival;
 - double_bound: Jobs more than one of whose pods ran (a pod bound twice is impossible in the
   API, so a second run is what a lost bind acknowledgement would cause);
-- gpu_overcommitted: (node, GPU) pairs seen held by more running pods than the GPU holds;
+- gpu_overcommitted: (node, GPU) pairs seen held past their whole by running pods (each
+  pod's `alnair.io/gpu-milli` share summed, a whole GPU being 1000);
+- fault_windows_unsampled: faults (a kill to its recovery, nats-server's outage) with no
+  pod sample taken inside them; the API server's own restart is left out, as nothing can be
+  listed while it is down;
 - records_duplicated / records_missing: execution records per completed Job other than one;
 - records_without_usage: completed Jobs recorded without usage, because no sample of theirs
   reached the aggregator (they ran while the agent was killed): not a failure, reported so a
@@ -84,6 +90,8 @@ class ChaosConfig:
     restart_apiserver: bool = True
     queued_every: int = 2
     """Every n-th job goes through the dispatcher's queue (0: none)."""
+    fraction_every: int = 5
+    """Every n-th job asks a fraction of one GPU (0: none)."""
     settle_s: float = 600.0
     nodes: str = "16x V100M32, 8x T4:4"
     services: tuple[str, ...] = (
@@ -107,6 +115,9 @@ class Findings:
     """Samples the over-commit checker could not take, by error (the API server's restart)."""
     nats_restarts: int = 0
     apiserver_restarts: int = 0
+    windows: list[tuple[str, float, float]] = field(default_factory=list)
+    """(fault, start, end) on the monotonic clock: kills to recovery, nats-server's outage."""
+    sampled_at: list[float] = field(default_factory=list)
 
 
 def job_body(
@@ -115,10 +126,13 @@ def job_body(
     run_s: float,
     ttl_after_finished_s: int | None = None,
     queue: str | None = None,
+    fraction: bool = False,
 ) -> dict[str, Any]:
     """A Job for the alnair scheduler: `gpus` GPUs for `run_s` seconds of KWOK run time
     (deleted with its pods `ttl_after_finished_s` after it ends, if given); with `queue`,
-    created suspended in that LocalQueue, for the dispatcher to admit."""
+    created suspended in that LocalQueue, for the dispatcher to admit; with `fraction`, half a
+    GPU's compute and 8 GiB of its memory instead of whole GPUs."""
+    gpu = {r.GPU_COMPUTE: "50", r.GPU_MEMORY_GIB: "8"} if fraction else {r.GPU: str(gpus)}
     body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -135,8 +149,8 @@ def job_body(
                             "name": "train",
                             "image": "example.com/train:1",
                             "resources": {
-                                "requests": {"cpu": "1", "memory": "1Gi", r.GPU: str(gpus)},
-                                "limits": {r.GPU: str(gpus)},
+                                "requests": {"cpu": "1", "memory": "1Gi", **gpu},
+                                "limits": gpu,
                             },
                         }
                     ],
@@ -219,6 +233,11 @@ class Chaos:
         self.found = Findings()
         self.names: list[str] = []
         self.queued: set[str] = set()
+        self.sample_now = asyncio.Event()
+        """Set at a fault's start and end: the sampler looks at once."""
+        self.sampled = asyncio.Event()
+        """Set after each sample taken."""
+        self.fractions = 0
 
     # --- the stack -------------------------------------------------------------------------
 
@@ -232,17 +251,21 @@ class Chaos:
 
     async def kill_and_recover(self, name: str) -> None:
         proc = self.state().services[name]
+        t0 = time.monotonic()
+        self.sample_now.set()
         _kill(proc.pid)
         self.found.kills += 1
         _keep_log(proc, self.found.kills)
-        t0 = time.monotonic()
         await asyncio.to_thread(self.up)  # what Kubernetes would do: start it again
         self.found.recoveries_s[name].append(time.monotonic() - t0)
+        await self._window_sampled(name, t0)
 
     async def restart_nats(self) -> None:
         state = self.state()
         (proc,) = [p for p in state.infra if p.name == "nats-server"]
         port = int(state.nats_url.rsplit(":", 1)[1])
+        t0 = time.monotonic()
+        self.sample_now.set()
         proc.stop(timeout_s=5.0)
         await asyncio.sleep(self.cfg.nats_down_s)
         users = state.credentials.get("nats") or None
@@ -252,6 +275,21 @@ class Chaos:
         ]
         state.save()
         self.found.nats_restarts += 1
+        await self._window_sampled("nats", t0)
+
+    async def _window_sampled(self, fault: str, t0: float) -> None:
+        """Close a fault's window once a sample inside it is taken (asked for at its end:
+        the sampler runs at once), or after 5 s without one, which the report counts."""
+        self.sample_now.set()
+        deadline = time.monotonic() + 5.0
+        while not any(t >= t0 for t in self.found.sampled_at[-4:]):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.sampled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.sampled.wait(), remaining)
+        self.found.windows.append((fault, t0, time.monotonic()))
 
     async def restart_apiserver(self) -> None:
         state = self.state()
@@ -278,7 +316,8 @@ class Chaos:
             gpus = self.rng.choice((1, 1, 2))
             run_s = self.rng.uniform(*self.cfg.run_s)
             queued = self.cfg.queued_every > 0 and i % self.cfg.queued_every == 0
-            body = job_body(name, gpus, run_s, queue=QUEUE if queued else None)
+            fraction = self.cfg.fraction_every > 0 and i % self.cfg.fraction_every == 1
+            body = job_body(name, gpus, run_s, queue=QUEUE if queued else None, fraction=fraction)
             while True:
                 try:
                     await kube.create(JOBS, body, NAMESPACE)
@@ -291,6 +330,7 @@ class Chaos:
             self.names.append(name)
             if queued:
                 self.queued.add(name)
+            self.fractions += fraction
             await asyncio.sleep(self.cfg.arrival_interval_s)
 
     async def faults(self, until_s: float) -> None:
@@ -325,12 +365,16 @@ class Chaos:
                     ann = pod["metadata"].get("annotations") or {}
                     if not node or phase in {"Succeeded", "Failed"}:
                         continue
+                    share = int(ann.get(r.ANN_GPU_MILLI) or r.MILLI_PER_GPU) or r.MILLI_PER_GPU
                     for gpu in r.parse_indices(ann.get(r.ANN_GPU_INDICES, "") or ""):
-                        held[(node, gpu)] += 1
-                self.found.overcommitted |= {k for k, n in held.items() if n > 1}
+                        held[(node, gpu)] += share
+                self.found.overcommitted |= {k for k, n in held.items() if n > r.MILLI_PER_GPU}
                 self.found.samples += 1
+                self.found.sampled_at.append(time.monotonic())
+                self.sampled.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(self.sample_now.wait(), 1.0)
+            self.sample_now.clear()
 
     # --- the run and the checker --------------------------------------------------------------
 
@@ -465,6 +509,13 @@ class Chaos:
             "nats_restarts": self.found.nats_restarts,
             "apiserver_restarts": self.found.apiserver_restarts,
             "pod_samples": self.found.samples,
+            "fault_windows": len(self.found.windows),
+            "fault_windows_unsampled": sum(
+                1
+                for _f, t0, t1 in self.found.windows
+                if not any(t0 <= t <= t1 for t in self.found.sampled_at)
+            ),
+            "fractions": self.fractions,
             "pod_sample_errors": dict(self.found.sample_errors),
         }
 
