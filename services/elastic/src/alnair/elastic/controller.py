@@ -275,16 +275,16 @@ class Controller:
         if old is not None:
             before = (old["metadata"].get("labels") or {}).get(JOB_LABEL)
             if before:
-                self._forget(meta["namespace"], before, key)
+                self._unindex(meta["namespace"], before, key)
         job = (meta.get("labels") or {}).get(JOB_LABEL)
         if not job:
             return
         if event is WatchEvent.DELETED:
-            self._forget(meta["namespace"], job, key)
+            self._unindex(meta["namespace"], job, key)
         else:
             self._by_job.setdefault((meta["namespace"], job), {})[key] = pod
 
-    def _forget(self, namespace: str, job: str, key: str) -> None:
+    def _unindex(self, namespace: str, job: str, key: str) -> None:
         """`key` is no longer one of `job`'s pods; a job without pods leaves the index."""
         group = self._by_job.get((namespace, job))
         if group is None:
