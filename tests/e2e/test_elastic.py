@@ -280,6 +280,14 @@ async def test_a_job_the_trainer_reports_done_gives_its_gpus_back(
 
     await wait_for(released, 30)
     assert (await status(kube, namespace, "done"))["phase"] == "Succeeded"
+    # Deleted, the job leaves the controller's memory (its state, any deferred pass).
+    assert f"{namespace}/done" in controller.controller.state
+    await kube.delete(ELASTICJOBS, "done", namespace)
+
+    async def forgotten() -> bool:
+        return f"{namespace}/done" not in controller.controller.state
+
+    await wait_for(forgotten, 10, 0.1, what="the deleted job forgotten")
 
 
 async def test_controller_killed_mid_resize_converges_and_consumes_each_request_once(
