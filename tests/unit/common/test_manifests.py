@@ -598,3 +598,42 @@ def test_every_port_a_pod_serves_is_fenced_by_a_network_policy(overlay: str) -> 
                 assert admitted, f"{w['metadata']['name']}: port {number} in no ingress rule"
                 if number == 8222:  # the NATS monitor: never open to every source
                     assert all(rule.get("from") for rule in admitted), admitted
+
+
+def _egress_ports(policies: list[dict[str, Any]], labels: dict[str, str]) -> set[tuple[str, int]]:
+    """(protocol, port) pairs the Egress policies selecting `labels` allow; every rule must
+    name its ports (a rule without would open every port)."""
+    allowed: set[tuple[str, int]] = set()
+    for p in policies:
+        if "Egress" not in p["spec"]["policyTypes"] or not _selects(
+            p["spec"]["podSelector"], labels
+        ):
+            continue
+        for rule in p["spec"].get("egress") or []:
+            assert rule.get("ports"), f"{p['metadata']['name']}: an egress rule opens every port"
+            allowed |= {(x.get("protocol", "TCP"), int(x["port"])) for x in rule["ports"]}
+    return allowed
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_alnair_pod_reaches_only_what_it_uses(overlay: str) -> None:
+    """Egress, statically (KWOK enforces no NetworkPolicy): each of Alnair's pods is fenced,
+    may reach DNS, the API server and NATS, and Redis only where it is configured to."""
+    policies = [p for p in render(overlay) if p["kind"] == "NetworkPolicy"]
+    needed = {("UDP", 53), ("TCP", 53), ("TCP", 443), ("TCP", 6443), ("TCP", 4222)}
+    checked = 0
+    for w in workloads(overlay):
+        labels = w["spec"]["template"]["metadata"].get("labels") or {}
+        if labels.get("app.kubernetes.io/name") in {"nats", "redis"}:
+            continue  # the infra component's own pods
+        allowed = _egress_ports(policies, labels)
+        name = w["metadata"]["name"]
+        assert allowed, f"{name}: no egress policy selects its pods"
+        assert needed <= allowed, f"{name}: cannot reach {sorted(needed - allowed)}"
+        env = {e["name"] for c in w["spec"]["template"]["spec"]["containers"]
+               for e in c.get("env") or []}  # fmt: skip
+        uses_redis = "ALNAIR_REDIS_PASSWORD" in env
+        assert (("TCP", 6379) in allowed) == uses_redis, (name, uses_redis)
+        assert allowed <= needed | {("TCP", 6379)}, f"{name}: {sorted(allowed)}"
+        checked += 1
+    assert checked >= 6
