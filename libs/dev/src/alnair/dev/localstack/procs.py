@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,13 +20,45 @@ from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.natsauth import NatsCredentials, server_config
 from alnair.common.redisauth import acl_file
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED = 20_000
+"""Picked ports lie between this and the kernel's ephemeral range (clear of 4222, 6379,
+808x and 9443, the stack's fixed ports)."""
+_picked: set[int] = set()
+_random = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    return 32_768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
+    """A TCP port free right now, below the kernel's ephemeral range: a port the kernel may
+    hand to an outgoing connection (an API server's to etcd, started after the pick) could
+    be taken before the server it was picked for binds it (seen: a service of `make up` that
+    could not bind its port). Never the same port twice in one process."""
+    high = _ephemeral_low() - 1
+    if high > LOWEST_PICKED:
+        for _ in range(200):
+            port = _random.randint(LOWEST_PICKED, high)
+            if port not in _picked and _bindable(port):
+                _picked.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        picked: int = s.getsockname()[1]
+        return picked
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
