@@ -72,11 +72,10 @@ from alnair.dev import devstack
 from alnair.dev.localstack import NatsServer
 from alnair.dev.localstack.controlplane import parse_node_specs
 from alnair.dev.localstack.procs import port_open
+from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
 NAMESPACE = "chaos"
 QUEUE = "chaos"
-LABEL_QUEUE = "alnair.io/queue-name"
-"""The dispatcher's LocalQueue label (`alnair.scheduler.dispatcher.parsing.LABEL_QUEUE`)."""
 RECORD_PREFIX = "alnair:record:"
 
 
