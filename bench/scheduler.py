@@ -78,6 +78,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.settings import LeaderElectionSettings
+from alnair.common.tasks import within
 from alnair.dev.localstack import ControlPlane, ManagedProcess, free_port
 from alnair.dev.localstack.controlplane import (
     K8S_VERSION,
@@ -388,7 +389,7 @@ class Binds:
                 return
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+                await within(self.changed.wait(), min(left, 1.0))
 
 
 async def create_all(kube: KubeClient, objs: list[tuple[Any, Obj]], concurrency: int) -> None:

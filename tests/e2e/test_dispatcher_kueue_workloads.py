@@ -23,6 +23,7 @@ import yaml
 
 from alnair.common import resources as r
 from alnair.common.kube import KubeClient, Obj
+from alnair.common.tasks import within
 from alnair.dev.builders import shipped_account
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import apply_crds
@@ -275,7 +276,7 @@ async def _run_kueue_runner(plane: ControlPlane, perf: Path, tmp_path: Path) -> 
                 env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
-            output, _ = await asyncio.wait_for(runner.communicate(), 240)
+            output, _ = await within(runner.communicate(), 240)
             wall = time.monotonic() - started
         finally:
             await running.stop()
@@ -294,7 +295,7 @@ async def _run_kueue_runner(plane: ControlPlane, perf: Path, tmp_path: Path) -> 
         f"-range={tmp_path / 'rangespec.yaml'}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    verdict, _ = await asyncio.wait_for(checker.communicate(), 120)
+    verdict, _ = await within(checker.communicate(), 120)
     assert checker.returncode == 0, verdict.decode(errors="replace")[-3000:]
     summary = yaml.safe_load((out / "summary.yaml").read_text())
     assert set(summary["workloadClasses"]) == {"small", "medium", "large"}

@@ -22,7 +22,7 @@ from alnair.common.kube import (
     NotFound,
     Resource,
 )
-from alnair.common.tasks import spawn
+from alnair.common.tasks import spawn, within
 from alnair.dev.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -186,7 +186,7 @@ async def test_an_optional_resource_the_server_does_not_serve_ends_the_informer(
     absent = Resource("widgets.example.com", "v1", "widgets")
     told: list[bool] = []
     optional = Informer(kube, absent, optional=True, on_health=lambda: told.append(True))
-    await asyncio.wait_for(optional.run(), 10)
+    await within(optional.run(), 10)
     assert optional.unserved and optional.synced.is_set() and told == [True]
     assert optional.failures == 0
 

@@ -47,6 +47,7 @@ from alnair.common.kube import (
     user_agent,
 )
 from alnair.common.leader import LeaderElector, NotLeading
+from alnair.common.tasks import within
 from alnair.dev.builders import make_pod
 from alnair.dev.elastic import start_controller
 from alnair.dev.localstack import ControlPlane
@@ -92,7 +93,7 @@ async def test_a_follower_whose_clock_runs_30s_ahead_does_not_take_the_lease(
     ahead = elector(kube, namespace, "skew", "ahead",
                     wall=lambda: datetime.now(UTC) + timedelta(seconds=30))  # fmt: skip
     async with campaigning(a):
-        await asyncio.wait_for(a.is_leader.wait(), 5)
+        await within(a.is_leader.wait(), 5)
         async with campaigning(ahead) as follower:
             # By its wall clock the holder's renewTime is always 30 s old (what the scheduler's
             # elector used to compare), yet the Lease keeps changing: the follower waits through
@@ -114,7 +115,7 @@ async def test_a_follower_whose_clock_runs_30s_ahead_does_not_take_the_lease(
             # the lease duration of the last change it saw (plus its retry period).
             stopped = time.monotonic()
             await _kill(a)
-            await asyncio.wait_for(ahead.is_leader.wait(), FAST["lease_duration_s"] + 2)
+            await within(ahead.is_leader.wait(), FAST["lease_duration_s"] + 2)
             assert time.monotonic() - stopped <= FAST["lease_duration_s"] + 1.0
             assert not follower.done()
 
@@ -130,7 +131,7 @@ async def _standby_takeover(kube: KubeClient, namespace: str, lease: str) -> tup
     a = elector(kube, namespace, lease, "a", **SLOW_POLL)
     b = elector(kube, namespace, lease, "b", **SLOW_POLL)
     async with campaigning(a):
-        await asyncio.wait_for(a.is_leader.wait(), 5)
+        await within(a.is_leader.wait(), 5)
         async with campaigning(b):
             await wait_for(lambda: b.holder() == "a", 10, 0.05)
             await asyncio.sleep(2 * SLOW_POLL["retry_period_s"])  # renewals seen meanwhile
@@ -139,7 +140,7 @@ async def _standby_takeover(kube: KubeClient, namespace: str, lease: str) -> tup
             await wait_for(lambda: a._acked_at != acked, 5, 0.01)  # a renewal just went out
             stopped = time.monotonic()
             await _kill(a)
-            await asyncio.wait_for(b.is_leader.wait(), 10)
+            await within(b.is_leader.wait(), 10)
             return time.monotonic() - stopped, watched
 
 
@@ -221,18 +222,18 @@ async def test_a_leader_whose_renewals_stall_stops_binding_before_a_follower_can
         b = elector(kube, namespace, "stall", "b")
         binder = KubeBinder(stalling, "a", fence=a.leading)
         async with campaigning(a) as a_task:
-            await asyncio.wait_for(a.is_leader.wait(), 5)
+            await within(a.is_leader.wait(), 5)
             follower = asyncio.create_task(b.run())
             stalling.stall = True
             assert a._acked_at is not None
             last_ack = a._acked_at
             # The leader stops at its renew deadline, counted from its last renewal's sending.
-            await asyncio.wait_for(a.lost.wait(), FAST["renew_deadline_s"] + 1)
+            await within(a.lost.wait(), FAST["renew_deadline_s"] + 1)
             assert not a.leading()
             assert time.monotonic() - last_ack >= FAST["renew_deadline_s"] - 0.05
             await a_task
             # The follower takes over only after that, never while `a` could still bind.
-            await asyncio.wait_for(b.is_leader.wait(), FAST["lease_duration_s"] + 2)
+            await within(b.is_leader.wait(), FAST["lease_duration_s"] + 2)
             # A bind `a` decided before it knew sends nothing.
             request = PodRequest(name="late", cpu_milli=0, memory_mib=0, namespace=namespace,
                                  uid=made["metadata"]["uid"])  # fmt: skip
@@ -279,7 +280,7 @@ async def test_two_dispatchers_one_admits_and_the_standby_takes_over_admitting_n
     two: RunningDispatcher | None = None
     try:
         assert one.elector is not None
-        await asyncio.wait_for(one.elector.is_leader.wait(), 5)
+        await within(one.elector.is_leader.wait(), 5)
         two = await start_dispatcher(settings("two"))
         assert two.elector is not None
         for i in range(3):
@@ -297,7 +298,7 @@ async def test_two_dispatchers_one_admits_and_the_standby_takes_over_admitting_n
             await kube.create(JOBS, gpu_job(f"b{i}", ns, "ml", 1), ns)
         died = time.monotonic()
         await _crash(one)
-        await asyncio.wait_for(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
+        await within(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
         takeover_s = time.monotonic() - died
         assert takeover_s <= FAST["lease_duration_s"] + 1.0, takeover_s
         await wait_for(lambda: _count(kube, ns, 6), 20)
@@ -338,7 +339,7 @@ async def test_two_elastic_controllers_only_the_leader_is_ready_and_the_standby_
     two = None
     try:
         assert one.elector is not None
-        await asyncio.wait_for(one.elector.is_leader.wait(), 5)
+        await within(one.elector.is_leader.wait(), 5)
         two = await start_controller(control_plane, namespace, identity="two", **kw)
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"{one.url}/readyz")).status_code == 200
@@ -348,7 +349,7 @@ async def test_two_elastic_controllers_only_the_leader_is_ready_and_the_standby_
                 task.cancel()
             one.elector = None
             assert two.elector is not None
-            await asyncio.wait_for(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
+            await within(two.elector.is_leader.wait(), FAST["lease_duration_s"] + 3)
             assert time.monotonic() - died <= FAST["lease_duration_s"] + 1.0
             assert (await http.get(f"{two.url}/readyz")).status_code == 200
     finally:
@@ -427,7 +428,7 @@ async def test_two_schedulers_with_the_leader_sigstopped_and_resumed_never_hold_
         assert (await wait_for(lambda: bound_by(["p4"]), 30)) == {"p4": "sched-b"}
         # It wakes up: it sees its deadline long passed, binds nothing, and exits.
         a.send_signal(signal.SIGCONT)
-        assert await asyncio.wait_for(a.wait(), 30) != 0
+        assert await within(a.wait(), 30) != 0
         pods = [p for p in (await kube.list(PODS, ns))["items"]
                 if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
         held: dict[tuple[str, str], list[str]] = {}

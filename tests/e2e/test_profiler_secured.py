@@ -22,6 +22,7 @@ from alnair.common.natsauth import ADMIN_USER, SERVICE_PERMISSIONS
 from alnair.common.records import record_key
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
 from alnair.common.redisauth import SERVICE_USERS
+from alnair.common.tasks import within
 from alnair.dev.localstack import ControlPlane, NatsServer, RedisServer
 from alnair.profiler.app import start_agent, start_aggregator
 from profiler_support import profiler_settings
@@ -123,7 +124,7 @@ async def test_agent_and_aggregator_with_only_their_permissions(
         assert inventory.value is not None  # written by the agent's user, read by the scheduler's
         await scheduler.subscribe(JobEvent, on_job, durable=f"sched-{namespace}")
         created = await kube.create(JOBS, job(namespace, node), namespace)
-        event = await asyncio.wait_for(completed.get(), 90)
+        event = await within(completed.get(), 90)
         assert event.phase is JobPhase.COMPLETED and event.name == "train"
         key = record_key(namespace, "train", created["metadata"]["uid"])
         assert await admin.hget(key, "model_name") == b"ResNet-50"

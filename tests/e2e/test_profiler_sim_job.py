@@ -25,6 +25,7 @@ from alnair.common.data import gavel_throughputs
 from alnair.common.events import Envelope, GpuInventory, JobEvent, JobPhase, PodMetric
 from alnair.common.kube import EVENTS, JOBS, TRIALJOBS, KubeClient
 from alnair.common.records import RECORDS_INDEX
+from alnair.common.tasks import within
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import consumed, wait_for
 from alnair.profiler.aggregator.records import RecordStore
@@ -123,7 +124,7 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
 
         job = await kube.create(JOBS, job_manifest(namespace, node), namespace)
         uid = job["metadata"]["uid"]
-        await asyncio.wait_for(enough_samples.wait(), timeout=60)
+        await within(enough_samples.wait(), 60)
         assert {m.gpu_index for m in ours} == {0, 1}
         assert all(m.gpu_util_pct > 0 and m.gpu_mem_used_mib > 0 for m in ours)
 
@@ -160,7 +161,7 @@ async def test_job_profiled_recorded_once_across_aggregator_restart(
             )
         )
 
-        await asyncio.wait_for(done.wait(), timeout=JOB_SECONDS + 60)
+        await within(done.wait(), JOB_SECONDS + 60)
         # The job is marked done (after its event was stored: nothing publishes it again)
         # and every stored job event has reached the consumer: a duplicate would be here.
         await wait_for(lambda: redis.exists(f"{P}done:{uid}"), 20)

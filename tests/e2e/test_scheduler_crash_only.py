@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from alnair.common.tasks import within
 from alnair.dev.localstack import ControlPlane
 from alnair.scheduler.app import serve
 from alnair.scheduler.settings import SchedulerSettings
@@ -39,4 +40,4 @@ async def test_a_dead_task_ends_the_process_with_an_error(control_plane: Control
     # A real fault inside the task: the event writer takes a malformed item off its queue.
     recorder = writer.get_coro().cr_frame.f_locals["self"]  # type: ignore[union-attr]
     await recorder._queue.put("not an event")
-    assert await asyncio.wait_for(main, 30) == 1
+    assert await within(main, 30) == 1

@@ -26,6 +26,7 @@ from alnair.common.kube import (
     KubeClient,
     NotFound,
 )
+from alnair.common.tasks import within
 from alnair.dev.builders import make_pod, pod_group, priority_classes
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
@@ -352,7 +353,7 @@ async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace
 
     a, b = elector("a"), elector("b")
     ta = asyncio.create_task(a.run())
-    await asyncio.wait_for(a.is_leader.wait(), 5)
+    await within(a.is_leader.wait(), 5)
     tb = asyncio.create_task(b.run())
     # a renews; b looks, sees a holding the Lease, and keeps waiting through three renewals.
     renewals: set[str] = set()
@@ -369,7 +370,7 @@ async def test_leader_election_lets_one_replica_lead(kube: KubeClient, namespace
     with contextlib.suppress(asyncio.CancelledError):
         await ta
     await a.release()
-    await asyncio.wait_for(b.is_leader.wait(), 5)
+    await within(b.is_leader.wait(), 5)
     tb.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await tb
@@ -825,7 +826,7 @@ async def test_sigterm_stops_the_scheduler_cleanly_and_gives_the_lease_up(
 
         assert await wait_for(holder, 30) == identity
         proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        assert await within(proc.wait(), 20) == 0
     finally:
         if proc.returncode is None:
             proc.kill()

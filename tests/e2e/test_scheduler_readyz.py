@@ -4,7 +4,6 @@ makes it 503 naming the informer and the error, and it turns ready by itself onc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from alnair.common.kube import KIND_RESOURCES, SERVICEACCOUNTS, KubeClient, NotFound
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, within
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.api import build_api
 from alnair.scheduler.live.scheduler import Scheduler
@@ -87,7 +86,7 @@ async def test_readyz_names_the_failing_watch_and_recovers(
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as http:
-            await asyncio.wait_for(scheduler.pods.synced.wait(), 15)
+            await within(scheduler.pods.synced.wait(), 15)
             # The PDB watch has failed long enough to be unhealthy (stale after 0.2 s).
             await wait_for(lambda: not scheduler.pdbs.healthy, 10)
             reply = await http.get("/readyz")

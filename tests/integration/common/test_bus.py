@@ -24,6 +24,7 @@ from alnair.common.events import (
     encode,
     wrap,
 )
+from alnair.common.tasks import within
 from alnair.dev.localstack import NatsServer
 from alnair.dev.waiting import consumed, wait_for
 
@@ -77,7 +78,7 @@ async def test_durable_consumer_restart_gets_every_event_exactly_once(nats_url: 
 
     bus2 = await Bus.connect(nats_url, name="test-restarted")
     await bus2.subscribe(JobEvent, handler, durable="predictor")
-    await asyncio.wait_for(seen_all.wait(), 10)
+    await within(seen_all.wait(), 10)
     await consumed(bus2, JobEvent, "predictor")  # a duplicate would have been handled now
     assert set(handled) == {f"job-{i}" for i in range(30)}
     assert handled["job-5"] == 2  # the original and the one fixed-id copy, never three
@@ -146,7 +147,7 @@ async def test_temporary_error_is_retried_after_its_delay(nats_url: str) -> None
 
     await bus.subscribe(JobEvent, handler, durable="retry")
     await bus.publish(job(1), source="t")
-    await asyncio.wait_for(done.wait(), 10)
+    await within(done.wait(), 10)
     assert len(attempts) == 3
     assert attempts[1] - attempts[0] >= 0.25
     await bus.close()

@@ -27,6 +27,7 @@ from alnair.common.kube import (
 )
 from alnair.common.kubeauth import TokenFileAuth
 from alnair.common.kubeconfig import KubeConfig
+from alnair.common.tasks import within
 from alnair.dev.localstack import ControlPlane
 from kube_auth_support import Plugin, write_kubeconfig
 
@@ -186,7 +187,7 @@ async def test_rejected_credential_reruns_the_plugin_once(
                 # Watched from before the namespace existed: its ADDED event comes first.
                 events = client.watch(NAMESPACES, resource_version=version, timeout_s=10)
                 try:
-                    kind, obj = await asyncio.wait_for(anext(events), 10)
+                    kind, obj = await within(anext(events), 10)
                 finally:
                     await events.aclose()
             assert (kind, obj["metadata"]["name"]) == ("ADDED", extra)

@@ -23,6 +23,7 @@ from alnair.common.bus import Bus
 from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.events import Envelope, GpuHealthChanged, JobEvent, JobPhase
 from alnair.common.natsauth import ADMIN_USER, SERVICE_PERMISSIONS, server_config
+from alnair.common.tasks import within
 from alnair.dev.localstack import NatsServer
 
 pytestmark = pytest.mark.integration
@@ -62,7 +63,7 @@ async def _refused(url: str, **auth: str) -> str:
             f"CONNECT {connect}\r\nPUB alnair.health.gpu-node-1.0 2\r\n{{}}\r\nPING\r\n".encode()
         )
         await writer.drain()
-        return (await asyncio.wait_for(reader.readline(), 5)).decode()
+        return (await within(reader.readline(), 5)).decode()
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
@@ -117,7 +118,7 @@ async def test_profiler_agent_publishes_health_and_the_scheduler_reads_it(
     try:
         await scheduler.subscribe(GpuHealthChanged, on_health, durable="scheduler-health")
         await agent.publish(_health(), source="profiler-agent")
-        event = await asyncio.wait_for(got.get(), 10)
+        event = await within(got.get(), 10)
         assert (event.node, event.healthy) == ("gpu-node-1", False)
     finally:
         await agent.close()

@@ -14,6 +14,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from alnair.common.tasks import within
 from alnair.deviceplugin.protos import api_pb2 as pb
 
 
@@ -69,7 +70,7 @@ class FakeKubelet:
             async with self._arrived:
                 await self._arrived.wait_for(lambda: len(self.requests) >= count)
 
-        await asyncio.wait_for(enough(), timeout_s)
+        await within(enough(), timeout_s)
         return list(self.requests)
 
 
@@ -139,12 +140,12 @@ class Watch:
 
     async def next(self, timeout_s: float = 10.0) -> dict[str, str]:
         """The next device list, as id -> health."""
-        msg = await asyncio.wait_for(self.call.read(), timeout_s)
+        msg = await within(self.call.read(), timeout_s)
         assert msg is not grpc.aio.EOF
         return {d.ID: d.health for d in msg.devices}
 
     async def next_raw(self, timeout_s: float = 10.0) -> pb.ListAndWatchResponse:
-        msg = await asyncio.wait_for(self.call.read(), timeout_s)
+        msg = await within(self.call.read(), timeout_s)
         assert msg is not grpc.aio.EOF
         return msg  # type: ignore[no-any-return]
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common import resources
 from alnair.common.bus import Bus
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, PodMetric
+from alnair.common.tasks import within
 from alnair.deviceplugin.app import Running, start
 from alnair.deviceplugin.devices import COMPUTE, WHOLE
 from alnair.deviceplugin.pods import StaticPods
@@ -118,7 +119,7 @@ async def test_utilisation_reaches_the_shims_of_the_pod(
     reader, writer = await asyncio.open_unix_connection(str(plugin.vgpus.socket_for(vgpu)))
     writer.write(f"REGISTER vgpu={vgpu} pid=7 region=/r memory=- compute=30\n".encode())
     await writer.drain()
-    await asyncio.wait_for(plugin.vgpus.wait_registered(vgpu), 5)
+    await within(plugin.vgpus.wait_registered(vgpu), 5)
 
     metric = PodMetric(
         node="n1",
@@ -129,7 +130,7 @@ async def test_utilisation_reaches_the_shims_of_the_pod(
         sm_util_pct=42.5,
     )
     await bus.publish(metric, source="test")
-    line = await asyncio.wait_for(reader.readline(), 5)
+    line = await within(reader.readline(), 5)
     assert line == b"UTIL 0 42.50\n"
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{plugin.http_port}") as http:

@@ -6,7 +6,6 @@ following GPU health."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import uuid
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from alnair.common import dra
 from alnair.common.events import GpuDevice, GpuHealthChanged
 from alnair.common.kube import PODS, Conflict, KubeClient, NotFound
+from alnair.common.tasks import within
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.app import Running, start
 from alnair.deviceplugin.protos import dra_v1_pb2 as v1
@@ -199,7 +199,7 @@ async def test_registration_names_the_driver_socket_and_both_versions(driver: An
     assert info.name == dra.DRIVER
     assert info.endpoint == str(running.dra.plugin_socket)
     assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
-    await asyncio.wait_for(running.dra.registrar.registered.wait(), 5)
+    await within(running.dra.registrar.registered.wait(), 5)
     assert running.metrics.dra_registrations.labels("ok")._value.get() == 1
 
 
@@ -372,7 +372,7 @@ async def test_slice_follows_gpu_health(driver: Any, kube: KubeClient) -> None:
     node = running.settings.node_name
     running.slices.published.clear()
     running.state.set_gpus(gpus(node))
-    await asyncio.wait_for(running.slices.published.wait(), 10)
+    await within(running.slices.published.wait(), 10)
     stored = await kube.get(dra.RESOURCESLICES, dra.slice_name(node))
     assert stored["spec"]["pool"]["generation"] == 1
     assert [d.get("taints") for d in stored["spec"]["devices"]] == [None, None]
@@ -381,7 +381,7 @@ async def test_slice_follows_gpu_health(driver: Any, kube: KubeClient) -> None:
     running.state.apply_health(
         GpuHealthChanged(node=node, gpu_index=1, gpu_uuid=f"GPU-{node}-1", healthy=False, xid=48)
     )
-    await asyncio.wait_for(running.slices.published.wait(), 10)
+    await within(running.slices.published.wait(), 10)
     stored = await kube.get(dra.RESOURCESLICES, dra.slice_name(node))
     assert stored["spec"]["pool"]["generation"] == 2
     taints = stored["spec"]["devices"][1]["taints"]
@@ -394,7 +394,7 @@ async def test_slice_follows_gpu_health(driver: Any, kube: KubeClient) -> None:
     running.state.apply_health(
         GpuHealthChanged(node=node, gpu_index=1, gpu_uuid=f"GPU-{node}-1", healthy=True)
     )
-    await asyncio.wait_for(running.slices.published.wait(), 10)
+    await within(running.slices.published.wait(), 10)
     stored = await kube.get(dra.RESOURCESLICES, dra.slice_name(node))
     assert stored["spec"]["pool"]["generation"] == 3
     assert all("taints" not in d for d in stored["spec"]["devices"])

@@ -16,7 +16,7 @@ import pytest
 
 from alnair.common import resources
 from alnair.common.events import GpuDevice, GpuHealthChanged, GpuInventory, GpuLink
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, within
 from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.devices import COMPUTE, MEMORY, MEMORY_GIB, RESOURCES, WHOLE
 from alnair.deviceplugin.metrics import DevicePluginMetrics
@@ -301,9 +301,7 @@ async def test_a_kubelet_restart_without_any_stream_is_noticed_from_the_director
     """No ListAndWatch stream was ever opened, so no stream end can tell the plugin: the
     directory watch does (our socket removed, a new kubelet.sock)."""
     node = await start_node()
-    await asyncio.wait_for(
-        asyncio.gather(*(srv.registered.wait() for srv in node.servers.values())), 5
-    )
+    await within(asyncio.gather(*(srv.registered.wait() for srv in node.servers.values())), 5)
     assert [srv.registrations for srv in node.servers.values()] == [1] * len(RESOURCES)
     await kubelet.stop(clear=True)
     await kubelet.start()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from alnair.common.tasks import within
 from alnair.deviceplugin import region
 from alnair.deviceplugin.allocation import REGION_FILE, Layout
 from alnair.deviceplugin.registry import SEEN_KEPT, VgpuRecord, VgpuRegistry
@@ -45,7 +46,7 @@ def gone(*paths: Path) -> bool:
 async def closed(reader: asyncio.StreamReader) -> bool:
     """The registry hung up on us (a reset counts: it closed with our bytes unread)."""
     try:
-        return await asyncio.wait_for(reader.read(), 5) == b""
+        return await within(reader.read(), 5) == b""
     except ConnectionResetError:
         return True
 
@@ -67,7 +68,7 @@ async def test_each_vgpu_has_its_own_socket_and_refuses_impostors(tmp_path: Path
         assert vgpus.connections("b") == [] and vgpus.refused == 1
         # its own vGPU is fine, and only it hears its utilisation
         reader, writer = await register(sock_a, "a")
-        await asyncio.wait_for(vgpus.wait_registered("a"), 5)
+        await within(vgpus.wait_registered("a"), 5)
         assert await vgpus.send_utilization("b", 50.0) == 0
         assert await vgpus.send_utilization("a", 50.0) == 1
         assert await reader.readline() == b"UTIL 0 50.00\n"
@@ -84,7 +85,7 @@ async def test_bounded_connections_lines_and_chatter(tmp_path: Path) -> None:
         vgpus.record(rec("a"))
         path = vgpus.socket_for("a")
         writers.extend([(await register(path, "a", pid))[1] for pid in range(3)])
-        await asyncio.wait_for(vgpus.wait_registered("a", 3), 5)
+        await within(vgpus.wait_registered("a", 3), 5)
         # the fourth process is refused: a fork bomb cannot grow the bookkeeping
         reader, writer = await register(path, "a", 99)
         assert await closed(reader)
@@ -105,7 +106,7 @@ async def test_bounded_connections_lines_and_chatter(tmp_path: Path) -> None:
         writer.close()
         # chatter after REGISTER is not read forever
         reader, writer = await register(path, "a")
-        await asyncio.wait_for(vgpus.wait_registered("a"), 5)
+        await within(vgpus.wait_registered("a"), 5)
         writer.write(b"more\n")
         await writer.drain()
         assert await closed(reader)
@@ -123,7 +124,7 @@ async def test_pod_gone_takes_socket_connections_and_directories(tmp_path: Path)
         vgpus.record(rec("a", pod_uid="uid-a"))
         path = vgpus.socket_for("a")
         reader, writer = await register(path, "a")
-        await asyncio.wait_for(vgpus.wait_registered("a"), 5)
+        await within(vgpus.wait_registered("a"), 5)
         assert vgpus.forget_pod("uid-a") == ["a"]
         assert await closed(reader)  # the pod's processes are disconnected
         writer.close()
@@ -144,7 +145,7 @@ async def test_restart_reopens_the_sockets_of_recorded_vgpus(tmp_path: Path) -> 
     await second.start()
     try:
         _reader, writer = await register(second.socket_for("a"), "a")
-        await asyncio.wait_for(second.wait_registered("a"), 5)
+        await within(second.wait_registered("a"), 5)
         writer.close()
     finally:
         await second.stop()

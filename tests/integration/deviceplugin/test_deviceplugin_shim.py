@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from alnair.common.tasks import within
 from alnair.deviceplugin import region
 from alnair.deviceplugin.allocation import Layout, grant_fraction
 from alnair.deviceplugin.metrics import DevicePluginMetrics
@@ -68,7 +69,7 @@ async def test_shim_registers_and_its_region_reads_back(shim_build: Path, tmp_pa
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        out, _ = await within(proc.communicate(), 60)
         text = out.decode()
         assert proc.returncode == 0, text
         assert "FAIL" not in text

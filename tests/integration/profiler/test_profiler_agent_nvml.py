@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 from alnair.common.bus import Bus
 from alnair.common.events import GpuHealthChanged, GpuInventory, PodMetric, decode
+from alnair.common.tasks import within
 from alnair.profiler.agent.node_agent import Agent
 from alnair.profiler.gpu import HealthSignal
 from alnair.profiler.metrics import ProfilerMetrics
@@ -146,7 +147,7 @@ async def test_shared_gpu_split_per_pod_and_cpu_only_pods_reported(
         await agent.sample_once()  # first reading: GPU numbers, no cgroup rates yet
         advance_counters(cgroup, cpu_usec=3_000_000, read_bytes=4_000_000)
         second = await agent.sample_once()
-        await asyncio.wait_for(all_pods_heard.wait(), timeout=10)
+        await within(all_pods_heard.wait(), 10)
         by_pod = {m.pod: m for m in second}
         # 80% device utilization split 75:25, not 80% each (the dcgm-exporter gap).
         assert by_pod["train-a"].gpu_util_pct == pytest.approx(60.0)
@@ -163,7 +164,7 @@ async def test_shared_gpu_split_per_pod_and_cpu_only_pods_reported(
         assert {m.pod for m in received} == {"train-a", "train-b", "notebook"}
 
         await agent.on_health(HealthSignal("gpu-node", 0, inv.gpus[0].uuid, False, "XID 79", 79))
-        event = await asyncio.wait_for(health.get(), timeout=10)
+        event = await within(health.get(), 10)
         assert (event.healthy, event.xid, event.gpu_uuid) == (False, 79, inv.gpus[0].uuid)
     finally:
         backend.close()

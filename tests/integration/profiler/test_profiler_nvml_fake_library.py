@@ -42,11 +42,11 @@ async def main():
     await asyncio.sleep(0.5)
     with open(sys.argv[1], "a") as f:
         f.write("1 79\\n")
-    first = await asyncio.wait_for(waiting, 10)
+    first = await within(waiting, 10)
     out["health"].append([first.gpu_index, first.healthy, first.xid])
     await asyncio.sleep(0.6)
     backend.sample("n1", time.time())  # answers after the quiet period: healthy again
-    second = await asyncio.wait_for(signals.__anext__(), 10)
+    second = await within(signals.__anext__(), 10)
     out["health"].append([second.gpu_index, second.healthy, second.xid])
     backend.close()
     print(json.dumps(out))

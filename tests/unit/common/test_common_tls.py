@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from alnair.common.errors import ConfigError
 from alnair.common.http import bound_port, start_http, stop_http
+from alnair.common.tasks import within
 from alnair.common.tls import CA_FILE, CERT_FILE, KEY_FILE, CertReloader, issue, write_folder
 
 
@@ -67,7 +68,7 @@ async def serving(folder: Path) -> AsyncIterator[tuple[CertReloader, str]]:
     finally:
         stop.set()
         await stop_http(server, task)
-        await asyncio.wait_for(watcher, 5)
+        await within(watcher, 5)
 
 
 async def _get(url: str, ca_pem: bytes) -> int:

@@ -7,7 +7,6 @@ several GPUs, shared GPUs and XID events, which no single test machine offers on
 
 from __future__ import annotations
 
-import asyncio
 import time
 import types
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from alnair.common.tasks import within
 from alnair.profiler.agent.attribution import pod_shares
 from alnair.profiler.agent.node_agent import inventory_event
 from alnair.profiler.gpu import BackendUnavailableError, GpuBackend, GpuInfo, NodeInventory
@@ -175,13 +175,13 @@ async def test_critical_xid_marks_unhealthy_application_xid_does_not() -> None:
     ]
     backend = NvmlBackend("gpu-node", nvml=fake_nvml(events), recover_after_s=3600)
     signals = backend.health_signals()
-    signal = await asyncio.wait_for(anext(signals), timeout=10)
+    signal = await within(anext(signals), 10)
     assert (signal.gpu_index, signal.healthy, signal.xid) == (1, False, 79)
     assert not backend.inventory("gpu-node").gpus[1].healthy
     assert backend.inventory("gpu-node").gpus[0].healthy
     backend.close()
     with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(anext(signals), timeout=10)
+        await within(anext(signals), 10)
 
 
 def _fake_sysfs(root: Path) -> Path:

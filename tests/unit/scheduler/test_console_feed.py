@@ -3,15 +3,15 @@ stops reading is dropped instead of buffered, and heartbeats are not changes."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from alnair.common.informer import WatchEvent
+from alnair.common.tasks import within
 from alnair.scheduler.console.feed import Feed
 
 
 async def _next(stream: object) -> bytes:
-    return await asyncio.wait_for(stream.__anext__(), 2)  # type: ignore[attr-defined]
+    return await within(stream.__anext__(), 2)  # type: ignore[attr-defined]
 
 
 async def test_changes_coalesce_per_client_until_it_reads() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import replace
 from typing import Any
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from alnair.common import resources as r
 from alnair.common.events import GpuLink
+from alnair.common.tasks import within
 from alnair.dev.builders import make_pod
 from alnair.scheduler.cluster.books import Holder, Reservations
 from alnair.scheduler.cluster.budgets import DisruptionBudgets
@@ -98,14 +98,14 @@ async def test_unschedulable_pod_waits_for_an_event_and_none_is_lost() -> None:
     q.unschedulable_now(entry)
     assert q.depth()["unschedulable"] == 1
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(q.pop(), 0.05)
+        await within(q.pop(), 0.05)
     q.move_all_to_active()
-    entry = await asyncio.wait_for(q.pop(), 1)
+    entry = await within(q.pop(), 1)
     # An event during the cycle sends the pod to backoff instead of parking it.
     q.move_all_to_active()
     q.unschedulable_now(entry)
     assert q.depth()["unschedulable"] == 0
-    assert (await asyncio.wait_for(q.pop(), 1)).uid == "u"
+    assert (await within(q.pop(), 1)).uid == "u"
 
 
 async def test_a_placed_pod_wakes_only_the_pods_whose_terms_count_it() -> None:

@@ -31,7 +31,6 @@ one periodic write the services make.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -50,7 +49,7 @@ from alnair.common.kube import (
     Unavailable,
 )
 from alnair.common.settings import LeaderElectionSettings
-from alnair.common.tasks import spawn
+from alnair.common.tasks import spawn, within
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +193,7 @@ class LeaderElector:
         try:
             while True:
                 try:
-                    leading = await asyncio.wait_for(
-                        self.try_acquire_or_renew(), self.renew_deadline
-                    )
+                    leading = await within(self.try_acquire_or_renew(), self.renew_deadline)
                 except (TimeoutError, ApiError, Unavailable) as exc:
                     log.warning("lease campaign failed", extra={"error": str(exc) or "timed out"})
                     leading = False
@@ -205,8 +202,9 @@ class LeaderElector:
                 await self._until_free()
         finally:
             follow.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follow
+            # Waited without awaiting it: its CancelledError is not ours to swallow, and a
+            # cancellation of this campaign arriving meanwhile still ends it.
+            await asyncio.wait({follow})
             self.watching = False
         log.info("became leader", extra={"identity": self.identity, "lease": self.name})
         self.is_leader.set()
@@ -217,7 +215,7 @@ class LeaderElector:
             renewed: bool | None = None
             if left > 0:
                 try:
-                    renewed = await asyncio.wait_for(self.try_acquire_or_renew(), left)
+                    renewed = await within(self.try_acquire_or_renew(), left)
                 except (TimeoutError, ApiError, Unavailable) as exc:
                     log.warning("lease renewal failed", extra={"error": str(exc) or "timed out"})
             if renewed is False or not self.leading():
@@ -253,7 +251,7 @@ class LeaderElector:
                 return
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), wait)
+                await within(self._changed.wait(), wait)
             except TimeoutError:
                 return
 

@@ -10,6 +10,12 @@ watching as surely as one that raised. `in_flight` starts a short one (a binding
 one message) in its owner's set, so the owner can wait for what is in flight at stop, and logs
 a failure by name.
 `tests/unit/common/test_task_starts.py` fails on a task started any other way.
+
+`within` bounds an await in time. It replaces `asyncio.wait_for`, which on Python 3.11 loses
+a cancellation that arrives as the awaited work completes: the caller goes on as if never
+cancelled. A leader elector renewing in a loop did exactly that, so a stopped service kept its
+Lease for ever and its stop never returned (ruff bans `asyncio.wait_for`; see
+`tests/unit/common/test_tasks.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +24,21 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 _running: set[asyncio.Task[Any]] = set()
+
+
+async def within(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """`await aw`, raising TimeoutError after `timeout_s` (None: no limit). A cancellation of
+    the caller always propagates, even one that arrives as `aw` completes."""
+    async with asyncio.timeout(timeout_s):
+        return await aw
 
 
 class TaskReturned(RuntimeError):

@@ -68,6 +68,7 @@ from alnair.common.kube import (
 )
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
+from alnair.common.tasks import within
 from alnair.dev import devstack
 from alnair.dev.localstack import NatsServer
 from alnair.dev.localstack.controlplane import parse_node_specs
@@ -287,7 +288,7 @@ class Chaos:
                 break
             self.sampled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.sampled.wait(), remaining)
+                await within(self.sampled.wait(), remaining)
         self.found.windows.append((fault, t0, time.monotonic()))
 
     async def restart_apiserver(self) -> None:
@@ -372,7 +373,7 @@ class Chaos:
                 self.found.sampled_at.append(time.monotonic())
                 self.sampled.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.sample_now.wait(), 1.0)
+                await within(self.sample_now.wait(), 1.0)
             self.sample_now.clear()
 
     # --- the run and the checker --------------------------------------------------------------

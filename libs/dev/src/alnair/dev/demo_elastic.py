@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from alnair.common import resources as res
 from alnair.common.kube import ELASTICJOBS, ApiError, KubeClient, Obj
+from alnair.common.tasks import within
 from alnair.elastic.sizing import holds_gpus
 
 COOLDOWN_S = 5
@@ -187,7 +188,7 @@ class ElasticTrainer:
             self.changed.clear()
             timeout = None if soonest is None else max(0.05, soonest - self.clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), timeout)
+                await within(self.changed.wait(), timeout)
 
     async def _complete(self, job: str) -> None:
         namespace, progress = self.jobs[job]

@@ -61,7 +61,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, within
 from alnair.dev import devstack
 from alnair.dev.demo_elastic import ElasticTrainer, elastic_manifest
 from alnair.dev.localstack import parse_node_specs
@@ -706,7 +706,7 @@ async def run_workload(
                         break
                     run.changed.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(run.changed.wait(), min(remaining, 1.0))
+                        await within(run.changed.wait(), min(remaining, 1.0))
                     obs = run.obs
                     progress.update(
                         bar,

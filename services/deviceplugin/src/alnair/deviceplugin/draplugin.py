@@ -37,7 +37,7 @@ from alnair.common.errors import InvalidValueError
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import NODES, Conflict, KubeClient, NotFound, Obj, Unavailable
 from alnair.common.retry import retrying
-from alnair.common.tasks import cancel_all, spawn
+from alnair.common.tasks import cancel_all, spawn, within
 from alnair.deviceplugin import cdi
 from alnair.deviceplugin.allocation import Layout
 from alnair.deviceplugin.draclaims import ClaimError, claim_devices, claim_grants
@@ -157,9 +157,7 @@ class DraDriver:
             ref = f"{namespace}/{name}"
             try:
                 self.api_reads += 1
-                claim = await asyncio.wait_for(
-                    self.claims.get(namespace, name), CLAIM_LOOKUP_TIMEOUT_S
-                )
+                claim = await within(self.claims.get(namespace, name), CLAIM_LOOKUP_TIMEOUT_S)
             except NotFound as exc:
                 raise ClaimError("claim", ref, "not found in the API server") from exc
             actual = (claim.get("metadata") or {}).get("uid", "")

@@ -31,7 +31,7 @@ from alnair.common.errors import InvalidValueError
 from alnair.common.events import GpuDevice
 from alnair.common.resources import gpu_memory_mib as memory_mib
 from alnair.common.retry import Backoff, retrying
-from alnair.common.tasks import first_of
+from alnair.common.tasks import first_of, within
 from alnair.deviceplugin import devices as dev
 from alnair.deviceplugin import fswatch
 from alnair.deviceplugin.allocation import (
@@ -293,7 +293,7 @@ class ResourcePlugin:
 
     async def _find_pod(self, size: int) -> PodMatch | None:
         try:
-            return await asyncio.wait_for(self.pods.find(self.resource, size), POD_LOOKUP_TIMEOUT_S)
+            return await within(self.pods.find(self.resource, size), POD_LOOKUP_TIMEOUT_S)
         except Exception as exc:  # the API server being slow or down must not block admission
             log.warning("pod lookup failed", extra={"error": repr(exc)})
             return None
@@ -302,9 +302,7 @@ class ResourcePlugin:
         if found is None:
             return
         try:
-            await asyncio.wait_for(
-                self.pods.mark_allocated(found, self.resource), POD_LOOKUP_TIMEOUT_S
-            )
+            await within(self.pods.mark_allocated(found, self.resource), POD_LOOKUP_TIMEOUT_S)
         except Exception as exc:
             log.warning(
                 "could not mark pod allocated", extra={"pod": found.name, "error": repr(exc)}
@@ -512,4 +510,4 @@ class PluginServer:
             if _reachable(self.kubelet_socket):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._fs_changed.wait(), backoff.next())
+                await within(self._fs_changed.wait(), backoff.next())

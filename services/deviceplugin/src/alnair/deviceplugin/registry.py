@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from alnair.common.errors import InvalidValueError
-from alnair.common.tasks import spawn
+from alnair.common.tasks import spawn, within
 from alnair.deviceplugin import region
 from alnair.deviceplugin.allocation import REGION_FILE, Layout
 
@@ -336,7 +336,7 @@ class VgpuRegistry:
             return
         self._pending[vgpu_id] = self._pending.get(vgpu_id, 0) + 1
         try:
-            line = await asyncio.wait_for(reader.readline(), _REGISTER_TIMEOUT_S)
+            line = await within(reader.readline(), _REGISTER_TIMEOUT_S)
             reg = parse_register(line.decode(errors="replace"))
         except (TimeoutError, InvalidValueError, ConnectionError, ValueError) as exc:
             # ValueError: a line over the limit (asyncio's LimitOverrunError)

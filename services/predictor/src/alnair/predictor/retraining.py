@@ -25,6 +25,7 @@ from collections import Counter
 
 import redis.asyncio as aioredis
 
+from alnair.common.tasks import within
 from alnair.predictor.datasets import JobKey, Observation, RecordProblem, TrainingData
 from alnair.predictor.metrics import PredictorMetrics
 from alnair.predictor.predictor import (
@@ -184,7 +185,7 @@ class Retrainer:
             if remaining <= 0:
                 return
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=min(self.debounce_s, remaining))
+                await within(self._wake.wait(), min(self.debounce_s, remaining))
             except TimeoutError:
                 return
 

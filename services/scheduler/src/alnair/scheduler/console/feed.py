@@ -23,6 +23,7 @@ from typing import Any
 
 from alnair.common.informer import WatchEvent
 from alnair.common.kube import Obj
+from alnair.common.tasks import within
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Feed:
             yield b"retry: 2000\n\n"
             while not client.closed:
                 try:
-                    await asyncio.wait_for(client.wake.wait(), keepalive_s)
+                    await within(client.wake.wait(), keepalive_s)
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
