@@ -24,6 +24,7 @@ FAKE = NATIVE / "build" / "fake"
 
 READER = """
 import asyncio, json, sys, time
+from alnair.common.tasks import within
 from alnair.profiler.nvml import NvmlBackend
 
 async def main():
