@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", default=d.nodes)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--topology", choices=("single", "production"), default=d.topology,
+        help="production: three NATS servers and Redis with a replica and Sentinels; a NATS "
+        "node and the Redis primary are killed instead of the whole bus",
+    )  # fmt: skip
+    p.add_argument(
         "--dir", type=Path, default=None, help="where the stack lives (default: a temp dir)"
     )
     args = p.parse_args(argv)
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_s=args.settle_s,
         nodes=args.nodes,
         seed=args.seed,
+        topology=args.topology,
     )
     directory = args.dir or Path(tempfile.mkdtemp(prefix="alnair-chaos-")) / "stack"
     report = run_chaos(directory, cfg)

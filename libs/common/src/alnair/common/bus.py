@@ -103,6 +103,9 @@ class Bus:
         self._subs: list[Subscription] = []
         self._reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
         self._ensures_streams = True
+        self.replicas = 1
+        """How many servers of a JetStream cluster keep each stream and bucket this client
+        makes (1: a single server; 3: the production cluster, surviving one node's loss)."""
         self._consumers: list[tuple[str, ConsumerConfig]] = []
         self._recovery: asyncio.Task[None] | None = None
         self.recovered = asyncio.Event()
@@ -135,6 +138,7 @@ class Bus:
         connect_within_s: float = 60.0,
         ensure_streams: bool = True,
         credentials: NatsCredentials | None = None,
+        replicas: int = 1,
     ) -> Bus:
         """Connect as `name`, presenting `credentials` (the service's NATS user) if given.
 
@@ -199,6 +203,7 @@ class Bus:
         bus = cls(nc, nc.jetstream(), name)
         bus._reconnect_listeners = listeners
         bus._ensures_streams = ensure_streams
+        bus.replicas = replicas
         await bus._streams()
         return bus
 
@@ -301,6 +306,7 @@ class Bus:
                 max_age=7 * 24 * 3600.0,
                 max_bytes=dlq_max_bytes if stream == DLQ_STREAM else max_bytes,
                 duplicate_window=120.0,
+                num_replicas=self.replicas,
             )
             try:
                 await self.js.add_stream(cfg)
@@ -316,7 +322,7 @@ class Bus:
             return await self.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             return await self.js.create_key_value(
-                KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s)
+                KeyValueConfig(bucket=bucket, history=history, ttl=ttl_s, replicas=self.replicas)
             )
 
     async def close(self) -> None:

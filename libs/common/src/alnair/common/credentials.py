@@ -31,7 +31,7 @@ from alnair.common import nkeys
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password, server_config
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
-from alnair.common.redisauth import SERVICE_USERS, acl_file
+from alnair.common.redisauth import INFRA_USERS, SERVICE_USERS, acl_file
 
 # Names of Secret objects, not secrets.
 NATS_SECRET = "alnair-nats-users"  # noqa: S105
@@ -68,7 +68,7 @@ def nats_users() -> list[str]:
 
 
 def redis_users() -> list[str]:
-    return [*SERVICE_USERS, REDIS_ADMIN]
+    return [*SERVICE_USERS, REDIS_ADMIN, *INFRA_USERS]
 
 
 def nats_auth_conf() -> str:

@@ -57,6 +57,23 @@ SERVICE_USERS: dict[str, RedisUser] = {
 ADMIN_USER = "alnair-admin"
 """The operator's user: every key and command (backups, tools, tests)."""
 
+REPLICATION_USER = "alnair-replication"
+"""What a replica authenticates to its primary as (its `masteruser`): replication only."""
+
+SENTINEL_USER = "alnair-sentinel"
+"""What the Sentinels authenticate to the primary and replicas as (their `auth-user`): the
+commands Redis documents for monitoring and failover, no keys."""
+
+INFRA_USERS: dict[str, str] = {
+    REPLICATION_USER: "+psync +replconf +ping",
+    SENTINEL_USER: (
+        "allchannels +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish "
+        "+info +client|setname +client|kill +script|kill"
+    ),
+}
+"""The users of Redis's own replication and failover (no keys), with their rules. Every server
+of a replicated Redis loads the same ACL file: a promoted replica must know every user."""
+
 
 def acl_file(users: Mapping[str, str], *, redis_major: int = 7) -> str:
     """A Redis ACL file holding `users` (name -> password) and no usable default user."""
@@ -67,9 +84,12 @@ def acl_file(users: Mapping[str, str], *, redis_major: int = 7) -> str:
         if user == ADMIN_USER:
             lines.append(f"user {user} on >{password} ~* &* +@all")
             continue
+        if user in INFRA_USERS:
+            lines.append(f"user {user} on >{password} -@all {INFRA_USERS[user]}")
+            continue
         spec = SERVICE_USERS.get(user)
         if spec is None:
-            known = ", ".join(sorted([*SERVICE_USERS, ADMIN_USER]))
+            known = ", ".join(sorted([*SERVICE_USERS, ADMIN_USER, *INFRA_USERS]))
             raise ConfigError(f"unknown Redis user {user!r}; known: {known}", user=user)
         lines.append(f"user {user} on >{password} {spec.rules(redis_major)}")
     return "\n".join(lines) + "\n"

@@ -58,6 +58,16 @@ class CommonSettings(BaseSettings):
         default=None,
         description="CA certificate of the NATS server; set: connect with TLS and verify it",
     )
+    nats_replicas: int = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_REPLICAS"),
+        default=1,
+        ge=1,
+        le=5,
+        description=(
+            "servers of a JetStream cluster that keep each stream and KV bucket (3 in the "
+            "production overlay's three-node cluster: one node's loss loses nothing)"
+        ),
+    )
     redis_url: str = Field(
         validation_alias=AliasChoices("ALNAIR_REDIS_URL"),
         default="redis://127.0.0.1:6379/0",
@@ -72,6 +82,24 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("ALNAIR_REDIS_PASSWORD"),
         default=None,
         description="password of ALNAIR_REDIS_USER (from a Secret)",
+    )
+    redis_sentinels: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_SENTINELS"),
+        default=None,
+        description=(
+            "Redis Sentinels as host:port[,host:port...]; set: connect to the primary they name "
+            "(following a failover), with ALNAIR_REDIS_URL giving only the database number"
+        ),
+    )
+    redis_sentinel_master: str = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_SENTINEL_MASTER"),
+        default="alnair",
+        description="the name the Sentinels monitor the Redis primary under",
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        validation_alias=AliasChoices("ALNAIR_REDIS_SENTINEL_PASSWORD"),
+        default=None,
+        description="the Sentinels' password (their requirepass, from a Secret)",
     )
     kubeconfig: str | None = Field(
         validation_alias=AliasChoices("ALNAIR_KUBECONFIG"),

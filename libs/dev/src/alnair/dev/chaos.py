@@ -11,7 +11,11 @@ random service with SIGKILL at random moments, each service `kills_per_service` 
 brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
 readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
 and restarted on its port and store; the API server is killed once and started again with
-its own command line. A sampler lists pods every second and at the start and end of every
+its own command line. With `topology` "production" (three nats-servers in a JetStream
+cluster, Redis with a replica and Sentinels) the whole-bus outage is replaced by the loss of
+one node of each: a NATS server is SIGKILLed, kept down `nats_down_s` and started again on
+its port and store, and later the Redis primary is SIGKILLed (a replica takes over) and comes
+back as a replica. A sampler lists pods every second and at the start and end of every
 fault, and counts GPUs given past their whole (the shares of the pods on each GPU summed).
 
 At the end the invariant checker reads every Job, pod, Redis record and the sampler's
@@ -35,13 +39,16 @@ findings, and the run reports:
 - admissions_unrecorded: complete queued Jobs with no `Admitted` Event (an Event is written
   best-effort, so one lost while the API server restarted is reported, not failed);
 - completions_duplicated / completions_missing: `completed` job events on the bus (the JOBS
-  stream, read from its start at the end) per complete Job other than one.
+  stream, read from its start at the end) per complete Job other than one;
+- service_restarts: times a service exited by itself and its supervisor started it again (a
+  service that could not ride out a NATS node's or Redis primary's loss shows here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -68,11 +75,14 @@ from alnair.common.kube import (
 )
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
+from alnair.common.redisconn import redis_client
+from alnair.common.settings import CommonSettings
 from alnair.common.tasks import within
 from alnair.dev import devstack
 from alnair.dev.localstack import NatsServer
 from alnair.dev.localstack.controlplane import parse_node_specs
 from alnair.dev.localstack.procs import port_open
+from alnair.dev.supervise import RESTART_MARK
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
 NAMESPACE = "chaos"
@@ -103,6 +113,8 @@ class ChaosConfig:
         "elastic",
     )
     seed: int = 16
+    topology: str = "single"
+    """`production`: a NATS node and the Redis primary are killed instead of nats-server."""
 
 
 @dataclass
@@ -114,6 +126,10 @@ class Findings:
     sample_errors: Counter[str] = field(default_factory=Counter)
     """Samples the over-commit checker could not take, by error (the API server's restart)."""
     nats_restarts: int = 0
+    nats_node_kills: int = 0
+    redis_failovers: int = 0
+    redis_failover_s: list[float] = field(default_factory=list)
+    """From the primary's kill until the Sentinels name another."""
     apiserver_restarts: int = 0
     windows: list[tuple[str, float, float]] = field(default_factory=list)
     """(fault, start, end) on the monotonic clock: kills to recovery, nats-server's outage."""
@@ -228,8 +244,9 @@ class Chaos:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.opts = devstack.UpOptions(
-            nodes=cfg.nodes, free_ports=True, only=cfg.services, ready_timeout_s=180.0
-        )
+            nodes=cfg.nodes, free_ports=True, only=cfg.services, ready_timeout_s=180.0,
+            topology=cfg.topology,
+        )  # fmt: skip
         self.found = Findings()
         self.names: list[str] = []
         self.queued: set[str] = set()
@@ -276,6 +293,65 @@ class Chaos:
         state.save()
         self.found.nats_restarts += 1
         await self._window_sampled("nats", t0)
+
+    async def kill_nats_node(self) -> None:
+        """SIGKILL one server of the NATS cluster, keep it down, start it again (its own
+        command line: its port, store and routes)."""
+        state = self.state()
+        nodes = [p for p in state.infra if p.name.startswith("nats-")]
+        proc = self.rng.choice(nodes)
+        t0 = time.monotonic()
+        self.sample_now.set()
+        _kill(proc.pid)
+        await asyncio.sleep(self.cfg.nats_down_s)
+        self._started_again(state, proc)
+        self.found.nats_node_kills += 1
+        await self._window_sampled(proc.name, t0)
+
+    async def kill_redis_primary(self) -> None:
+        """SIGKILL the Redis primary the Sentinels name; once they name another, start the old
+        one again (they make it a replica of the new primary)."""
+        state = self.state()
+        assert state.redis_sentinels is not None
+        host, sentinel_port = devstack.sentinel_address(state.redis_sentinels)
+        password = state.credentials.get("sentinel")
+        sentinel = aioredis.Redis(host=host, port=sentinel_port, password=password)
+
+        async def primary_port() -> int:
+            addr = await sentinel.sentinel_get_master_addr_by_name("alnair", return_responses=True)
+            assert isinstance(addr, tuple), addr
+            return int(addr[1])
+
+        try:
+            port = await primary_port()
+            (proc,) = [p for p in state.infra if _port_argument(p.argv) == port]
+            t0 = time.monotonic()
+            self.sample_now.set()
+            _kill(proc.pid)
+            while True:
+                with contextlib.suppress(Exception):
+                    if await primary_port() != port:
+                        break
+                assert time.monotonic() - t0 < 60, "no Redis failover within 60 s"
+                await asyncio.sleep(0.1)
+            self.found.redis_failover_s.append(time.monotonic() - t0)
+        finally:
+            await sentinel.aclose()
+        await asyncio.sleep(self.cfg.nats_down_s)
+        self._started_again(state, proc)
+        self.found.redis_failovers += 1
+        await self._window_sampled(proc.name, t0)
+
+    def _started_again(self, state: devstack.State, proc: devstack.Proc) -> None:
+        """Start a killed infrastructure process again with the command line it was started
+        with (its port, store and peers), and record it in the stack's state."""
+        assert proc.argv is not None, f"{proc.name}: no command line recorded"
+        pid = _relaunch(proc.argv, dict(os.environ), proc.log)
+        back = devstack.Proc(
+            proc.name, pid, devstack._start_ticks(pid), proc.log, proc.port, proc.argv
+        )
+        state.infra = [back if p.name == proc.name else p for p in state.infra]
+        state.save()
 
     async def _window_sampled(self, fault: str, t0: float) -> None:
         """Close a fault's window once a sample inside it is taken (asked for at its end:
@@ -337,7 +413,11 @@ class Chaos:
         plan = [s for s in self.cfg.services for _ in range(self.cfg.kills_per_service)]
         self.rng.shuffle(plan)
         events: list[tuple[float, str]] = [(self.rng.uniform(0, until_s), s) for s in plan]
-        events.append((self.rng.uniform(0.2, 0.6) * until_s, "nats"))
+        if self.cfg.topology == "production":
+            events.append((self.rng.uniform(0.2, 0.4) * until_s, "nats-node"))
+            events.append((self.rng.uniform(0.5, 0.7) * until_s, "redis-primary"))
+        else:
+            events.append((self.rng.uniform(0.2, 0.6) * until_s, "nats"))
         if self.cfg.restart_apiserver:
             events.append((self.rng.uniform(0.3, 0.8) * until_s, "apiserver"))
         events.sort()
@@ -346,6 +426,10 @@ class Chaos:
             await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
             if what == "nats":
                 await self.restart_nats()
+            elif what == "nats-node":
+                await self.kill_nats_node()
+            elif what == "redis-primary":
+                await self.kill_redis_primary()
             elif what == "apiserver":
                 await self.restart_apiserver()
             else:
@@ -421,8 +505,15 @@ class Chaos:
         without is of a job no sample of which reached the aggregator)."""
         state = self.state()
         admin = state.credentials.get("redis") or {}
-        creds = {"username": ADMIN, "password": admin[ADMIN]} if ADMIN in admin else {}
-        client = aioredis.from_url(state.redis_url, **creds)
+        client = redis_client(
+            CommonSettings(
+                redis_url=state.redis_url,
+                redis_sentinels=state.redis_sentinels,
+                redis_user=ADMIN if ADMIN in admin else None,
+                redis_password=admin.get(ADMIN),
+                redis_sentinel_password=state.credentials.get("sentinel"),
+            )
+        )
         try:
             records: dict[str, list[bool]] = defaultdict(list)
             async for key in client.scan_iter(f"{RECORD_PREFIX}{NAMESPACE}/*"):
@@ -438,7 +529,8 @@ class Chaos:
         state = self.state()
         password = (state.credentials.get("nats") or {}).get(NATS_ADMIN)
         creds: dict[str, Any] = {"user": NATS_ADMIN, "password": password} if password else {}
-        nc = await nats.connect(state.nats_url, name="chaos-checker", **creds)
+        servers = state.nats_url.split(",")
+        nc = await nats.connect(servers=servers, name="chaos-checker", **creds)
         found: Counter[str] = Counter()
         try:
             js = nc.jetstream()
@@ -465,6 +557,17 @@ class Chaos:
         finally:
             await nc.close()
         return found
+
+    def service_restarts(self) -> int:
+        """Exits of a service that its supervisor answered by starting it again, in every
+        service's logs (those kept from killed processes included)."""
+        logs = self.dir / "logs"
+        return sum(
+            line.startswith(RESTART_MARK)
+            for log in logs.glob("*.log*")
+            for line in log.read_text(errors="replace").splitlines()
+            if "restart" in line
+        )
 
     async def check(self, kube: KubeClient) -> dict[str, Any]:
         jobs = {j["metadata"]["name"]: j for j in (await kube.list(JOBS, NAMESPACE))["items"]}
@@ -507,6 +610,11 @@ class Chaos:
             },
             "services": list(self.cfg.services),
             "nats_restarts": self.found.nats_restarts,
+            "topology": self.cfg.topology,
+            "nats_node_kills": self.found.nats_node_kills,
+            "redis_failovers": self.found.redis_failovers,
+            "redis_failover_s": [round(t, 2) for t in self.found.redis_failover_s],
+            "service_restarts": self.service_restarts(),
             "apiserver_restarts": self.found.apiserver_restarts,
             "pod_samples": self.found.samples,
             "fault_windows": len(self.found.windows),
@@ -518,6 +626,13 @@ class Chaos:
             "fractions": self.fractions,
             "pod_sample_errors": dict(self.found.sample_errors),
         }
+
+
+def _port_argument(argv: list[str] | None) -> int | None:
+    """The value of `--port` in a recorded command line (None: it has none)."""
+    if not argv or "--port" not in argv[:-1]:
+        return None
+    return int(argv[argv.index("--port") + 1])
 
 
 def job_complete(job: dict[str, Any]) -> bool:

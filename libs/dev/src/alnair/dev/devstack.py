@@ -58,10 +58,17 @@ from alnair.common.errors import AlnairError, ConfigError
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.natsauth import SERVICE_PERMISSIONS, new_password
 from alnair.common.redisauth import ADMIN_USER as REDIS_ADMIN
-from alnair.common.redisauth import SERVICE_USERS
+from alnair.common.redisauth import INFRA_USERS, SERVICE_USERS
 from alnair.common.resources import LABEL_GPU_COUNT, LABEL_GPU_MODEL
 from alnair.common.settings import DEFAULT_HTTP_PORTS
-from alnair.dev.localstack import ControlPlane, ManagedProcess, NatsServer, RedisServer
+from alnair.dev.localstack import (
+    ControlPlane,
+    ManagedProcess,
+    NatsCluster,
+    NatsServer,
+    RedisFailover,
+    RedisServer,
+)
 from alnair.dev.localstack.procs import free_port, port_open
 from alnair.dev.localstack.realnode import RealNode, reap_stale
 from alnair.dev.stack_services import (
@@ -76,6 +83,7 @@ from alnair.dev.supervise import RESTART_MARK
 
 DIR_ENV = "ALNAIR_DEV_DIR"
 FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
+TOPOLOGY_ENV = "ALNAIR_DEV_TOPOLOGY"
 DEFAULT_NODES = "4x V100M32, 2x T4:4"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -108,11 +116,14 @@ class Proc:
     started: int | None
     log: str
     port: int | None = None
+    argv: list[str] | None = None
+    """Its command line as started (redis-server rewrites the one /proc shows)."""
 
     @classmethod
     def of(cls, p: ManagedProcess, port: int | None = None) -> Proc:
         assert p.proc is not None
-        return cls(p.name, p.proc.pid, _start_ticks(p.proc.pid), str(p.log_path), port)
+        pid = p.proc.pid
+        return cls(p.name, pid, _start_ticks(pid), str(p.log_path), port, list(p.argv))
 
     def alive(self) -> bool:
         return self.started is not None and _start_ticks(self.pid) == self.started
@@ -143,6 +154,7 @@ class Proc:
             "started": self.started,
             "log": self.log,
             "port": self.port,
+            "argv": self.argv,
         }
 
 
@@ -201,6 +213,10 @@ class State:
     credentials: dict[str, Any] = field(default_factory=dict)
     """`nats` and `redis` (user -> password) and the predictor's `model_key`; empty: open."""
     real_node: dict[str, str] | None = None
+    redis_sentinels: str | None = None
+    """The Sentinels (host:port,...) of the production topology; None: one Redis server."""
+    nats_replicas: int = 1
+    """How many servers keep each stream: 3 on the production topology's NATS cluster."""
 
     @property
     def path(self) -> Path:
@@ -217,6 +233,8 @@ class State:
             "services": {name: p.to_json() for name, p in self.services.items()},
             "credentials": self.credentials,
             "real_node": self.real_node,
+            "redis_sentinels": self.redis_sentinels,
+            "nats_replicas": self.nats_replicas,
         }
         self.path.write_text(json.dumps(doc, indent=2))
         self.path.chmod(0o600)  # it holds the stack's passwords
@@ -245,14 +263,21 @@ class State:
             {name: Proc(**p) for name, p in doc["services"].items()},
             dict(doc.get("credentials") or {}),
             doc.get("real_node"),
+            doc.get("redis_sentinels"),
+            int(doc.get("nats_replicas") or 1),
         )
 
     def connection_env(self) -> dict[str, str]:
-        return {
+        env = {
             "ALNAIR_NATS_URL": self.nats_url,
             "ALNAIR_REDIS_URL": self.redis_url,
             "ALNAIR_KUBECONFIG": self.kubeconfig,
         }
+        if self.redis_sentinels:
+            env["ALNAIR_REDIS_SENTINELS"] = self.redis_sentinels
+        if self.nats_replicas > 1:
+            env["ALNAIR_NATS_REPLICAS"] = str(self.nats_replicas)
+        return env
 
     def admin_env(self) -> dict[str, str]:
         """The operator's NATS and Redis credentials (tools, scripts, tests)."""
@@ -262,6 +287,8 @@ class State:
             env |= {"ALNAIR_NATS_USER": NATS_ADMIN, "ALNAIR_NATS_PASSWORD": nats[NATS_ADMIN]}
         if REDIS_ADMIN in redis:
             env |= {"ALNAIR_REDIS_USER": REDIS_ADMIN, "ALNAIR_REDIS_PASSWORD": redis[REDIS_ADMIN]}
+        if self.redis_sentinels and self.credentials.get("sentinel"):
+            env["ALNAIR_REDIS_SENTINEL_PASSWORD"] = str(self.credentials["sentinel"])
         return env
 
     def service_env(self, name: str) -> dict[str, str]:
@@ -272,6 +299,8 @@ class State:
             env |= {"ALNAIR_NATS_USER": name, "ALNAIR_NATS_PASSWORD": nats[name]}
         if name in redis:
             env |= {"ALNAIR_REDIS_USER": name, "ALNAIR_REDIS_PASSWORD": redis[name]}
+        if name in redis and self.redis_sentinels and self.credentials.get("sentinel"):
+            env["ALNAIR_REDIS_SENTINEL_PASSWORD"] = str(self.credentials["sentinel"])
         if name == "predictor" and self.credentials.get("model_key"):
             env["ALNAIR_PREDICTOR_MODEL_KEY"] = str(self.credentials["model_key"])
         return env
@@ -285,6 +314,12 @@ class State:
             *(f"export {url_variable(n)}={p.url}" for n, p in self.services.items()),
         ]
         return "\n".join(lines) + "\n"
+
+
+def sentinel_address(sentinels: str) -> tuple[str, int]:
+    """The first of `host:port,host:port...` (the stack's Sentinels)."""
+    host, _, port = sentinels.split(",", 1)[0].rpartition(":")
+    return host, int(port)
 
 
 def url_variable(name: str) -> str:
@@ -361,6 +396,20 @@ class UpOptions:
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Extra environment per service name (the live demo tunes the profiler with it)."""
     ready_timeout_s: float = READY_TIMEOUT_S
+    topology: str = "single"
+    """`single`: one nats-server and one redis-server; `production`: the production overlay's
+    three-node NATS JetStream cluster (streams kept by all three) and Redis with a replica and
+    three Sentinels (`alnair.dev.localstack.NatsCluster`, `RedisFailover`)."""
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError(
+                f"unknown topology {self.topology!r}: one of {', '.join(TOPOLOGIES)}",
+                topology=self.topology,
+            )
+
+
+TOPOLOGIES = ("single", "production")
 
 
 def wanted(opts: UpOptions) -> tuple[list[ServiceSpec], list[ServiceSpec]]:
@@ -437,8 +486,9 @@ def stack_credentials() -> dict[str, Any]:
     """Fresh passwords for every NATS and Redis user of the stack, and a model key."""
     return {
         "nats": {u: new_password() for u in [*SERVICE_PERMISSIONS, NATS_ADMIN]},
-        "redis": {u: new_password() for u in [*SERVICE_USERS, REDIS_ADMIN]},
+        "redis": {u: new_password() for u in [*SERVICE_USERS, REDIS_ADMIN, *INFRA_USERS]},
         "model_key": secrets.token_hex(32),
+        "sentinel": new_password(),
     }
 
 
@@ -469,8 +519,22 @@ def up(directory: Path, opts: UpOptions) -> State:
     nats_port = None if opts.free_ports or port_open(4222) else 4222
     redis_port = None if opts.free_ports or port_open(6379) else 6379
     credentials = stack_credentials()
-    nats = NatsServer(directory / "nats", port=nats_port, users=credentials["nats"]).start()
-    redis = RedisServer(directory / "redis", port=redis_port, users=credentials["redis"]).start()
+    nats: NatsServer | NatsCluster
+    redis: RedisServer | RedisFailover
+    if opts.topology == "production":
+        nats = NatsCluster(directory / "nats", users=credentials["nats"]).start()
+        redis = RedisFailover(
+            directory / "redis", users=credentials["redis"],
+            sentinel_password=credentials["sentinel"],
+        ).start()  # fmt: skip
+        infra = [*(n.process for n in nats.servers), *redis.processes]
+        redis_url, sentinels, replicas = "redis://sentinel/0", redis.sentinels, 3
+    else:
+        nats = NatsServer(directory / "nats", port=nats_port, users=credentials["nats"]).start()
+        redis = RedisServer(directory / "redis", port=redis_port, users=credentials["redis"])
+        redis.start()
+        infra = [nats.process, redis.process]
+        redis_url, sentinels, replicas = redis.url, None, 1
     cp = ControlPlane(directory.resolve() / "k8s")
     try:
         cp.start()
@@ -482,12 +546,14 @@ def up(directory: Path, opts: UpOptions) -> State:
     state = State(
         directory,
         nats.url,
-        redis.url,
+        redis_url,
         str(cp.kubeconfig),
         cp.server,
         [],
-        [Proc.of(p) for p in (nats.process, redis.process, *cp.procs.values())],
+        [Proc.of(p) for p in (*infra, *cp.procs.values())],
         credentials=credentials,
+        redis_sentinels=sentinels,
+        nats_replicas=replicas,
     )
     state.save()  # from here on `make down` can clean up whatever fails next
     if opts.nodes:
@@ -558,12 +624,16 @@ def summary(state: State, skipped: Sequence[ServiceSpec] = ()) -> str:
         f"\n  {s.name + ':':{width}} not started: `python -m {s.module}` does not exist yet"
         for s in skipped
     )
+    streams = f"  (streams on {state.nats_replicas} servers)" if state.nats_replicas > 1 else ""
+    redis = state.redis_url
+    if state.redis_sentinels:
+        redis = f"the primary the Sentinels {state.redis_sentinels} name"
     return f"""Alnair is up ({state.dir.resolve()}).
 Services (logs in {state.dir / "logs"}/<service>.log):
 {apis}{later}
 Infrastructure:
-  NATS (JetStream):  {state.nats_url}
-  Redis:             {state.redis_url}
+  NATS (JetStream):  {state.nats_url}{streams}
+  Redis:             {redis}
   Kubernetes API:    {state.server}  ({len(state.nodes)} KWOK GPU nodes)
   control-plane logs {state.dir / "k8s" / "logs"}
 Use it:
@@ -615,6 +685,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument(
         "--only", default=None, help="only these services, comma-separated ('' for none)"
     )
+    p_up.add_argument(
+        "--topology",
+        choices=TOPOLOGIES,
+        default=os.environ.get(TOPOLOGY_ENV) or "single",
+        help=f"single NATS and Redis servers, or the production overlay's (or {TOPOLOGY_ENV})",
+    )
     sub.add_parser("down", help="stop everything")
     sub.add_parser("status", help="what is up and ready")
     args = parser.parse_args(argv)
@@ -631,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             free_ports=args.free_ports,
             extra=_names(args.extra),
             only=None if args.only is None else _names(args.only),
+            topology=args.topology,
         )
         already = State.load(directory) is not None
         state = up(directory, opts)

@@ -171,6 +171,7 @@ async def start(
             settings.nats_url,
             name=f"deviceplugin-{settings.node_name}",
             credentials=for_node(settings.nats_credentials(), settings.node_name),
+            replicas=settings.nats_replicas,
             # With its node's identity (a token) it may find the streams, not make them.
             ensure_streams=settings.nats_token_file is None,
         )

@@ -97,8 +97,9 @@ async def start(
     publish = None
     if settings.nats_enabled:
         bus = await Bus.connect(
-            settings.nats_url, name="elastic", credentials=settings.nats_credentials()
-        )
+            settings.nats_url, name="elastic", credentials=settings.nats_credentials(),
+            replicas=settings.nats_replicas,
+        )  # fmt: skip
         bus.export_metrics(metrics.registry)
         connected = bus
 

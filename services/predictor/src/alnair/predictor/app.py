@@ -22,6 +22,7 @@ from alnair.common.bus import Bus
 from alnair.common.delivery import Subscription
 from alnair.common.http import bound_port, named_task, start_http, stop_http
 from alnair.common.logs import setup_logging
+from alnair.common.redisconn import redis_client
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.predictor.api import create_app
 from alnair.predictor.datasets import load_gavel
@@ -68,7 +69,7 @@ class Running:
 async def start(settings: PredictorSettings, registry: CollectorRegistry | None = None) -> Running:
     metrics = PredictorMetrics(registry)
     gavel = load_gavel(settings.gavel_path)
-    redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
+    redis = redis_client(settings)
     store = ModelStore(redis, model_key(settings), keep=settings.models_kept)
     retrainer = Retrainer(
         redis,
@@ -83,8 +84,9 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     )
     await retrainer.bootstrap()
     bus = await Bus.connect(
-        settings.nats_url, name="predictor", credentials=settings.nats_credentials()
-    )
+        settings.nats_url, name="predictor", credentials=settings.nats_credentials(),
+        replicas=settings.nats_replicas,
+    )  # fmt: skip
     bus.export_metrics(metrics.registry)
     died = asyncio.Event()
 

@@ -29,6 +29,7 @@ from alnair.common.httpauth import guard_reads
 from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import JOBS, NODES, PODS, TRIALJOBS, KubeClient, Obj, Resource
 from alnair.common.logs import setup_logging
+from alnair.common.redisconn import redis_client
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent.node_agent import Agent
 from alnair.profiler.agent.summaries import Spool
@@ -164,6 +165,7 @@ async def start_agent(
         settings.nats_url,
         name=f"profiler-agent-{settings.node_name or 'sim'}",
         credentials=for_node(settings.nats_credentials(), settings.node_name or "sim"),
+        replicas=settings.nats_replicas,
         # With its node's identity (a token) it may find the streams, not make them.
         ensure_streams=settings.nats_token_file is None,
     )
@@ -298,11 +300,12 @@ async def start_aggregator(
 ) -> Running:
     metrics = ProfilerMetrics(registry)
     bus = await Bus.connect(
-        settings.nats_url, name="profiler-aggregator", credentials=settings.nats_credentials()
-    )
+        settings.nats_url, name="profiler-aggregator", credentials=settings.nats_credentials(),
+        replicas=settings.nats_replicas,
+    )  # fmt: skip
     bus.export_metrics(metrics.registry)
     kube = KubeClient.from_config(settings.kubeconfig)
-    redis = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
+    redis = redis_client(settings)
     tasks: list[asyncio.Task[Any]] = []
     informers: list[Informer] = []
     died = asyncio.Event()

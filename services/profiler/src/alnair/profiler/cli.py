@@ -13,11 +13,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from alnair.common.errors import AlnairError
+from alnair.common.redisconn import redis_client
 from alnair.profiler.aggregator.records import RecordStore
 from alnair.profiler.settings import ProfilerSettings
 
@@ -25,7 +25,7 @@ from alnair.profiler.settings import ProfilerSettings
 async def _records(
     settings: ProfilerSettings, model: str | None, gpu: str | None, limit: int
 ) -> int:
-    client = aioredis.from_url(settings.redis_url, **settings.redis_credentials())
+    client = redis_client(settings)
     try:
         found = await RecordStore(client).query(model=model, gpu=gpu, limit=limit)
     finally:

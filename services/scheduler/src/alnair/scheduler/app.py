@@ -68,6 +68,7 @@ async def serve(settings: SchedulerSettings) -> int:
             settings.nats_url,
             name=f"scheduler-{settings.identity}",
             credentials=settings.nats_credentials(),
+            replicas=settings.nats_replicas,
         )
         bus.export_metrics(metrics.registry)
         await handlers.subscribe(bus, scheduler, settings.identity)

@@ -13,12 +13,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.natsauth import NatsCredentials, server_config
-from alnair.common.redisauth import acl_file
+from alnair.common.redisauth import REPLICATION_USER, SENTINEL_USER, acl_file
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PICKED = 20_000
@@ -174,6 +176,15 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL the process group (a lost node: no goodbye to peers or clients) and wait."""
+        with self._lock:
+            self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         with self._lock:
             self._stopping = True
@@ -203,6 +214,10 @@ class NatsServer:
         port: int | None = None,
         users: Mapping[str, str] | None = None,
         callout_issuer: str | None = None,
+        *,
+        server_name: str | None = None,
+        cluster_port: int | None = None,
+        routes: Sequence[int] = (),
     ) -> None:
         # Absolute: the server runs with this folder as its working directory, so a relative
         # path handed to it (store, config, ACL file) would be resolved twice.
@@ -211,11 +226,27 @@ class NatsServer:
         self.store = self.workdir / "jetstream"
         self.users = dict(users or {})
         self.callout_issuer = callout_issuer
+        self.server_name = server_name
+        self.cluster_port = cluster_port
+        self.routes = list(routes)
+        self.monitor_port = free_port() if cluster_port else None
         self._proc: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
+
+    def jetstream_healthy(self) -> bool:
+        """The server's own health check: JetStream up and, in a cluster, in contact with a
+        meta leader (only a clustered server has a monitoring port here)."""
+        if self.monitor_port is None:
+            return port_open(self.port)
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
 
     def credentials(self, user: str) -> NatsCredentials:
         """The user and password `user` connects with (a user the server was started with)."""
@@ -224,19 +255,33 @@ class NatsServer:
         return NatsCredentials(user=user, password=self.users[user])
 
     def start(self) -> NatsServer:
+        self.start_process()
+        self.process.wait_ready(self.jetstream_healthy, 30)
+        return self
+
+    def start_process(self) -> None:
+        """Start the server without waiting for it (a cluster starts every member first:
+        none is healthy before a meta leader is elected among them)."""
         argv = [
             find_binary("nats-server", "ALNAIR_NATS_SERVER"),
             "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
         ]  # fmt: skip
+        if self.cluster_port is not None:
+            assert self.server_name is not None
+            assert self.monitor_port is not None
+            argv += [
+                "-n", self.server_name, "--cluster_name", "alnair",
+                "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+                "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes),
+                "-m", str(self.monitor_port),
+            ]  # fmt: skip
         if self.users:
             conf = self.workdir / "nats.conf"
             conf.write_text(server_config(self.users, callout_issuer=self.callout_issuer))
             conf.chmod(0o600)
             argv += ["-c", str(conf)]
-        self._proc = ManagedProcess("nats-server", argv, self.workdir)
+        self._proc = ManagedProcess(self.server_name or "nats-server", argv, self.workdir)
         self._proc.start()
-        self._proc.wait_ready(lambda: port_open(self.port), 30)
-        return self
 
     @property
     def process(self) -> ManagedProcess:
@@ -254,6 +299,57 @@ class NatsServer:
         self.start()
 
 
+class NatsCluster:
+    """Three (or `size`) nats-servers in one JetStream cluster on loopback, as the production
+    overlay runs them: clients take `url` (every server, comma-separated) and streams made
+    with `replicas` 3 survive one server's loss. `kill(i)` takes server i down as a lost node
+    would; `start_server(i)` brings it back on its port and store."""
+
+    def __init__(
+        self, workdir: Path, size: int = 3, users: Mapping[str, str] | None = None
+    ) -> None:
+        ports = [free_port() for _ in range(size)]
+        self.servers = [
+            NatsServer(
+                workdir / f"nats-{i}",
+                users=users,
+                server_name=f"nats-{i}",
+                cluster_port=port,
+                routes=[p for p in ports if p != port],
+            )
+            for i, port in enumerate(ports)
+        ]
+        for srv in self.servers:
+            srv.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return ",".join(srv.url for srv in self.servers)
+
+    def credentials(self, user: str) -> NatsCredentials:
+        return self.servers[0].credentials(user)
+
+    def start(self, timeout_s: float = 60.0) -> NatsCluster:
+        for srv in self.servers:
+            srv.start_process()
+        for srv in self.servers:
+            srv.process.wait_ready(srv.jetstream_healthy, timeout_s)
+        return self
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server i: no goodbye to its peers or clients (a node lost)."""
+        self.servers[i].process.kill()
+
+    def start_server(self, i: int, timeout_s: float = 60.0) -> None:
+        srv = self.servers[i]
+        srv.start_process()
+        srv.process.wait_ready(srv.jetstream_healthy, timeout_s)
+
+    def stop(self) -> None:
+        for srv in self.servers:
+            srv.stop()
+
+
 class RedisServer:
     """redis-server on a free port with an append-only file in its own directory.
 
@@ -266,10 +362,15 @@ class RedisServer:
         workdir: Path | None = None,
         port: int | None = None,
         users: Mapping[str, str] | None = None,
+        *,
+        replica_of: RedisServer | None = None,
+        name: str = "redis-server",
     ) -> None:
         self.workdir = (workdir or Path(tempfile.mkdtemp(prefix="alnair-redis-"))).resolve()
         self.port = port or free_port()
         self.users = dict(users or {})
+        self.replica_of = replica_of
+        self.name = name
         self._proc: ManagedProcess | None = None
 
     @property
@@ -294,7 +395,13 @@ class RedisServer:
             acl.write_text(acl_file(self.users, redis_major=_redis_major(binary)))
             acl.chmod(0o600)
             argv += ["--aclfile", str(acl)]
-        self._proc = ManagedProcess("redis-server", argv, self.workdir)
+        if REPLICATION_USER in self.users:
+            # Every server of a replicated set: any of them may be made a replica later.
+            argv += ["--masteruser", REPLICATION_USER,
+                     "--masterauth", self.users[REPLICATION_USER]]  # fmt: skip
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+        self._proc = ManagedProcess(self.name, argv, self.workdir)
         self._proc.start()
         self._proc.wait_ready(lambda: port_open(self.port), 30)
         return self
@@ -309,6 +416,120 @@ class RedisServer:
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
+
+
+class RedisFailover:
+    """A Redis primary, one replica and three Sentinels on loopback, as the production
+    overlay runs them: services take `sentinels` (ALNAIR_REDIS_SENTINELS) and follow a
+    failover; `kill_primary()` takes the current primary down as a lost node would.
+
+    With `users` the servers share one ACL file, which must hold `REPLICATION_USER` and
+    `SENTINEL_USER` (what the replica and the Sentinels authenticate as). With
+    `sentinel_password` the Sentinels answer only clients (and each other) that present it."""
+
+    MASTER = "alnair"
+
+    def __init__(
+        self,
+        workdir: Path,
+        users: Mapping[str, str] | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
+        self.users = dict(users or {})
+        self.sentinel_password = sentinel_password
+        if self.users and not {REPLICATION_USER, SENTINEL_USER} <= set(self.users):
+            raise ConfigError(
+                f"a replicated Redis with users needs {REPLICATION_USER} and {SENTINEL_USER}"
+            )
+        primary = RedisServer(workdir / "redis-0", users=self.users, name="redis-0")
+        replica = RedisServer(
+            workdir / "redis-1", users=self.users, replica_of=primary, name="redis-1"
+        )
+        self.servers = [primary, replica]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.workdir = workdir
+        self._sentinels: list[ManagedProcess] = []
+        for srv in self.servers:
+            srv.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def sentinels(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+
+    def _sentinel_conf(self, port: int) -> str:
+        primary = self.servers[0].port
+        lines = [
+            f"port {port}", "bind 127.0.0.1", "protected-mode no",
+            f"sentinel monitor {self.MASTER} 127.0.0.1 {primary} 2",
+            f"sentinel down-after-milliseconds {self.MASTER} 1000",
+            f"sentinel failover-timeout {self.MASTER} 5000",
+            f"sentinel parallel-syncs {self.MASTER} 1",
+        ]  # fmt: skip
+        if self.users:
+            lines += [
+                f"sentinel auth-user {self.MASTER} {SENTINEL_USER}",
+                f"sentinel auth-pass {self.MASTER} {self.users[SENTINEL_USER]}",
+            ]
+        if self.sentinel_password:
+            lines += [
+                f"requirepass {self.sentinel_password}",
+                f"sentinel sentinel-pass {self.sentinel_password}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def _ask(self, port: int, *command: str) -> object:
+        import redis  # (a dev dependency of every test; the stack's servers need none)
+
+        with redis.Redis(port=port, socket_timeout=2, password=self.sentinel_password) as r:
+            return r.execute_command(*command)
+
+    def start(self, timeout_s: float = 60.0) -> RedisFailover:
+        for srv in self.servers:
+            srv.start()
+        binary = find_binary("redis-server", "ALNAIR_REDIS_SERVER")
+        for i, port in enumerate(self.sentinel_ports):
+            folder = self.workdir / f"sentinel-{i}"
+            folder.mkdir(parents=True, exist_ok=True)
+            conf = folder / "sentinel.conf"  # (the Sentinel rewrites it: its own copy)
+            conf.write_text(self._sentinel_conf(port))
+            conf.chmod(0o600)
+            proc = ManagedProcess(f"sentinel-{i}", [binary, str(conf), "--sentinel"], folder)
+            proc.start()
+            self._sentinels.append(proc)
+
+        def agreed(port: int) -> bool:
+            replicas = self._ask(port, "SENTINEL", "REPLICAS", self.MASTER)
+            peers = self._ask(port, "SENTINEL", "SENTINELS", self.MASTER)
+            return bool(replicas) and isinstance(peers, list) and len(peers) == 2
+
+        for proc, port in zip(self._sentinels, self.sentinel_ports, strict=True):
+            proc.wait_ready(lambda p=port: agreed(p), timeout_s)  # type: ignore[misc]
+        return self
+
+    def primary(self) -> RedisServer:
+        """The server the Sentinels name as primary now."""
+        host_port = self._ask(self.sentinel_ports[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                              self.MASTER)  # fmt: skip
+        assert isinstance(host_port, list)
+        port = int(host_port[1])
+        return next(srv for srv in self.servers if srv.port == port)
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The servers' and the Sentinels' processes (after `start()`)."""
+        return [*(srv.process for srv in self.servers), *self._sentinels]
+
+    def kill_primary(self) -> RedisServer:
+        """SIGKILL the current primary; the server killed."""
+        srv = self.primary()
+        srv.process.kill()
+        return srv
+
+    def stop(self) -> None:
+        for proc in self._sentinels:
+            proc.stop()
+        for srv in self.servers:
+            srv.stop()
 
 
 def _redis_major(binary: str) -> int:

@@ -130,8 +130,9 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
     predictor: PredictorClient | None = None
     if settings.nats_enabled:
         bus = await Bus.connect(
-            settings.nats_url, name="dispatcher", credentials=settings.nats_credentials()
-        )
+            settings.nats_url, name="dispatcher", credentials=settings.nats_credentials(),
+            replicas=settings.nats_replicas,
+        )  # fmt: skip
         bus.export_metrics(metrics.registry)
         predictor = PredictorClient(bus, settings.predict_subject, settings.predict_timeout_s)
     dispatcher: Dispatcher | Hub
