@@ -102,8 +102,24 @@ def test_every_workload_connects_as_its_own_user(overlay: str) -> None:
     nats = stateful["nats"]["spec"]["template"]["spec"]
     assert nats["containers"][0]["command"][-1] == "/etc/nats-auth/nats.conf"
     assert {"secretRef": {"name": NATS_SECRET}} in nats["containers"][0]["envFrom"]
-    redis = stateful["redis"]["spec"]["template"]["spec"]
-    assert "--aclfile" in redis["containers"][0]["command"]
+    # Redis loads the users' ACL file wherever the server starts from: the one server's
+    # command line, or the infra-ha start script (a primary and its replica load the same).
+    redis = stateful["redis"]["spec"]["template"]["spec"]["containers"][0]
+    redis_env = {e["name"]: e for e in redis.get("env") or []}
+    acl = redis_env["REDIS_ACL_FILE"]["value"]
+    (users,) = [m for m in redis["volumeMounts"] if m["name"] == "users"]
+    assert acl.startswith(users["mountPath"] + "/")
+    maps = {o["metadata"]["name"]: o for o in render(overlay) if o["kind"] == "ConfigMap"}
+    if "redis-sentinel" in stateful:
+        script = maps["redis-ha-scripts"]["data"]["start-redis.sh"]
+        assert (
+            redis["command"][-1].endswith("start-redis.sh") and "aclfile $REDIS_ACL_FILE" in script
+        )
+        sentinel = stateful["redis-sentinel"]["spec"]["template"]["spec"]["containers"][0]
+        names = {e["name"] for e in sentinel.get("env") or []}
+        assert {"REDIS_PW_ALNAIR_SENTINEL", "SENTINEL_PASSWORD"} <= names
+    else:
+        assert "--aclfile" in redis["command"][-1] and "$REDIS_ACL_FILE" in redis["command"][-1]
 
 
 def test_predictor_gets_its_model_key() -> None:

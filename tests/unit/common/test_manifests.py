@@ -470,6 +470,44 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), name
 
 
+def test_production_infrastructure_outlives_a_node() -> None:
+    """The infra-ha component, statically (KWOK runs no pod): three NATS servers in one
+    JetStream cluster routing to each other by their stable names, the services told to keep
+    every stream on all three; two Redis servers and three Sentinels (quorum two) that the
+    services ask for the primary; a disruption budget of one for each; start scripts that
+    the shell parses."""
+    config = next(c for n, c in objects("production", "ConfigMap").items()
+                  if n.startswith("alnair-config"))["data"]  # fmt: skip
+    sets = objects("production", "StatefulSet")
+    nats_replicas = sets["nats"]["spec"]["replicas"]
+    assert nats_replicas == 3 and int(config["ALNAIR_NATS_REPLICAS"]) == nats_replicas
+    nats_conf = objects("production", "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    assert "server_name: $POD_NAME" in nats_conf
+    routes = set(re.findall(r"nats://(nats-\d)\.nats-headless\.alnair-system\.svc:6222", nats_conf))
+    assert routes == {f"nats-{i}" for i in range(nats_replicas)}
+    env = {e["name"] for e in sets["nats"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "POD_NAME" in env
+    assert (
+        sets["redis"]["spec"]["replicas"] == 2 and sets["redis-sentinel"]["spec"]["replicas"] == 3
+    )
+    scripts = objects("production", "ConfigMap")["redis-ha-scripts"]["data"]
+    assert "sentinel monitor alnair $(primary) 6379 2" in scripts["start-sentinel.sh"]
+    host, port = config["ALNAIR_REDIS_SENTINELS"].split(":")
+    service = objects("production", "Service")[host.split(".")[0]]
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "redis-sentinel"}
+    budgets = {b["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: b["spec"]
+               for b in objects("production", "PodDisruptionBudget").values()
+               if "app.kubernetes.io/name" in b["spec"]["selector"].get("matchLabels", {})}  # fmt: skip
+    for name in ("nats", "redis", "redis-sentinel"):
+        assert budgets[name] == {**budgets[name], "maxUnavailable": 1}, name
+    for name, script in scripts.items():
+        parsed = subprocess.run(
+            ["sh", "-n"], input=script, text=True, capture_output=True, check=False
+        )
+        assert parsed.returncode == 0, (name, parsed.stderr)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_replicated_deployments_have_a_disruption_budget(overlay: str) -> None:
     budgets = list(objects(overlay, "PodDisruptionBudget").values())
@@ -624,7 +662,7 @@ def test_every_alnair_pod_reaches_only_what_it_uses(overlay: str) -> None:
     checked = 0
     for w in workloads(overlay):
         labels = w["spec"]["template"]["metadata"].get("labels") or {}
-        if labels.get("app.kubernetes.io/name") in {"nats", "redis"}:
+        if labels.get("app.kubernetes.io/name") in {"nats", "redis", "redis-sentinel"}:
             continue  # the infra component's own pods
         allowed = _egress_ports(policies, labels)
         name = w["metadata"]["name"]
@@ -633,7 +671,10 @@ def test_every_alnair_pod_reaches_only_what_it_uses(overlay: str) -> None:
         env = {e["name"] for c in w["spec"]["template"]["spec"]["containers"]
                for e in c.get("env") or []}  # fmt: skip
         uses_redis = "ALNAIR_REDIS_PASSWORD" in env
-        assert (("TCP", 6379) in allowed) == uses_redis, (name, uses_redis)
-        assert allowed <= needed | {("TCP", 6379)}, f"{name}: {sorted(allowed)}"
+        redis_ports = {("TCP", 6379), ("TCP", 26379)}  # the server, and its Sentinels
+        assert (redis_ports <= allowed) == uses_redis, (name, uses_redis)
+        if not uses_redis:
+            assert not redis_ports & allowed, f"{name}: reaches Redis without using it"
+        assert allowed <= needed | redis_ports, f"{name}: {sorted(allowed)}"
         checked += 1
     assert checked >= 6

@@ -39,6 +39,7 @@ REDIS_SECRET = "alnair-redis-users"  # noqa: S105
 PREDICTOR_SECRET = "alnair-predictor"  # noqa: S105
 CALLOUT_SECRET = "alnair-nats-callout"  # noqa: S105
 MODEL_KEY = "model-key"
+SENTINEL_PASSWORD_KEY = "SENTINEL_PASSWORD"  # noqa: S105 (a key of the Secret, not a secret)
 NATS_BASE_CONF = "../nats/nats.conf"
 """The infra component's nats.conf, as seen from where the credentials component mounts its own
 (`/etc/nats-auth` beside `/etc/nats`): nats-server resolves includes relative to the file."""
@@ -101,6 +102,8 @@ def generate(namespace: str = "alnair-system", redis_major: int = 7) -> list[dic
     redis_pw = {u: new_password() for u in redis_users()}
     redis = {env_key("REDIS_PW", u): pw for u, pw in redis_pw.items()}
     redis["users.acl"] = acl_file(redis_pw, redis_major=redis_major)
+    # The Sentinels' own password (the infra-ha component): asked of clients and each other.
+    redis[SENTINEL_PASSWORD_KEY] = new_password()
     issuer = nkeys.KeyPair.create(nkeys.ACCOUNT)
     return [
         _secret(NATS_SECRET, namespace, nats),
