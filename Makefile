@@ -84,7 +84,8 @@ demo: setup-python setup-control-plane setup-browser ## replay the Alibaba GPU t
 # changes the nodes, FREE_PORTS=1 picks free ports, WITH=deviceplugin adds optional services.
 up: setup-python setup-control-plane $(if $(findstring realnode,$(WITH)),setup-node) ## start everything in the background and say where each API is
 	@$(BIN)/python -m alnair.dev.devstack up $(if $(NODES),--nodes "$(NODES)") \
-	  $(if $(FREE_PORTS),--free-ports) $(if $(WITH),--with "$(WITH)")
+	  $(if $(FREE_PORTS),--free-ports) $(if $(WITH),--with "$(WITH)") \
+	  $(if $(TOPOLOGY),--topology "$(TOPOLOGY)")
 
 down: ## stop everything `make up` started
 	@$(BIN)/python -m alnair.dev.devstack down
