@@ -26,9 +26,12 @@ async def test_a_url_gives_one_server_and_sentinels_give_the_primary_they_name()
     await plain.aclose()
     named = redis_client(
         CommonSettings(
-            redis_url="redis://ignored/3", redis_sentinels="s1:26379,s2:26379",
-            redis_user="aggregator", redis_password="pw", redis_sentinel_password="spw",
-        )  # fmt: skip
+            redis_url="redis://ignored/3",
+            redis_sentinels="s1:26379,s2:26379",
+            redis_user="aggregator",
+            redis_password="pw",
+            redis_sentinel_password="spw",
+        )
     )
     pool = named.connection_pool
     assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "alnair"
