@@ -443,6 +443,10 @@ def dra_server(
 # --------------------------------------------------------------------------- ResourceSlice
 
 
+class SliceWatchDied(RuntimeError):
+    """The watch on this node's ResourceSlice ended: the publisher cannot see it deleted."""
+
+
 class SlicePublisher:
     """Owner of the node's ResourceSlice: written on every change of its devices, and again
     whenever it is deleted. A starting kubelet deletes its node's ResourceSlices (it cannot
@@ -466,6 +470,7 @@ class SlicePublisher:
         self.generation = 0
         self.published = asyncio.Event()
         """Set after each write; tests clear it and wait for the next."""
+        self._watch_error: BaseException | None = None
         self.name = dra.slice_name(state.node)
         self._lock = asyncio.Lock()
         self._snap: NodeSnapshot | None = None
@@ -545,7 +550,16 @@ class SlicePublisher:
             name="deviceplugin.slice",
         )
         informer.add_handler(self._on_slice)
-        watching = spawn(informer.run(), name="deviceplugin.slice-watch")
+        publishing = asyncio.current_task()
+        assert publishing is not None
+
+        def watch_died(exc: BaseException) -> None:
+            # Without the watch a slice the kubelet deletes is never published again: this
+            # publisher dies with it (and the plugin with this task, crash-only).
+            self._watch_error = exc
+            publishing.cancel()
+
+        watching = spawn(informer.run(), name="deviceplugin.slice-watch", on_death=watch_died)
         try:
             last: list[Obj] | None = None
             async for snap in self.state.changes():
@@ -555,5 +569,11 @@ class SlicePublisher:
                 if body["spec"]["devices"] == last:
                     continue
                 last = await self._publish(snap, "devices changed", body)
+        except asyncio.CancelledError:
+            if self._watch_error is None:
+                raise
+            raise SliceWatchDied(
+                f"the watch on ResourceSlice {self.name} ended: {self._watch_error!r}"
+            ) from self._watch_error
         finally:
             await cancel_all([watching])

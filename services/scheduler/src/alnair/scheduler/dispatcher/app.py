@@ -65,6 +65,7 @@ class Running:
         webhook: SecureServer | None = None,
         elector: LeaderElector | None = None,
         campaign: asyncio.Task[Any] | None = None,
+        watches: asyncio.Task[Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.kube = kube
@@ -75,6 +76,8 @@ class Running:
         self.webhook = webhook
         self.elector = elector
         self.campaign = campaign
+        self.watches = watches
+        """Ends when one of the dispatcher's informers died."""
 
     @property
     def url(self) -> str:
@@ -85,13 +88,16 @@ class Running:
         """What must keep running: one ending is the dispatcher failing."""
         webhook = self.webhook.tasks if self.webhook else set()
         campaign = {self.campaign} if self.campaign else set()  # it ends: leadership lost
-        return {self.loop, self.http, *webhook, *campaign}
+        watches = {self.watches} if self.watches else set()  # it ends: an informer died
+        return {self.loop, self.http, *webhook, *campaign, *watches}
 
     async def stop(self) -> None:
         self.server.should_exit = True
         if self.webhook is not None:
             await self.webhook.stop()
         self.loop.cancel()
+        if self.watches is not None:
+            self.watches.cancel()
         if self.campaign is not None:
             self.campaign.cancel()
         await asyncio.gather(self.loop, self.http, return_exceptions=True)
@@ -165,7 +171,8 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         dispatcher.leader = elector.holder
         campaign = spawn(elector.run(), name="dispatcher.leader")
     loop = spawn(_lead(dispatcher, elector), name="dispatcher.loop")
-    return Running(dispatcher, kube, bus, loop, http, server, webhook, elector, campaign)
+    watches = spawn(dispatcher.watch_died.wait(), name="dispatcher.watches")
+    return Running(dispatcher, kube, bus, loop, http, server, webhook, elector, campaign, watches)
 
 
 async def _lead(dispatcher: Dispatcher | Hub, elector: LeaderElector | None) -> None:

@@ -38,6 +38,9 @@ class ReconcileLoop:
         """Reconciles that ended (a test's proof that the state it set up was considered)."""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.watch_died = asyncio.Event()
+        """Set when an informer's task died (raised, or returned other than for an optional
+        resource the API server does not serve): the service then exits (crash-only)."""
         self.leading: Callable[[], bool] = lambda: True
         self.leader: Callable[[], str | None] = lambda: None
         """Who leads, as this replica last saw the Lease (for followers' answers)."""
@@ -65,7 +68,14 @@ class ReconcileLoop:
 
     async def start_watching(self) -> None:
         for informer in self.informers:
-            self._tasks.append(spawn(informer.run(), name=f"{self.name}.informer.{informer.name}"))
+            self._tasks.append(
+                spawn(
+                    informer.run(),
+                    name=f"{self.name}.informer.{informer.name}",
+                    on_death=lambda _exc: self.watch_died.set(),
+                    ends=lambda i=informer: i.unserved,  # type: ignore[misc]
+                )
+            )
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
     @property
