@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nats-down-s", type=float, default=d.nats_down_s)
     p.add_argument("--no-apiserver-restart", action="store_true")
     p.add_argument(
+        "--leader-stop-s", type=float, default=d.leader_stop_s,
+        help="SIGSTOP the scheduler holding the Lease this long, once (0: never)",
+    )  # fmt: skip
+    p.add_argument(
         "--queued-every", type=int, default=d.queued_every,
         help="every n-th job goes through the dispatcher's queue (0: none)",
     )  # fmt: skip
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         run_s=(args.run_s[0], args.run_s[1]),
         nats_down_s=args.nats_down_s,
         restart_apiserver=not args.no_apiserver_restart,
+        leader_stop_s=args.leader_stop_s,
         queued_every=args.queued_every,
         fraction_every=args.fraction_every,
         settle_s=args.settle_s,

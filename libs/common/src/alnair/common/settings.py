@@ -150,6 +150,7 @@ DEFAULT_HTTP_PORTS: dict[str, int] = {
     "dispatcher": 8086,
     "elastic": 8087,
     "bus-auth": 8088,
+    "scheduler-standby": 8089,
 }
 """Each service's HTTP port unless configured: distinct, so every service runs side by side on
 one machine (`make up`). The services' settings and the local stack read this one table."""

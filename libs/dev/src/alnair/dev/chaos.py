@@ -11,7 +11,10 @@ random service with SIGKILL at random moments, each service `kills_per_service` 
 brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
 readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
 and restarted on its port and store; the API server is killed once and started again with
-its own command line. With `topology` "production" (three nats-servers in a JetStream
+its own command line. Two scheduler replicas run (the standby follows the Lease); the one
+holding the Lease is SIGSTOPped once for `leader_stop_s`, past the lease duration, and
+resumed: the standby binds meanwhile, the resumed one must bind nothing (double_bound,
+gpu_overcommitted). With `topology` "production" (three nats-servers in a JetStream
 cluster, Redis with a replica and Sentinels) the whole-bus outage is replaced by the loss of
 one node of each: a NATS server is SIGKILLed, kept down `nats_down_s` and started again on
 its port and store, and later the Redis primary is SIGKILLed (a replica takes over) and comes
@@ -68,6 +71,7 @@ from alnair.common.kube import (
     CLUSTERQUEUES,
     EVENTS,
     JOBS,
+    LEASES,
     LOCALQUEUES,
     NAMESPACES,
     PODS,
@@ -85,6 +89,9 @@ from alnair.dev.localstack.procs import port_open
 from alnair.dev.supervise import RESTART_MARK
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
+SCHEDULER_LEASE = "alnair-scheduler"
+SCHEDULER_LEASE_NAMESPACE = "kube-system"
+"""Where the stack's schedulers elect their leader (their settings' defaults)."""
 NAMESPACE = "chaos"
 QUEUE = "chaos"
 RECORD_PREFIX = "alnair:record:"
@@ -109,10 +116,14 @@ class ChaosConfig:
         "aggregator",
         "predictor",
         "scheduler",
+        "scheduler-standby",
         "dispatcher",
         "elastic",
     )
     seed: int = 16
+    leader_stop_s: float = 25.0
+    """The scheduler that holds the Lease is SIGSTOPped this long once (past the lease
+    duration, 15 s: the standby takes over), then resumed (0: never; needs the standby)."""
     topology: str = "single"
     """`production`: a NATS node and the Redis primary are killed instead of nats-server."""
 
@@ -127,6 +138,8 @@ class Findings:
     """Samples the over-commit checker could not take, by error (the API server's restart)."""
     nats_restarts: int = 0
     nats_node_kills: int = 0
+    leader_stops: list[str] = field(default_factory=list)
+    """The scheduler replicas SIGSTOPped while they held the Lease."""
     redis_failovers: int = 0
     redis_failover_s: list[float] = field(default_factory=list)
     """From the primary's kill until the Sentinels name another."""
@@ -342,6 +355,27 @@ class Chaos:
         self.found.redis_failovers += 1
         await self._window_sampled(proc.name, t0)
 
+    async def stop_scheduler_leader(self) -> None:
+        """SIGSTOP the scheduler replica that holds the Lease (its supervisor too: the process
+        group), past the lease duration, then SIGCONT it. The standby takes over meanwhile;
+        the resumed one finds its Lease gone, binds nothing and exits (its supervisor starts
+        it again as a follower)."""
+        state = self.state()
+        async with KubeClient.from_config(state.kubeconfig) as kube:
+            lease = await kube.get(LEASES, SCHEDULER_LEASE, SCHEDULER_LEASE_NAMESPACE)
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        name = holder.removeprefix(devstack.IDENTITY_PREFIX)
+        proc = state.services[name]
+        t0 = time.monotonic()
+        self.sample_now.set()
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(self.cfg.leader_stop_s)
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+        self.found.leader_stops.append(name)
+        await self._window_sampled(f"{name}-stopped", t0)
+
     def _started_again(self, state: devstack.State, proc: devstack.Proc) -> None:
         """Start a killed infrastructure process again with the command line it was started
         with (its port, store and peers), and record it in the stack's state."""
@@ -420,6 +454,8 @@ class Chaos:
             events.append((self.rng.uniform(0.2, 0.6) * until_s, "nats"))
         if self.cfg.restart_apiserver:
             events.append((self.rng.uniform(0.3, 0.8) * until_s, "apiserver"))
+        if self.cfg.leader_stop_s > 0 and "scheduler-standby" in self.cfg.services:
+            events.append((self.rng.uniform(0.1, 0.5) * until_s, "scheduler-leader"))
         events.sort()
         start = time.monotonic()
         for at, what in events:
@@ -430,6 +466,8 @@ class Chaos:
                 await self.kill_nats_node()
             elif what == "redis-primary":
                 await self.kill_redis_primary()
+            elif what == "scheduler-leader":
+                await self.stop_scheduler_leader()
             elif what == "apiserver":
                 await self.restart_apiserver()
             else:
@@ -612,6 +650,7 @@ class Chaos:
             "nats_restarts": self.found.nats_restarts,
             "topology": self.cfg.topology,
             "nats_node_kills": self.found.nats_node_kills,
+            "leader_stops": self.found.leader_stops,
             "redis_failovers": self.found.redis_failovers,
             "redis_failover_s": [round(t, 2) for t in self.found.redis_failover_s],
             "service_restarts": self.service_restarts(),

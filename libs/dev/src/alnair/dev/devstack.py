@@ -84,6 +84,8 @@ from alnair.dev.supervise import RESTART_MARK
 DIR_ENV = "ALNAIR_DEV_DIR"
 FREE_PORTS_ENV = "ALNAIR_DEV_FREE_PORTS"
 TOPOLOGY_ENV = "ALNAIR_DEV_TOPOLOGY"
+IDENTITY_PREFIX = "devstack-"
+"""A leader-elected service's identity is this and its name (`devstack-scheduler`)."""
 DEFAULT_NODES = "4x V100M32, 2x T4:4"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -455,13 +457,13 @@ def _start_services(
     for spec in specs:
         envs[spec.name] = env = {
             **state.connection_env(),
-            **state.service_env(spec.name),
+            **state.service_env(spec.account),
             "ALNAIR_LOG_JSON": "false",
             spec.port_env: str(ports[spec.name]),
             # A leader-elected service keeps its name across restarts, as a pod's container
             # does (the pod name is its identity in the deploy): a restarted leader takes its
             # own Lease back at once instead of waiting it out.
-            spec.port_env.replace("_HTTP_PORT", "_IDENTITY"): f"devstack-{spec.name}",
+            spec.port_env.replace("_HTTP_PORT", "_IDENTITY"): f"{IDENTITY_PREFIX}{spec.name}",
             **(spec.env(stack) if spec.env else {}),
             **opts.env.get(spec.name, {}),
         }

@@ -66,6 +66,13 @@ class ServiceSpec:
     """Extra environment, from where the stack lives and its nodes."""
     after_ready: Callable[[str, Mapping[str, str]], None] | None = None
     """Run once it answers ready, with the stack's kubeconfig and the service's environment."""
+    user: str = ""
+    """The NATS and Redis user it connects as (empty: its name); a second replica of a
+    service is that service's user, as a second pod of a Deployment is."""
+
+    @property
+    def account(self) -> str:
+        return self.user or self.name
 
     @property
     def module(self) -> str:
@@ -246,6 +253,15 @@ SERVICES: tuple[ServiceSpec, ...] = (
         "binds pods with schedulerName: alnair; explains every decision",
         env=_scheduler_env,
         after_ready=_register_scheduler_query,
+    ),
+    ServiceSpec(
+        "scheduler-standby",
+        ("alnair.scheduler",),
+        "ALNAIR_SCHEDULER_HTTP_PORT",
+        "a second scheduler replica: follows the Lease and binds when the leader is gone",
+        optional=True,
+        env=_scheduler_env,
+        user="scheduler",
     ),
     # Hooks: these start as soon as their `python -m` module exists.
     ServiceSpec(
