@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         "--fraction-every", type=int, default=d.fraction_every,
         help="every n-th job asks a fraction of one GPU (0: none)",
     )  # fmt: skip
+    p.add_argument(
+        "--gang-every", type=int, default=d.gang_every,
+        help="every n-th job neither queued nor fractional is a gang of two pods (0: none)",
+    )  # fmt: skip
     p.add_argument("--settle-s", type=float, default=d.settle_s)
     p.add_argument("--nodes", default=d.nodes)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         leader_stop_s=args.leader_stop_s,
         queued_every=args.queued_every,
         fraction_every=args.fraction_every,
+        gang_every=args.gang_every,
         settle_s=args.settle_s,
         nodes=args.nodes,
         seed=args.seed,

@@ -40,6 +40,7 @@ def test_reduced_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert report["pod_samples"] > 0
     assert report["queued"] == 6  # every second job went through the dispatcher's queue
     assert report["fractions"] == 3  # and every fifth asked a fraction of a GPU
+    assert report["gangs"] == 2  # jobs 3 and 7: two pods each, all or none
     # each kill, nats-server's outage and the leader's stop
     assert report["fault_windows"] == report["kills"] + 2
     assert report["fault_windows_unsampled"] == 0, report

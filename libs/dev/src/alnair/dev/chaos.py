@@ -4,7 +4,8 @@ form in the tests (tests/e2e/test_chaos.py).
 The stack is `make up`'s (`alnair.dev.devstack`): nats-server, redis-server, the control
 plane with KWOK GPU nodes, and every service as its own process. Jobs (`schedulerName:
 alnair`, 1 or 2 GPUs, every `fraction_every`-th one half a GPU's compute and 8 GiB of its
-memory, a KWOK run time) arrive at a steady rate, every `queued_every`-th one
+memory, every `gang_every`-th other one a gang of two pods in a PodGroup, a KWOK run time)
+arrive at a steady rate, every `queued_every`-th one
 through the dispatcher's queue (created suspended in a LocalQueue whose ClusterQueue holds
 every GPU, so only the dispatcher decides when it runs), while the chaos loop kills a
 random service with SIGKILL at random moments, each service `kills_per_service` times, and
@@ -74,8 +75,10 @@ from alnair.common.kube import (
     LEASES,
     LOCALQUEUES,
     NAMESPACES,
+    PODGROUPS,
     PODS,
     KubeClient,
+    Resource,
 )
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
@@ -89,6 +92,7 @@ from alnair.dev.localstack.procs import port_open
 from alnair.dev.supervise import RESTART_MARK
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
+GANG_SIZE = 2
 SCHEDULER_LEASE = "alnair-scheduler"
 SCHEDULER_LEASE_NAMESPACE = "kube-system"
 """Where the stack's schedulers elect their leader (their settings' defaults)."""
@@ -108,6 +112,9 @@ class ChaosConfig:
     queued_every: int = 2
     """Every n-th job goes through the dispatcher's queue (0: none)."""
     fraction_every: int = 5
+    gang_every: int = 4
+    """Every n-th job (of those neither queued nor fractional) is a gang: two 1-GPU pods of
+    one PodGroup, bound all or none (0: none)."""
     """Every n-th job asks a fraction of one GPU (0: none)."""
     settle_s: float = 600.0
     nodes: str = "16x V100M32, 8x T4:4"
@@ -156,11 +163,13 @@ def job_body(
     ttl_after_finished_s: int | None = None,
     queue: str | None = None,
     fraction: bool = False,
+    gang: int = 0,
 ) -> dict[str, Any]:
     """A Job for the alnair scheduler: `gpus` GPUs for `run_s` seconds of KWOK run time
     (deleted with its pods `ttl_after_finished_s` after it ends, if given); with `queue`,
     created suspended in that LocalQueue, for the dispatcher to admit; with `fraction`, half a
-    GPU's compute and 8 GiB of its memory instead of whole GPUs."""
+    GPU's compute and 8 GiB of its memory instead of whole GPUs; with `gang`, that many pods
+    of `gpus` GPUs each in the PodGroup named after the Job (`gang_group`, made first)."""
     gpu = {r.GPU_COMPUTE: "50", r.GPU_MEMORY_GIB: "8"} if fraction else {r.GPU: str(gpus)}
     body: dict[str, Any] = {
         "apiVersion": "batch/v1",
@@ -189,10 +198,23 @@ def job_body(
     }
     if ttl_after_finished_s is not None:
         body["spec"]["ttlSecondsAfterFinished"] = ttl_after_finished_s
+    if gang:
+        body["spec"] |= {"parallelism": gang, "completions": gang}
+        body["spec"]["template"]["metadata"]["labels"] = {r.POD_GROUP_LABEL: name}
     if queue is not None:
         body["metadata"]["labels"] = {LABEL_QUEUE: queue}
         body["spec"]["suspend"] = True
     return body
+
+
+def gang_group(name: str, members: int) -> dict[str, Any]:
+    """The PodGroup of gang Job `name`: all `members` pods or none."""
+    return {
+        "apiVersion": f"{r.POD_GROUP_API_GROUP}/{r.POD_GROUP_VERSION}",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"minMember": members, "scheduleTimeoutSeconds": 120},
+    }
 
 
 def queue_bodies(nodes: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -268,6 +290,8 @@ class Chaos:
         self.sampled = asyncio.Event()
         """Set after each sample taken."""
         self.fractions = 0
+        self.pods_per_job: dict[str, int] = defaultdict(lambda: 1)
+        """How many pods of each Job run (a gang's members), when all goes well."""
 
     # --- the stack -------------------------------------------------------------------------
 
@@ -427,16 +451,19 @@ class Chaos:
             run_s = self.rng.uniform(*self.cfg.run_s)
             queued = self.cfg.queued_every > 0 and i % self.cfg.queued_every == 0
             fraction = self.cfg.fraction_every > 0 and i % self.cfg.fraction_every == 1
-            body = job_body(name, gpus, run_s, queue=QUEUE if queued else None, fraction=fraction)
-            while True:
-                try:
-                    await kube.create(JOBS, body, NAMESPACE)
-                    break
-                except Exception:  # the API server may be restarting: try again
-                    with contextlib.suppress(Exception):
-                        await kube.get(JOBS, name, NAMESPACE)
-                        break
-                    await asyncio.sleep(0.5)
+            gang = (
+                self.cfg.gang_every > 0 and i % self.cfg.gang_every == 3
+                and not queued and not fraction
+            )  # fmt: skip
+            if gang:
+                gpus = 1
+                await _create(kube, PODGROUPS, gang_group(name, GANG_SIZE))
+                self.pods_per_job[name] = GANG_SIZE
+            body = job_body(
+                name, gpus, run_s, queue=QUEUE if queued else None, fraction=fraction,
+                gang=GANG_SIZE if gang else 0,
+            )  # fmt: skip
+            await _create(kube, JOBS, body)
             self.names.append(name)
             if queued:
                 self.queued.add(name)
@@ -628,7 +655,7 @@ class Chaos:
         return {
             "jobs": len(self.names),
             "lost": len(self.names) - len(complete),
-            "double_bound": sum(1 for n in complete if ran[n] > 1),
+            "double_bound": sum(1 for n in complete if ran[n] > self.pods_per_job[n]),
             "gpu_overcommitted": len(self.found.overcommitted),
             "records_duplicated": sum(1 for n in complete if len(records[n]) > 1),
             "records_missing": sum(1 for n in complete if not records[n]),
@@ -663,8 +690,24 @@ class Chaos:
                 if not any(t0 <= t <= t1 for t in self.found.sampled_at)
             ),
             "fractions": self.fractions,
+            "gangs": sum(1 for n in self.pods_per_job if self.pods_per_job[n] > 1),
             "pod_sample_errors": dict(self.found.sample_errors),
         }
+
+
+async def _create(kube: KubeClient, resource: Resource, body: dict[str, Any]) -> None:
+    """Create `body` in the chaos namespace, again and again while the API server restarts
+    (done once it exists)."""
+    name = body["metadata"]["name"]
+    while True:
+        try:
+            await kube.create(resource, body, NAMESPACE)
+            return
+        except Exception:  # the API server may be restarting: try again
+            with contextlib.suppress(Exception):
+                await kube.get(resource, name, NAMESPACE)
+                return
+            await asyncio.sleep(0.5)
 
 
 def _port_argument(argv: list[str] | None) -> int | None:
