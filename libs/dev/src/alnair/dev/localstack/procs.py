@@ -21,6 +21,7 @@ from pathlib import Path
 from alnair.common.errors import ConfigError, TemporaryError
 from alnair.common.natsauth import NatsCredentials, server_config
 from alnair.common.redisauth import REPLICATION_USER, SENTINEL_USER, acl_file
+from alnair.common.tls import CA_FILE, CERT_FILE, KEY_FILE, issue, write_folder
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PICKED = 20_000
@@ -218,6 +219,7 @@ class NatsServer:
         server_name: str | None = None,
         cluster_port: int | None = None,
         routes: Sequence[int] = (),
+        tls: bool = False,
     ) -> None:
         # Absolute: the server runs with this folder as its working directory, so a relative
         # path handed to it (store, config, ACL file) would be resolved twice.
@@ -230,7 +232,21 @@ class NatsServer:
         self.cluster_port = cluster_port
         self.routes = list(routes)
         self.monitor_port = free_port() if cluster_port else None
+        self.tls = tls
         self._proc: ManagedProcess | None = None
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA that signed the server's certificate (with `tls`): what clients verify with
+        (`ALNAIR_NATS_TLS_CA`)."""
+        return self.workdir / "tls" / CA_FILE
+
+    def _tls_files(self) -> tuple[Path, Path]:
+        """A serving certificate for loopback, issued once (a restart keeps it)."""
+        folder = self.workdir / "tls"
+        if not (folder / CERT_FILE).exists():
+            write_folder(folder, issue(["127.0.0.1", "localhost"]).secret_data())
+        return folder / CERT_FILE, folder / KEY_FILE
 
     @property
     def url(self) -> str:
@@ -275,6 +291,10 @@ class NatsServer:
                 "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes),
                 "-m", str(self.monitor_port),
             ]  # fmt: skip
+        if self.tls:
+            # Every client must speak TLS (nats-server refuses a plain one) and verify it.
+            cert, key = self._tls_files()
+            argv += ["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
         if self.users:
             conf = self.workdir / "nats.conf"
             conf.write_text(server_config(self.users, callout_issuer=self.callout_issuer))
