@@ -24,6 +24,7 @@ import pytest
 
 from alnair.common import dra
 from alnair.common import resources as res
+from alnair.common.certs_cli import ensure
 from alnair.common.kube import (
     ADMISSION_POLICY_BINDINGS,
     APISERVICES,
@@ -216,6 +217,24 @@ EXPECTATIONS = [
             Access("patch", "leaderworkersets", "leaderworkerset.x-k8s.io", namespace="team-a"),
             Access("patch", "deployments", "apps", namespace="team-a"),
             Access("patch", "podgroups", "scheduling.x-k8s.io", namespace="team-a"),
+        ],
+    ),
+    Expectation(
+        "alnair-nats-certs",
+        allowed=[
+            Access("create", "secrets", namespace=NS),
+            Access("get", "secrets", namespace=NS, name="alnair-nats-tls"),
+            Access("update", "secrets", namespace=NS, name="alnair-nats-tls"),
+            Access("create", "configmaps", namespace=NS),
+            Access("update", "configmaps", namespace=NS, name="alnair-nats-ca"),
+        ],
+        denied=[
+            Access("get", "secrets", namespace=NS, name="alnair-nats-users"),
+            Access("update", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access("delete", "secrets", namespace=NS, name="alnair-nats-tls"),
+            Access("list", "secrets", namespace=NS),
+            Access("update", "configmaps", namespace=NS, name="nats-config"),
+            Access("create", "secrets", namespace="team-a"),
         ],
     ),
     Expectation(
@@ -500,6 +519,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 "alnair-predictor": 1,
                 "alnair-dispatcher": 1,
                 "alnair-dispatcher-certs": 1,  # the webhook certificate's Job
+                "alnair-nats-certs": 1,  # the NATS servers' certificate's Job
                 "alnair-elastic": 1,
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
@@ -597,6 +617,19 @@ async def real_requests(
         assert "items" in await limited.list(SECRETS, CLUSTERS_NS)
         await forbidden(limited.list(SECRETS, "default"))
         await forbidden(limited.list(SECRETS))
+    elif account == "alnair-nats-certs":
+        # What its Job does, with its own token: the servers' certificate issued into its
+        # Secret and the CA published for the clients; run again, both kept.
+        hosts = ["nats.alnair-system.svc", "*.nats-headless.alnair-system.svc"]
+        kw = {"namespace": NS, "secret": "alnair-nats-tls", "hosts": hosts,
+              "ca_configmap": "alnair-nats-ca"}  # fmt: skip
+        first = await ensure(limited, **kw)  # type: ignore[arg-type]
+        assert first.issued
+        published = (await limited.get(CONFIGMAPS, "alnair-nats-ca", NS))["data"]["ca.crt"]
+        assert published.encode() == first.ca_pem
+        again = await ensure(limited, **kw)  # type: ignore[arg-type]
+        assert not again.issued and again.ca_pem == first.ca_pem
+        await forbidden(limited.get(SECRETS, "alnair-nats-users", NS))
     elif account == "alnair-dispatcher-certs":
         # Its one Secret: not there (the Job's pod never runs here), which it may ask.
         with pytest.raises(ApiError) as missing:

@@ -96,3 +96,24 @@ async def test_a_plain_client_and_one_trusting_another_ca_are_refused(
     assert "certificate verify failed" in repr(stranger) or "CERTIFICATE" in repr(stranger), repr(
         stranger
     )
+
+
+async def test_a_server_named_by_its_certificate_is_reached_at_any_address(
+    tmp_path: Path,
+) -> None:
+    """A certificate for the Service's name only (as a cluster's servers have), dialled at an
+    IP address (as a client reconnecting to an advertised peer does): verified against
+    `ALNAIR_NATS_TLS_HOSTNAME`, not the address."""
+    server = NatsServer(tmp_path / "nats", tls=True, tls_hosts=["nats.example.svc"])
+    server.workdir.mkdir(parents=True, exist_ok=True)
+    server.start()
+    try:
+        named = NatsCredentials(tls_ca_file=server.ca_file, tls_hostname="nats.example.svc")
+        nc = await nats.connect(servers=[server.url], **named.connect_options())
+        assert nc.is_connected
+        await nc.close()
+        by_address = NatsCredentials(tls_ca_file=server.ca_file)
+        refused = await _refused(servers=[server.url], **by_address.connect_options())
+        assert "certificate verify failed" in repr(refused) or "match" in repr(refused)
+    finally:
+        server.stop()

@@ -100,7 +100,8 @@ def test_every_workload_connects_as_its_own_user(overlay: str) -> None:
     assert seen, overlay
     stateful = {o["metadata"]["name"]: o for o in render(overlay) if o["kind"] == "StatefulSet"}
     nats = stateful["nats"]["spec"]["template"]["spec"]
-    assert nats["containers"][0]["command"][-1] == "/etc/nats-auth/nats.conf"
+    command = nats["containers"][0]["command"]
+    assert command[command.index("--config") + 1] == "/etc/nats-auth/nats.conf"
     assert {"secretRef": {"name": NATS_SECRET}} in nats["containers"][0]["envFrom"]
     # Redis loads the users' ACL file wherever the server starts from: the one server's
     # command line, or the infra-ha start script (a primary and its replica load the same).

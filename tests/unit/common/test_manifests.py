@@ -452,7 +452,15 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
             for rule in role.get("rules", []):
                 assert "*" not in rule["verbs"], f"{name}: {rule}"
                 assert "*" not in rule["apiGroups"], f"{name}: {rule}"
-                if "secrets" in rule["resources"] and name == "alnair-dispatcher-certs":
+                if "secrets" in rule["resources"] and name == "alnair-nats-certs":
+                    # The NATS certificate's Job (nats-tls): its Secret and the CA's
+                    # ConfigMap, created, then read and replaced by name only.
+                    assert kind == "Role" and role["metadata"]["namespace"] == "alnair-system"
+                    assert rule["verbs"] == ["create"] or (
+                        rule.get("resourceNames") == ["alnair-nats-tls"]
+                        and set(rule["verbs"]) <= {"get", "update"}
+                    ), f"{name}: {rule}"
+                elif "secrets" in rule["resources"] and name == "alnair-dispatcher-certs":
                     # The webhook's certificate Job: creates its Secret (create cannot be
                     # limited to a name), reads and replaces that one only; never lists.
                     assert kind == "Role" and role["metadata"]["namespace"] == "alnair-system"
@@ -506,6 +514,39 @@ def test_production_infrastructure_outlives_a_node() -> None:
             ["sh", "-n"], input=script, text=True, capture_output=True, check=False
         )
         assert parsed.returncode == 0, (name, parsed.stderr)
+
+
+def test_production_nats_requires_tls_and_every_client_can_verify_it() -> None:
+    """The nats-tls component: the servers require TLS with the Secret the certificate Job
+    keeps, and every workload that reads alnair-config (every NATS client) mounts the CA the
+    Job publishes where ALNAIR_NATS_TLS_CA says, never the Secret holding the key."""
+    config = next(c for n, c in objects("production", "ConfigMap").items()
+                  if n.startswith("alnair-config"))["data"]  # fmt: skip
+    ca_path = Path(config["ALNAIR_NATS_TLS_CA"])
+    assert config["ALNAIR_NATS_TLS_HOSTNAME"] == "nats.alnair-system.svc"
+    nats = objects("production", "StatefulSet")["nats"]["spec"]["template"]["spec"]
+    command = nats["containers"][0]["command"]
+    assert "--tls" in command
+    mounts = {m["name"]: m["mountPath"] for m in nats["containers"][0]["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in nats["volumes"] if "secret" in v}
+    assert secrets["nats-tls"] == "alnair-nats-tls"
+    assert f"--tlscert={mounts['nats-tls']}/tls.crt" in command
+    job = objects("production", "Job")["alnair-nats-certs"]["spec"]["template"]["spec"]
+    assert "--ca-configmap=alnair-nats-ca" in job["containers"][0]["command"]
+    clients = 0
+    for w in workloads("production"):
+        spec = w["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        refs = [e.get("configMapRef", {}).get("name", "") for e in container.get("envFrom", [])]
+        if not any(r.startswith("alnair-config") for r in refs):
+            continue
+        clients += 1
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        (mount,) = [m for m in container["volumeMounts"]
+                    if m["mountPath"] == str(ca_path.parent)]  # fmt: skip
+        assert volumes[mount["name"]].get("configMap", {}).get("name") == "alnair-nats-ca"
+        assert "alnair-nats-tls" not in json.dumps(spec), w["metadata"]["name"]
+    assert clients >= 8
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

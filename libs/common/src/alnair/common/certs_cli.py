@@ -29,6 +29,7 @@ from cryptography import x509
 from alnair.common.errors import AlnairError
 from alnair.common.kube import (
     APISERVICES,
+    CONFIGMAPS,
     MUTATING_WEBHOOKS,
     SECRETS,
     VALIDATING_WEBHOOKS,
@@ -123,6 +124,29 @@ async def _ca_into_api_services(kube: KubeClient, names: Sequence[str], ca_pem: 
     return patched
 
 
+async def _ca_into_configmap(kube: KubeClient, namespace: str, name: str, ca_pem: bytes) -> None:
+    """Publish the CA for clients to verify the server with (`ca.crt` of ConfigMap `name`):
+    every client mounts it, none needs the Secret that holds the server's key."""
+    body: Obj = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "alnair"},
+        },
+        "data": {CA_FILE: ca_pem.decode()},
+    }
+    try:
+        current = await kube.get(CONFIGMAPS, name, namespace)
+    except NotFound:
+        await kube.create(CONFIGMAPS, body, namespace)
+        return
+    if (current.get("data") or {}).get(CA_FILE) != body["data"][CA_FILE]:
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        await kube.replace(CONFIGMAPS, body)
+
+
 async def ensure(
     kube: KubeClient,
     *,
@@ -133,6 +157,7 @@ async def ensure(
     api_services: Sequence[str] = (),
     days: int = 365,
     renew_days: int = 30,
+    ca_configmap: str | None = None,
 ) -> Outcome:
     try:
         current: Obj | None = await kube.get(SECRETS, secret, namespace)
@@ -160,6 +185,8 @@ async def ensure(
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await kube.replace(SECRETS, body)
         ca_pem = made.ca_pem
+    if ca_configmap:
+        await _ca_into_configmap(kube, namespace, ca_configmap, ca_pem)
     patched = await _ca_into_webhooks(kube, webhooks, ca_pem)
     patched += await _ca_into_api_services(kube, api_services, ca_pem)
     return Outcome(bool(why), why or "certificate still good", ca_pem, patched)
@@ -174,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a webhook configuration whose caBundle is set")  # fmt: skip
     p.add_argument("--apiservice", action="append", default=[],
                    help="an APIService whose caBundle is set")  # fmt: skip
+    p.add_argument("--ca-configmap", default=None,
+                   help="a ConfigMap that gets the CA (ca.crt) for clients")  # fmt: skip
     p.add_argument("--days", type=int, default=365)
     p.add_argument("--renew-days", type=int, default=30)
     p.add_argument("--kubeconfig", default=None)
@@ -184,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return await ensure(
                 kube, namespace=args.namespace, secret=args.secret, hosts=args.host,
                 webhooks=args.webhook, api_services=args.apiservice, days=args.days,
-                renew_days=args.renew_days,
+                renew_days=args.renew_days, ca_configmap=args.ca_configmap,
             )  # fmt: skip
 
     try:

@@ -172,6 +172,10 @@ class NatsCredentials:
     """A `.creds` file (JWT + nkey seed) for operator-mode servers."""
     tls_ca_file: Path | None = None
     """CA that signed the server's certificate; set: the connection uses TLS."""
+    tls_hostname: str | None = None
+    """The name every server's certificate is checked against, whatever address the client
+    dials: a cluster's servers advertise their peers by IP address, which certificates for
+    Service names do not carry."""
     token_file: Path | None = None
     """A token read at each (re)connect (a projected ServiceAccount token rotates): what a
     node component presents to the bus's auth callout (`alnair.common.busauth`)."""
@@ -195,6 +199,8 @@ class NatsCredentials:
             opts["user_credentials"] = str(self.creds_file)
         if self.tls_ca_file is not None:
             opts["tls"] = ssl.create_default_context(cafile=str(self.tls_ca_file))
+            if self.tls_hostname:
+                opts["tls_hostname"] = self.tls_hostname
         if self.token_file is not None:
             path = self.token_file
             if not path.is_file():

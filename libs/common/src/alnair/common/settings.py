@@ -68,6 +68,14 @@ class CommonSettings(BaseSettings):
             "production overlay's three-node cluster: one node's loss loses nothing)"
         ),
     )
+    nats_tls_hostname: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_NATS_TLS_HOSTNAME"),
+        default=None,
+        description=(
+            "the name NATS servers' certificates are checked against, whatever address is "
+            "dialled (a cluster advertises its servers by IP)"
+        ),
+    )
     redis_url: str = Field(
         validation_alias=AliasChoices("ALNAIR_REDIS_URL"),
         default="redis://127.0.0.1:6379/0",
@@ -129,6 +137,7 @@ class CommonSettings(BaseSettings):
             password=None if self.nats_password is None else self.nats_password.get_secret_value(),
             creds_file=self.nats_creds_file,
             tls_ca_file=self.nats_tls_ca_file,
+            tls_hostname=self.nats_tls_hostname,
             token_file=self.nats_token_file,
         )
 

@@ -220,6 +220,7 @@ class NatsServer:
         cluster_port: int | None = None,
         routes: Sequence[int] = (),
         tls: bool = False,
+        tls_hosts: Sequence[str] = ("127.0.0.1", "localhost"),
     ) -> None:
         # Absolute: the server runs with this folder as its working directory, so a relative
         # path handed to it (store, config, ACL file) would be resolved twice.
@@ -233,6 +234,7 @@ class NatsServer:
         self.routes = list(routes)
         self.monitor_port = free_port() if cluster_port else None
         self.tls = tls
+        self.tls_hosts = tuple(tls_hosts)
         self._proc: ManagedProcess | None = None
 
     @property
@@ -245,7 +247,7 @@ class NatsServer:
         """A serving certificate for loopback, issued once (a restart keeps it)."""
         folder = self.workdir / "tls"
         if not (folder / CERT_FILE).exists():
-            write_folder(folder, issue(["127.0.0.1", "localhost"]).secret_data())
+            write_folder(folder, issue(self.tls_hosts).secret_data())
         return folder / CERT_FILE, folder / KEY_FILE
 
     @property
