@@ -385,10 +385,17 @@ class Chaos:
         the resumed one finds its Lease gone, binds nothing and exits (its supervisor starts
         it again as a follower)."""
         state = self.state()
+        name = ""
         async with KubeClient.from_config(state.kubeconfig) as kube:
-            lease = await kube.get(LEASES, SCHEDULER_LEASE, SCHEDULER_LEASE_NAMESPACE)
-        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
-        name = holder.removeprefix(devstack.IDENTITY_PREFIX)
+            for _ in range(60):  # a Lease just handed over may have no holder for a moment
+                with contextlib.suppress(Exception):
+                    lease = await kube.get(LEASES, SCHEDULER_LEASE, SCHEDULER_LEASE_NAMESPACE)
+                    holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+                    name = holder.removeprefix(devstack.IDENTITY_PREFIX)
+                if name in state.services:
+                    break
+                await asyncio.sleep(0.5)
+        assert name in state.services, f"no scheduler of the stack holds the Lease ({name!r})"
         proc = state.services[name]
         t0 = time.monotonic()
         self.sample_now.set()
