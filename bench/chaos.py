@@ -1,6 +1,9 @@
-"""Chaos on the whole local system (`make chaos`): jobs arriving while every service is killed
-with SIGKILL at random moments and restarted, nats-server is down once for a while and the API
-server restarts once; then an invariant checker reads every Job, pod and execution record.
+"""Chaos on the whole local system (`make chaos`): jobs arriving (queued, fractional, gangs)
+while every service, a standby scheduler included, is killed with SIGKILL at random moments and
+restarted, nats-server is down once for a while (with `--topology production`: one of three
+NATS servers, then the Redis primary), the API server restarts once and the scheduler holding
+the Lease is SIGSTOPped past it; then an invariant checker reads every Job, pod and execution
+record.
 
 Defaults are the issue's: 1,000 jobs, 20 kills per service, nats-server down 30 s. Prints one
 JSON object: jobs, lost, double_bound, gpu_overcommitted, records_duplicated,
