@@ -82,11 +82,11 @@ from alnair.common.kube import (
 )
 from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
-from alnair.common.redisconn import redis_client
+from alnair.common.redisconn import redis_client, sentinel_addresses
 from alnair.common.settings import CommonSettings
 from alnair.common.tasks import within
 from alnair.dev import devstack
-from alnair.dev.localstack import NatsServer
+from alnair.dev.localstack import NatsServer, RedisFailover
 from alnair.dev.localstack.controlplane import parse_node_specs
 from alnair.dev.localstack.procs import port_open
 from alnair.dev.supervise import RESTART_MARK
@@ -350,12 +350,14 @@ class Chaos:
         one again (they make it a replica of the new primary)."""
         state = self.state()
         assert state.redis_sentinels is not None
-        host, sentinel_port = devstack.sentinel_address(state.redis_sentinels)
+        host, sentinel_port = sentinel_addresses(state.redis_sentinels)[0]
         password = state.credentials.get("sentinel")
         sentinel = aioredis.Redis(host=host, port=sentinel_port, password=password)
 
         async def primary_port() -> int:
-            addr = await sentinel.sentinel_get_master_addr_by_name("alnair", return_responses=True)
+            addr = await sentinel.sentinel_get_master_addr_by_name(
+                RedisFailover.MASTER, return_responses=True
+            )
             assert isinstance(addr, tuple), addr
             return int(addr[1])
 

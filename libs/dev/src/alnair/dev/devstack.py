@@ -318,12 +318,6 @@ class State:
         return "\n".join(lines) + "\n"
 
 
-def sentinel_address(sentinels: str) -> tuple[str, int]:
-    """The first of `host:port,host:port...` (the stack's Sentinels)."""
-    host, _, port = sentinels.split(",", 1)[0].rpartition(":")
-    return host, int(port)
-
-
 def url_variable(name: str) -> str:
     """`ALNAIR_SCHEDULER_URL`, `ALNAIR_PROFILER_AGENT_URL`: where `<dir>/env` puts an API."""
     return f"ALNAIR_{name.upper().replace('-', '_')}_URL"
