@@ -46,6 +46,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
+from alnair.common.colocation import BUCKET as COLOCATION_BUCKET
 from alnair.common.delivery import (
     DLQ_PREFIX,
     DeadLetterCollector,
@@ -315,6 +316,7 @@ class Bus:
         self.delivery.handled_kv = await self.kv(HANDLED_BUCKET, ttl_s=7 * 24 * 3600.0)
         # Written by node components, which may not create it themselves (busauth).
         await self.kv(GpuInventory.BUCKET)
+        await self.kv(COLOCATION_BUCKET)
 
     async def kv(self, bucket: str, ttl_s: float | None = None, history: int = 1) -> KeyValue:
         """The JetStream KV bucket `bucket`, created on first use."""

@@ -50,6 +50,7 @@ SCALE = "alnair.scale.>"
 PREDICT = "alnair.predict"
 PREDICT_ALL = ("alnair.predict", "alnair.predict.>")
 INVENTORY_WRITE = "$KV.gpu-inventory.>"
+COLOCATION_WRITE = "$KV.alnair-colocation.>"
 CALLOUT = "$SYS.REQ.USER.AUTH"
 
 
@@ -89,8 +90,9 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {
     "dispatcher": Permissions(publish=(JOBS, SCALE, *PREDICT_ALL)),
     # the bus's auth callout (busauth): answers nats-server's authorization requests only
     "bus-auth": Permissions(subscribe=(CALLOUT,), respond=True, bus=False),
-    # predictor: consumes job events, answers predictions; publishes no event
-    "predictor": Permissions(subscribe=PREDICT_ALL, respond=True),
+    # predictor: consumes job events, answers predictions, writes the co-location table;
+    # publishes no event
+    "predictor": Permissions(publish=(COLOCATION_WRITE,), subscribe=PREDICT_ALL, respond=True),
     # elastic controller: scale requests in, scale outcomes out
     "elastic": Permissions(publish=(SCALE,)),
     # device plugin: health (JetStream) and its containers' utilisation samples in

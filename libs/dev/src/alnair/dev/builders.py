@@ -118,6 +118,14 @@ class PodBuilder:
         self._pod["metadata"]["annotations"][r.ANN_DURATION] = r.duration_value(seconds)
         return self
 
+    def trains(self, model_name: str, batch_size: int | None = None) -> PodBuilder:
+        """What the pod trains (the model annotations the predictor reads)."""
+        annotations = self._pod["metadata"]["annotations"]
+        annotations[r.ANN_MODEL_NAME] = model_name
+        if batch_size is not None:
+            annotations[r.ANN_BATCH_SIZE] = str(batch_size)
+        return self
+
     def queue(self, local_queue: str) -> PodBuilder:
         """Queued through the dispatcher: the LocalQueue label."""
         self._pod["metadata"]["labels"]["alnair.io/queue-name"] = local_queue

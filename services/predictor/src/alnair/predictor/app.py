@@ -31,6 +31,7 @@ from alnair.predictor.metrics import PredictorMetrics
 from alnair.predictor.retraining import Retrainer
 from alnair.predictor.settings import PredictorSettings
 from alnair.predictor.store import ModelStore
+from alnair.predictor.tables import publish_tables
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,10 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     def on_death(_exc: BaseException) -> None:
         died.set()
 
-    tasks = [spawn(retrainer.run(), name="predictor.retrainer", on_death=on_death)]
+    tasks = [
+        spawn(retrainer.run(), name="predictor.retrainer", on_death=on_death),
+        spawn(publish_tables(bus, retrainer, metrics), name="predictor.tables", on_death=on_death),
+    ]
     subscriptions = await subscribe(
         bus, retrainer, metrics, settings.durable, settings.predict_subject
     )

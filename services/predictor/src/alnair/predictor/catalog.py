@@ -21,6 +21,23 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from alnair.common.colocation import (
+    DEFAULT_BATCH_SIZE,
+    ONE_SAMPLE_PER_STEP,
+    default_batch_size,
+    normalize_model_name,
+)
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "FAMILIES",
+    "ONE_SAMPLE_PER_STEP",
+    "ModelInfo",
+    "default_batch_size",
+    "describe_model",
+    "normalize_model_name",
+]
+
 FAMILIES: tuple[str, ...] = (
     "resnet",
     "vgg",
@@ -104,28 +121,12 @@ _FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def normalize_model_name(name: str) -> str:
-    """Lower-case without separators, so "ResNet-50", "resnet_50" and "resnet50" agree."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
 def _family_of(raw: str) -> str:
     lowered = raw.lower()
     for family, pattern in _FAMILY_PATTERNS:
         if re.search(pattern, lowered):
             return family
     return "other"
-
-
-DEFAULT_BATCH_SIZE = 32
-ONE_SAMPLE_PER_STEP = frozenset({"a3c", "cyclegan"})
-"""Models Gavel runs (and its trace names) without a batch size: one sample per step (CycleGAN
-trains on one image pair per step, A3C on one rollout)."""
-
-
-def default_batch_size(name: str) -> int:
-    """The batch size a job of model `name` that states none runs with."""
-    return 1 if normalize_model_name(name) in ONE_SAMPLE_PER_STEP else DEFAULT_BATCH_SIZE
 
 
 @lru_cache(maxsize=4096)

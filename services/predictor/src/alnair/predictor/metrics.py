@@ -46,6 +46,10 @@ class PredictorMetrics:
             "measurements_absorbed_total",
             "New (job, GPU type, count) measurements served at once, before any retrain.",
         )
+        self.colocation_table_version = m.gauge(
+            "colocation_table_version",
+            "Model version of the co-location table last published for the binder.",
+        )
         self.completions = m.counter(
             "job_completions_total", "Job-completed events received (each may trigger a retrain)."
         )

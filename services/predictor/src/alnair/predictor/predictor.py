@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from alnair.common.colocation import ColocationTable
 from alnair.predictor.catalog import normalize_model_name
 from alnair.predictor.colocation import ColocationModel, ColocQuery, make_colocation_model
 from alnair.predictor.datasets import JobKey, Observation, TrainingData
@@ -396,3 +397,37 @@ def colocation(bundle: ModelBundle, request: ColocationRequest) -> ColocationRep
         job_b=side(log_b, fractions[1]),
         low_confidence=low_confidence,
     )
+
+
+TABLE_MAX_WORKLOADS = 64
+"""Workloads in the published co-location table: 64 x 64 pairs on seven GPU types is about
+200 KB, well inside a NATS message; past it the most measured workloads are kept."""
+
+
+def colocation_table(
+    bundle: ModelBundle, max_workloads: int = TABLE_MAX_WORKLOADS
+) -> ColocationTable:
+    """Every known workload against every other on every GPU type (`alnair.common.colocation`).
+
+    Known workloads are those measured alone (Gavel's job types and the records' jobs); the
+    table's rows are what the binder and the dispatcher read instead of asking per cycle."""
+    cells: dict[JobKey, int] = defaultdict(int)
+    for job, _gpu, _count in bundle.measured:
+        cells[job] += 1
+    jobs = sorted(sorted(cells, key=lambda j: (-cells[j], str(j)))[:max_workloads], key=str)
+    kept: dict[str, list[list[float]]] = {}
+    for gpu_name in GPU_SPECS:
+        gpu = lookup_gpu(gpu_name)
+        logs = [_log_throughput(bundle, job, gpu_name, 1)[0] for job in jobs]
+        queries = [
+            ColocQuery(a, b, gpu, 1, logs[i], logs[j])
+            for i, a in enumerate(jobs)
+            for j, b in enumerate(jobs)
+        ]
+        fractions = bundle.colocation.predict(queries)
+        size = len(jobs)
+        kept[gpu_name] = [
+            [max(0.005, min(1.0, fractions[i * size + j].fraction)) for j in range(size)]
+            for i in range(size)
+        ]
+    return ColocationTable(bundle.version, tuple(str(j) for j in jobs), kept)

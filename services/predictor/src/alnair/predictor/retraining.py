@@ -76,6 +76,8 @@ class Retrainer:
         self._swap = asyncio.Lock()
         # Absorbed measurements no trained bundle has yet; emptied as retrains include them.
         self._absorbed: dict[tuple[JobKey, str, int], Observation] = {}
+        self.installed = asyncio.Event()
+        """Set each time a new bundle starts serving (the table publisher clears it)."""
 
     def notify(self) -> None:
         """A job completed: new records may be waiting."""
@@ -166,6 +168,7 @@ class Retrainer:
 
     def _install(self, bundle: ModelBundle) -> None:
         self.current = bundle
+        self.installed.set()
         self.metrics.model_version.set(bundle.version)
         self.metrics.training_records.set(bundle.training_size.get("records", 0))
 

@@ -59,6 +59,7 @@ async def serve(settings: SchedulerSettings) -> int:
     await scheduler.start_watching()
     bus: Bus | None = None
     inventory: asyncio.Task[None] | None = None
+    tables: asyncio.Task[None] | None = None
     if settings.nats_enabled:
         # The NATS client (a second of imports on a busy node) only where it is used.
         from alnair.common.bus import Bus
@@ -75,6 +76,10 @@ async def serve(settings: SchedulerSettings) -> int:
         inventory = spawn(
             handlers.watch_inventory(bus, scheduler), name="scheduler.inventory", on_death=on_death
         )
+        tables = spawn(
+            handlers.watch_colocation(bus, scheduler), name="scheduler.colocation",
+            on_death=on_death,
+        )  # fmt: skip
     api = build_api(scheduler, bus)
     # A pod's explanation is its namespace's: read by whoever may get the pod.
     guard_reads(api, settings, kube, service="scheduler", objects={"pods": ("", "pods")})
@@ -126,10 +131,11 @@ async def serve(settings: SchedulerSettings) -> int:
         await scheduler.stop()
         if elector is not None:
             await elector.release()
-        if inventory is not None:
-            inventory.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await inventory
+        for watch in (inventory, tables):
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watch
         if bus is not None:
             await bus.close()
         await kube.close()

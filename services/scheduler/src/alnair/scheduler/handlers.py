@@ -7,6 +7,8 @@
 - JobEvent completed/failed (durable `scheduler-jobs`): room may have freed; drain the pool.
 - GpuInventory (a watch on the whole `gpu-inventory` KV bucket): each node's GPU link matrix,
   so multi-GPU pods get the best-connected GPUs (`TopologyAwareGpus`).
+- The co-location table (a watch on key `table` of the `alnair-colocation` bucket, which the
+  predictor rewrites on each new model): the `Interference` plugin's slowdowns.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from alnair.common import colocation
 from alnair.common.bus import Bus
 from alnair.common.delivery import Subscription
+from alnair.common.errors import InvalidValueError
 from alnair.common.events import (
     DecodeError,
     Envelope,
@@ -96,5 +100,31 @@ async def watch_inventory(bus: Bus, scheduler: Scheduler) -> None:
                 continue
             node_of_key[entry.key] = inventory.node
             scheduler.on_inventory(inventory.node, inventory.topology)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def watch_colocation(bus: Bus, scheduler: Scheduler) -> None:
+    """Follow the predictor's co-location table until cancelled. A table that does not parse
+    is logged and ignored: the one in force stays."""
+    kv = await bus.kv(colocation.BUCKET)
+    watcher = await kv.watch(colocation.KEY)
+    try:
+        async for entry in watcher:
+            if entry is None:
+                continue  # the end-of-history marker
+            if not entry.value:
+                scheduler.on_colocation(None)
+                continue
+            try:
+                table = colocation.ColocationTable.decode(entry.value)
+            except InvalidValueError as exc:
+                log.error("co-location table refused", extra={"error": str(exc)})
+                continue
+            log.info(
+                "co-location table",
+                extra={"model_version": table.model_version, "workloads": len(table.jobs)},
+            )
+            scheduler.on_colocation(table)
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]

@@ -39,6 +39,22 @@ class SchedulerSettings(ServiceSettings, LeaderElectionSettings):
     utilization_weight: float = Field(
         default=0.1, ge=0, description="weight of the measured-GPU-use score (0 disables it)"
     )
+    max_colocation_slowdown: float = Field(
+        default=2.5,
+        gt=1,
+        description="a fraction may not join a GPU where the predictor's co-location table "
+        "says it or a pod already there would run this many times slower than alone",
+    )
+    max_sharing_util_pct: float = Field(
+        default=70.0,
+        gt=0,
+        le=100,
+        description="a GPU whose measured use is at or past this takes no further fraction "
+        "(seed 000: GPU util no more than 70%)",
+    )
+    interference_weight: float = Field(
+        default=1.0, ge=0, description="weight of the co-location score (0: caps only)"
+    )
     workload_window: int = Field(
         default=5000, ge=1, description="recent pods whose shapes tune fragmentation-aware policies"
     )

@@ -19,6 +19,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from alnair.common import resources as r
+from alnair.common.annotations import job_model
+from alnair.common.colocation import workload_key
 from alnair.common.errors import InvalidValueError
 from alnair.common.kube import Obj
 from alnair.scheduler.cluster.requests import PodRequest
@@ -301,6 +303,11 @@ def timestamp(value: str | None) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+def _workload(annotations: Mapping[str, Any]) -> str:
+    model = job_model(annotations)
+    return workload_key(model.model_name, model.batch_size)
+
+
 def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod:
     """The scheduler's view of `pod`; raises InvalidPodError naming what is wrong."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -390,6 +397,7 @@ def parse_pod(pod: Obj, gpu_memory_mib: dict[str, int] | None = None) -> LivePod
             pod_aversions=pod_aversions,
             spread=spread,
             created=timestamp(meta.get("creationTimestamp")),
+            workload=_workload(annotations),
             extra=tuple(
                 sorted(
                     (name, math.ceil(float(amount)))

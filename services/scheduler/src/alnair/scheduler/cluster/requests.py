@@ -107,6 +107,9 @@ class PodRequest:
     """Creation time (epoch seconds): queue order and creation-to-bound latency."""
     extra: tuple[tuple[str, int], ...] = ()
     """Requests of resources outside `MODELLED_RESOURCES`, in whole units (bytes for sizes)."""
+    workload: str = ""
+    """What the pod trains, `model@batch` (`alnair.common.colocation.workload_key`) from its
+    model annotations; "" when it does not say. Co-location interference is looked up by it."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0:

@@ -135,6 +135,9 @@ class ClusterSnapshot:
     nominations: Nominations | None = None
     """Preemptors waiting for their victims to go, and the victims being deleted (live only;
     the owner's object, shared)."""
+    sharers: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
+    """(node, GPU) -> the fractional pods placed there (key -> workload, "" when unknown):
+    which workloads share each GPU, for co-location interference."""
 
     @classmethod
     def build(
@@ -227,6 +230,7 @@ class ClusterSnapshot:
             gangs=self.gangs,
             budgets=self.budgets,
             nominations=self.nominations,
+            sharers={gpu: dict(pods) for gpu, pods in self.sharers.items()},
         )
 
     def domains(self, key: str) -> tuple[IntArray, list[str]]:
@@ -371,6 +375,9 @@ class ClusterSnapshot:
         if pod.key in self.pod_termed:
             self.pod_termed[pod.key] = pod
         self._group(pod, placement.node, 1)
+        if pod.is_fractional:
+            for g in placement.gpu_indices:
+                self.sharers.setdefault((placement.node, g), {})[pod.key] = pod.workload
 
     def assume(self, pod: PodRequest, placement: Placement) -> None:
         """Account `pod` on its placement (before the bind completes, as upstream does)."""
@@ -392,6 +399,9 @@ class ClusterSnapshot:
         self.generation[n] += 1
         self.placed[pod.key] = (pod, placement)
         self.count(pod, n, 1)
+        if pod.is_fractional:
+            for g in placement.gpu_indices:
+                self.sharers.setdefault((n, g), {})[pod.key] = pod.workload
 
     def forget(self, key: str) -> tuple[PodRequest, Placement]:
         """Undo `assume` (a failed bind, or a pod that left); returns what was removed."""
@@ -409,6 +419,13 @@ class ClusterSnapshot:
             self.affinity[n, column] -= 1
         self.generation[n] += 1
         self.count(pod, n, -1)
+        if pod.is_fractional:
+            for g in placement.gpu_indices:
+                held = self.sharers.get((n, g))
+                if held is not None:
+                    held.pop(key, None)
+                    if not held:
+                        del self.sharers[(n, g)]
         return pod, placement
 
 

@@ -68,6 +68,7 @@ from alnair.scheduler.live.queue import QueuedPod, SchedulingQueue
 from alnair.scheduler.live.reporting import Reporter
 from alnair.scheduler.live.watching import ClusterWatch
 from alnair.scheduler.metrics import SchedulerMetrics
+from alnair.scheduler.plugins.interference import ColocationBook
 from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 from alnair.scheduler.settings import SchedulerSettings
 
@@ -75,12 +76,20 @@ log = logging.getLogger(__name__)
 
 
 def live_options(
-    settings: SchedulerSettings, kube: KubeClient, fence: Callable[[], bool] = lambda: True
+    settings: SchedulerSettings,
+    kube: KubeClient,
+    fence: Callable[[], bool] = lambda: True,
+    colocation: ColocationBook | None = None,
 ) -> ProfileOptions:
-    """The live additions to every profile: utilization score, starvation guard, Binding (sent
-    only while `fence` says this replica leads)."""
+    """The live additions to every profile: utilization score, co-location interference (the
+    predictor's table as `colocation` holds it), starvation guard, Binding (sent only while
+    `fence` says this replica leads)."""
     return ProfileOptions(
         utilization_weight=settings.utilization_weight,
+        colocation=colocation if colocation is not None else ColocationBook(),
+        max_colocation_slowdown=settings.max_colocation_slowdown,
+        max_sharing_util_pct=settings.max_sharing_util_pct,
+        interference_weight=settings.interference_weight,
         starvation_after_s=settings.starvation_after_s,
         max_reserved_nodes=settings.max_reserved_nodes,
         bind=(KubeBinder(kube, settings.identity, fence),),
@@ -105,7 +114,9 @@ class Scheduler(ClusterWatch):
         self.cache.reservations.on_change = self._reservations_changed
         self.leading: Callable[[], bool] = lambda: True
         """Whether this replica leads (set to the leader elector's `leading`)."""
-        self.options = live_options(settings, kube, self._leads)
+        self.colocation = ColocationBook()
+        """The predictor's co-location table (`on_colocation` replaces it)."""
+        self.options = live_options(settings, kube, self._leads, self.colocation)
         self.rng = np.random.default_rng(settings.seed)
         self.nodes = Informer(kube, NODES, name="nodes")
         self.pods = Informer(kube, PODS, name="pods")

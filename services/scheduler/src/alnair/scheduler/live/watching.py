@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from alnair.common import resources as r
+from alnair.common.colocation import ColocationTable
 from alnair.common.informer import WatchEvent
 from alnair.common.kube import Obj
 from alnair.common.topology import Topology
@@ -31,6 +32,7 @@ from alnair.scheduler.live.cache import SchedulerCache
 from alnair.scheduler.live.gang import GangManager
 from alnair.scheduler.live.queue import SchedulingQueue
 from alnair.scheduler.live.reporting import Reporter
+from alnair.scheduler.plugins.interference import ColocationBook
 from alnair.scheduler.settings import SchedulerSettings
 
 
@@ -57,6 +59,7 @@ class ClusterWatch:
     dra: DraSupport | None
     last_result: dict[str, ScheduleResult]
     health_listeners: list[Callable[[], None]]
+    colocation: ColocationBook
     """Told when a GPU's health changes (the console's live updates)."""
 
     def _podgroup_status(self, gang: str, message: str | None = None) -> None:
@@ -201,6 +204,12 @@ class ClusterWatch:
             self.cache.topology[node] = topology
         else:
             self.cache.topology.pop(node, None)
+
+    def on_colocation(self, table: ColocationTable | None) -> None:
+        """A new co-location table (a retrained predictor): pods refused for interference
+        are judged again by it."""
+        self.colocation.table = table
+        self.queue.move_all_to_active()
 
     def on_job_finished(self) -> None:
         self.queue.move_all_to_active()

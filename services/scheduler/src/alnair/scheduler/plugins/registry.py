@@ -9,10 +9,10 @@ Names are case-insensitive and accept the paper's spellings (`DotProd`, `BestFit
 
 `build_profile` is the one way to a runnable profile, for the simulator and the live binder
 alike: the policy's plugins plus the cluster plugins (taints, node and pod affinity, topology
-spread, other resources, node reservations, GPU health, utilization, topology-aware GPUs,
-coscheduling, preemption, nominated pods' room). On a snapshot without labels, taints, terms,
-gangs or priorities the cluster plugins return SKIP from PreFilter/PreScore, so a trace replays
-as the policy alone.
+spread, other resources, node reservations, GPU health, utilization, co-location interference
+when a table is given, topology-aware GPUs, coscheduling, preemption, nominated pods' room). On
+a snapshot without labels, taints, terms, gangs or priorities the cluster plugins return SKIP
+from PreFilter/PreScore, so a trace replays as the policy alone.
 `ProfileOptions` carries what differs: the utilization weight, the starvation guard, the
 clock, and plugins a deployment adds (the live Binding; DRA's DynamicResources at PreFilter,
 Filter, GPU choice, Reserve and PreBind).
@@ -58,6 +58,13 @@ from alnair.scheduler.plugins.fit import DEFAULT_FILTERS, GpuFit
 from alnair.scheduler.plugins.fragmentation import TypicalPods
 from alnair.scheduler.plugins.gpu_clustering import GpuClusteringScore
 from alnair.scheduler.plugins.gpu_packing import GpuPackingScore
+from alnair.scheduler.plugins.interference import (
+    DEFAULT_MAX_SLOWDOWN,
+    DEFAULT_MAX_UTIL_PCT,
+    ColocationBook,
+    Interference,
+    InterferenceAwareGpus,
+)
 from alnair.scheduler.plugins.node_state import (
     GpuHealth,
     GpuUtilization,
@@ -177,6 +184,12 @@ class ProfileOptions:
     """Run after the cluster PreFilters (DRA's DynamicResources)."""
     filter: Sequence[FilterPlugin] = ()
     """Run after every other Filter, once the cheaper ones have narrowed the nodes."""
+    colocation: ColocationBook | None = None
+    """The predictor's co-location table in force; None: no interference plugin."""
+    max_colocation_slowdown: float = DEFAULT_MAX_SLOWDOWN
+    max_sharing_util_pct: float = DEFAULT_MAX_UTIL_PCT
+    interference_weight: float = 1.0
+    """Weight of the co-location score (the caps filter regardless)."""
     gpu_selector: Callable[[GpuSelector], GpuSelector] | None = None
     """Wraps the profile's GPU choice (DRA holds it to the devices that can take the claim)."""
     reserve: Sequence[ReservePlugin] = ()
@@ -227,6 +240,16 @@ def build_profile(
         scores.append(WeightedScore(utilization, opts.utilization_weight))
         pre_scores.append(utilization)
     gpus: GpuSelector = TopologyAwareGpus(base.gpu_selector)
+    if opts.colocation is not None:
+        interference = Interference(
+            opts.colocation, opts.max_colocation_slowdown, opts.max_sharing_util_pct
+        )
+        filters.append(interference)
+        pre_filters.append(interference)
+        pre_scores.append(interference)
+        if opts.interference_weight > 0:
+            scores.append(WeightedScore(interference, opts.interference_weight))
+        gpus = InterferenceAwareGpus(gpus, interference)
     if opts.gpu_selector is not None:
         gpus = opts.gpu_selector(gpus)
     return Profile(
