@@ -155,6 +155,10 @@ def test_make_demo_at_a_small_size(tmp_path: Path) -> None:
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert "alnair vs FGD at 100% arrived demand" in done.stdout
     assert re.search(r"jobs done\s+8 of 8 \(0 failed\)", done.stdout), done.stdout[-2000:]
+    # Issue 27: every finished job has its execution record, the ones that ended between two
+    # samples too (with their usage unknown).
+    records = re.search(r"records\s+(\d+) execution records for (\d+) finished jobs", done.stdout)
+    assert records and records[1] == records[2] == "8", done.stdout[-2000:]
     assert (tmp_path / "alibaba-default.png").stat().st_size > 0
     assert (tmp_path / "live-gpu-allocation.png").stat().st_size > 0
     # The queues were in it: four teams' shares, the waits by reason, the kinds of jobs, and
