@@ -31,6 +31,7 @@ from alnair.common.kube import (
     ApiError,
     KubeClient,
 )
+from alnair.common.progress import ANN_PREEMPTIONS
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.waiting import wait_for
 from alnair.scheduler.dispatcher.app import Running as RunningDispatcher
@@ -38,7 +39,6 @@ from alnair.scheduler.dispatcher.app import start as start_dispatcher
 from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
-    ANN_PREEMPTIONS,
     LABEL_QUEUE,
 )
 from dispatcher_support import (

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alnair.common.errors import PermanentError
+from alnair.common.progress import Progress
 
 SPEC_VERSION: Literal["1.0"] = "1.0"
 _TOKEN = re.compile(r"[^A-Za-z0-9_-]")
@@ -84,10 +85,35 @@ class PodMetric(Event):
     mem_used_mib: float = Field(default=0.0, ge=0)
     io_read_bps: float = Field(default=0.0, ge=0)
     io_write_bps: float = Field(default=0.0, ge=0)
+    progress_step: int | None = Field(default=None, ge=0)
+    """Training progress the pod reported (`alnair.common.progress`): steps done, steps in
+    all, the last checkpoint's step, and where it was read (metric, log, annotation)."""
+    progress_total: int | None = Field(default=None, ge=1)
+    checkpoint_step: int | None = Field(default=None, ge=0)
+    progress_source: Literal["metric", "log", "annotation"] | None = None
     ts: datetime = Field(default_factory=now)
 
     def subject(self) -> str:
         return f"{self.SUBJECT_PREFIX}.{subject_token(self.node)}"
+
+    def progress(self) -> Progress | None:
+        if self.progress_step is None or self.progress_source is None:
+            return None
+        return Progress(
+            self.progress_step, self.progress_total, self.checkpoint_step, self.progress_source
+        )
+
+    def with_progress(self, progress: Progress | None) -> PodMetric:
+        if progress is None:
+            return self
+        return self.model_copy(
+            update={
+                "progress_step": progress.step,
+                "progress_total": progress.total,
+                "checkpoint_step": progress.checkpoint,
+                "progress_source": progress.source,
+            }
+        )
 
 
 class SeriesSummary(BaseModel):

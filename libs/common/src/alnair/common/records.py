@@ -4,8 +4,9 @@ both read, in one place:
 
 - hash `alnair:record:<namespace>/<job-name>/<uid>` whose fields are all strings (model_name,
   batch_size, data_size, epoch, gpu_model, gpu_count, submit_ts, start_ts, end_ts,
-  duration_s, steps, throughput_steps_per_s, peak_gpu_mem_mib, mean_gpu_util_pct, outcome;
-  the optional ones, steps, throughput and the two usage fields, are left out when unknown);
+  duration_s, steps, throughput_steps_per_s, peak_gpu_mem_mib, mean_gpu_util_pct, outcome,
+  progress_step, total_steps, checkpoint_step, preemptions; the optional ones, steps,
+  throughput, the two usage fields and the progress ones, are left out when unknown);
 - sorted set `alnair:records` with score end_ts and the hash key as member.
 
 A record without the usage fields is of a job no sample of which reached the aggregator (it
@@ -64,6 +65,14 @@ class ExecutionRecord(BaseModel):
         default=None, ge=0, description="Mean GPU utilization over samples (None: unsampled)."
     )
     outcome: Outcome
+    progress_step: int | None = Field(
+        default=None, ge=0, description="Last training step the job reported (how far it got)."
+    )
+    total_steps: int | None = Field(default=None, ge=1, description="Steps of the whole job.")
+    checkpoint_step: int | None = Field(
+        default=None, ge=0, description="Step of the last checkpoint the job reported."
+    )
+    preemptions: int = Field(default=0, ge=0, description="Times the queue stopped it.")
 
     @property
     def key(self) -> str:
@@ -95,6 +104,12 @@ class ExecutionRecord(BaseModel):
             fields["steps"] = str(self.steps)
         if self.throughput_steps_per_s is not None:
             fields["throughput_steps_per_s"] = _num(self.throughput_steps_per_s)
+        for name in ("progress_step", "total_steps", "checkpoint_step"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = str(value)
+        if self.preemptions:
+            fields["preemptions"] = str(self.preemptions)
         return fields
 
     @staticmethod
@@ -122,7 +137,15 @@ class ExecutionRecord(BaseModel):
             peak_gpu_mem_mib=float(peak) if peak else None,
             mean_gpu_util_pct=float(util) if util else None,
             outcome=cast(Outcome, fields.get("outcome", "failed")),
+            progress_step=_int_or_none(fields.get("progress_step")),
+            total_steps=_int_or_none(fields.get("total_steps")),
+            checkpoint_step=_int_or_none(fields.get("checkpoint_step")),
+            preemptions=_int_or_none(fields.get("preemptions")) or 0,
         )
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    return int(raw) if raw else None
 
 
 def _num(value: float) -> str:

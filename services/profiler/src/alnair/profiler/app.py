@@ -32,6 +32,7 @@ from alnair.common.logs import setup_logging
 from alnair.common.redisconn import redis_client
 from alnair.common.tasks import cancel_all, spawn, until_stopped
 from alnair.profiler.agent.node_agent import Agent
+from alnair.profiler.agent.progress import ProgressReader
 from alnair.profiler.agent.summaries import Spool
 from alnair.profiler.aggregator.aggregator import Aggregator
 from alnair.profiler.api import PROFILE_LISTS, PROFILE_READS, create_app
@@ -112,6 +113,8 @@ class Running:
         await cancel_all(self.tasks)
         if self.aggregator is not None:
             await self.aggregator.close()
+        if self.agent is not None:
+            await self.agent.progress.close()
         close = getattr(self.backend, "close", None)
         if callable(close):
             close()
@@ -183,6 +186,9 @@ async def start_agent(
         kubelet_cgroup_root=settings.kubelet_cgroup_root,
         spool=Spool(settings.state_dir),
         max_pending_summaries=settings.max_pending_summaries,
+        progress=ProgressReader(
+            settings.progress_log_root, frozenset(settings.progress_log_namespaces)
+        ),
     )
     # Summaries a killed agent held: pods still running continue them, the others end at the
     # first sample; pending ones go out as soon as the summary task runs.

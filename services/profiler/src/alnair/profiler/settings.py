@@ -77,6 +77,14 @@ class ProfilerSettings(ServiceSettings):
         description="Gavel throughputs (shipped CSV layout or Gavel's throughputs.json) for the "
         "sim backend's throughput and slowdown; unset: the copy shipped in alnair.common.data",
     )
+    progress_log_namespaces: list[str] = Field(
+        default=[],
+        description="agent: namespaces whose pods' training progress may be read from their "
+        "log files (opt-in per namespace: only pattern matches leave the node)",
+    )
+    progress_log_root: Path = Field(
+        default=Path("/var/log/pods"), description="agent: the kubelet's pod log folder"
+    )
     proc_root: Path = Field(default=Path("/proc"), description="host /proc (nvml agent)")
     cgroup_root: Path = Field(
         default=Path("/sys/fs/cgroup"),

@@ -44,6 +44,7 @@ from alnair.common.records import ANN_THROUGHPUT
 from alnair.common.retry import Backoff
 from alnair.profiler.agent.attribution import pod_shares
 from alnair.profiler.agent.cgroups import CgroupRates, PodCgroupMeter, pod_of_pid
+from alnair.profiler.agent.progress import ProgressReader, ProgressSpec
 from alnair.profiler.agent.summaries import Spool, SummaryBook
 from alnair.profiler.gpu import GpuBackend, HealthSignal, NodeInventory, NodeSample, PodRef
 from alnair.profiler.metrics import ProfilerMetrics
@@ -106,22 +107,25 @@ class PodDirectory:
 
     pods: dict[str, PodRef] = field(default_factory=dict)
     qos: dict[str, str] = field(default_factory=dict)
+    progress: dict[str, ProgressSpec] = field(default_factory=dict)
+    """Where each pod's training progress can be read (`agent.progress`)."""
 
     def upsert(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata", {})
         uid = str(meta.get("uid", ""))
         status = pod.get("status") or {}
         if status.get("phase") in {"Succeeded", "Failed"}:
-            self.pods.pop(uid, None)
-            self.qos.pop(uid, None)
+            self.remove(pod)
             return
         self.pods[uid] = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")), uid)
         self.qos[uid] = str(status.get("qosClass", "BestEffort"))
+        self.progress[uid] = ProgressSpec.of(pod)
 
     def remove(self, pod: Mapping[str, Any]) -> None:
         uid = str(pod.get("metadata", {}).get("uid", ""))
         self.pods.pop(uid, None)
         self.qos.pop(uid, None)
+        self.progress.pop(uid, None)
 
 
 def pod_metrics(
@@ -230,6 +234,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         spool: Spool | None = None,
         max_pending_summaries: int = 10000,
+        progress: ProgressReader | None = None,
     ) -> None:
         self.backend = backend
         self.bus = bus
@@ -240,6 +245,7 @@ class Agent:
         self.proc_root = proc_root
         self.clock = clock
         self.directory = PodDirectory()
+        self.progress = progress or ProgressReader()
         self.meter = PodCgroupMeter(cgroup_root, kubelet_cgroup_root)
         self._kv: KeyValue | None = None
         self._published: dict[str, GpuInventory] = {}
@@ -310,6 +316,18 @@ class Agent:
                         cgroup_paths[found.pod_uid] = found.pod_cgroup_path
         return pids, cgroup_paths
 
+    async def _with_progress(self, metrics: list[PodMetric]) -> list[PodMetric]:
+        """The samples with each pod's training progress, read once per pod."""
+        specs = {
+            m.pod_uid: spec
+            for m in metrics
+            if (spec := self.directory.progress.get(m.pod_uid)) is not None
+        }
+        if not specs:
+            return metrics
+        found = await self.progress.read_all(specs)
+        return [m.with_progress(found.get(m.pod_uid)) for m in metrics]
+
     async def sample_once(self) -> list[PodMetric]:
         """Sample every node, publish the pod metrics, update gauges; returns what was sent."""
         now = self.clock()
@@ -340,6 +358,7 @@ class Agent:
                 if rates is not None:
                     usage[uid] = rates
             metrics = pod_metrics(sample, self.directory.pods, pid_map, usage)
+            metrics = await self._with_progress(metrics)
             alive.update(sample.pods)
             self.summaries.observe(metrics, self._gpu_models)
             for gpu in sample.gpus:

@@ -56,6 +56,7 @@ from alnair.common.kube import (
     Unavailable,
     resource_for,
 )
+from alnair.common.progress import Progress
 from alnair.common.records import ExecutionRecord, Outcome
 from alnair.profiler.aggregator.finalize import Finalizer
 from alnair.profiler.aggregator.owners import OwnerRef, finished, pod_of_summary, resolve_owner
@@ -94,6 +95,9 @@ class Aggregator:
         self._cache_size = cache_size
         self.live_annotation_interval_s = live_annotation_interval_s
         self._annotated_at: dict[str, float] = {}
+        self.progress: dict[str, Progress] = {}
+        """Owner uid -> the furthest training progress its pods reported (while it runs; the
+        owner's annotations keep it across a restart of this process)."""
         self._not_annotatable: set[str] = set()
         self.latest: OrderedDict[tuple[str, str], dict[str, PodMetric]] = OrderedDict()
         self._kv: KeyValue | None = None
@@ -151,7 +155,19 @@ class Aggregator:
         if owner is None:
             return
         await self.store.fold(metric, owner)
-        await self._annotate_live(owner, metric.ts.timestamp())
+        moved_checkpoint = self._fold_progress(owner, metric)
+        await self._annotate_live(owner, metric.ts.timestamp(), now=moved_checkpoint)
+
+    def _fold_progress(self, owner: OwnerRef, metric: PodMetric) -> bool:
+        """Keep the owner's furthest progress; True when its checkpoint moved (written at
+        once: it is what a preemption keeps)."""
+        reported = metric.progress()
+        if reported is None or owner.kind == "Pod":
+            return False
+        before = self.progress.get(owner.uid)
+        after = reported.furthest(before)
+        self.progress[owner.uid] = after
+        return before is None or after.checkpoint != before.checkpoint
 
     async def on_pod_summary(
         self, summary: PodSummary, _envelope: Envelope[PodSummary] | None = None
@@ -191,8 +207,9 @@ class Aggregator:
         if done is not None:
             await self.finalizer.finalize_or_retry(obj, resource, done[0], done[1])
 
-    async def _annotate_live(self, owner: OwnerRef, now: float) -> None:
-        """Keep the running owner's utilization annotations current, at most once per interval.
+    async def _annotate_live(self, owner: OwnerRef, ts: float, *, now: bool = False) -> None:
+        """Keep the running owner's utilization and progress annotations current, at most once
+        per interval (`now`: at once, a new checkpoint).
 
         Driven by arriving samples, not a timer: an owner whose pods stopped reporting is not
         touched again until it finishes, when `finalize` writes the final numbers.
@@ -201,13 +218,17 @@ class Aggregator:
         if interval <= 0 or owner.kind == "Pod" or owner.uid in self._not_annotatable:
             return
         last = self._annotated_at.get(owner.uid)
-        if last is not None and now - last < interval:
+        if last is not None and ts - last < interval and not now:
             return
-        self._annotated_at[owner.uid] = now
+        self._annotated_at[owner.uid] = ts
         if await self.store.is_done(owner.uid):
             return
         profile, _ = await self.store.owner_profile(owner.uid)
-        patch = {"metadata": {"annotations": owner_annotations(profile)}}
+        annotations = owner_annotations(profile)
+        progress = self.progress.get(owner.uid)
+        if progress is not None:
+            annotations.update(progress.annotations())
+        patch = {"metadata": {"annotations": annotations}}
         resource = resource_for(owner.api_version, owner.kind)
         try:
             await self.kube.patch(resource, owner.name, patch, owner.namespace)
@@ -224,6 +245,7 @@ class Aggregator:
         """A recorded owner: nothing of it stays in memory."""
         self._annotated_at.pop(owner_uid, None)
         self._not_annotatable.discard(owner_uid)
+        self.progress.pop(owner_uid, None)
         for pod_key, by_gpu in list(self.latest.items()):
             if any(m.pod_uid in pod_uids for m in by_gpu.values()):
                 self.metrics.forget_pod(*pod_key)

@@ -35,6 +35,7 @@ from alnair.common.bus import Bus
 from alnair.common.errors import TemporaryError
 from alnair.common.events import JobEvent, JobPhase
 from alnair.common.kube import PODS, KubeClient, NotFound, Resource
+from alnair.common.progress import ANN_PREEMPTIONS, from_annotations
 from alnair.common.records import ANN_STEPS, ANN_THROUGHPUT, ExecutionRecord, Outcome, record_key
 from alnair.common.retry import Backoff
 from alnair.common.tasks import cancel_all, in_flight
@@ -290,6 +291,7 @@ class Finalizer:
             peak_gpu_mem_mib=profile.get("gpu_mem_used_mib").max,
             mean_gpu_util_pct=profile.get("gpu_util_pct").mean,
             outcome=outcome,
+            **progress_fields(obj),
         )
         return record, annotations
 
@@ -328,6 +330,7 @@ class Finalizer:
             steps=int(steps) if steps is not None else None,
             throughput_steps_per_s=steps / duration if steps is not None and duration else None,
             outcome=outcome,
+            **progress_fields(obj),
         )
 
     async def progress(
@@ -362,3 +365,20 @@ class Finalizer:
         if rate is not None:
             return int(rate * duration_s), rate
         return None, None
+
+
+def progress_fields(owner: Mapping[str, Any]) -> dict[str, int | None]:
+    """How far the job got and how often the queue stopped it, from the annotations the
+    aggregator and the dispatcher keep on it (`alnair.common.progress`)."""
+    ann = (owner.get("metadata") or {}).get("annotations") or {}
+    progress = from_annotations(ann)
+    try:
+        preemptions = max(0, int(ann.get(ANN_PREEMPTIONS, "0") or 0))
+    except ValueError:
+        preemptions = 0
+    return {
+        "progress_step": progress.step if progress else None,
+        "total_steps": progress.total if progress else None,
+        "checkpoint_step": progress.checkpoint if progress else None,
+        "preemptions": preemptions,
+    }

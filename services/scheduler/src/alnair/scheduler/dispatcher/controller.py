@@ -43,6 +43,7 @@ from alnair.common.kube import (
     Obj,
     Resource,
 )
+from alnair.common.progress import ANN_PREEMPTIONS
 from alnair.scheduler.dispatcher import kueue_queues as kq
 from alnair.scheduler.dispatcher.core import (
     QueueCore,
@@ -56,7 +57,6 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_AT,
     ANN_BORROWING,
     ANN_FLAVORS,
-    ANN_PREEMPTIONS,
     ANN_STOPPING,
     GPU,
     LABEL_TRIAL_FOR,
@@ -72,6 +72,7 @@ from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
     PredictorClient,
 )
+from alnair.scheduler.dispatcher.progressing import planned_progress, remaining
 from alnair.scheduler.dispatcher.queue_status import (
     EMPTY_LOCAL_QUEUE,
     cluster_queue_statuses,
@@ -318,17 +319,23 @@ class Dispatcher(QueueCore):
         if wl.request.memory_mib_per_pod is not None and peak is not None:
             # A fractional pod may use only what it asked for: its peak must fit its share.
             peak = peak if peak > wl.request.memory_mib_per_pod else None
+        whole = dict(prediction.runtime) if prediction else {}
+        # How far it got: a resumed job is planned with what its checkpoint left, and a stop
+        # costs the steps since that checkpoint too (`progressing`).
+        running_on = state.admitted_type
+        progress = planned_progress(wl.annotations, whole, running_on)
+        state.progress = progress
         return JobSpec(
             id=wl.key,
             queue=cq,
             gpus=wl.request.gpus,
             arrival_s=arrival_s,
-            runtime=dict(prediction.runtime) if prediction else {},
+            runtime=remaining(whole, progress.kept),
             team=wl.namespace,
             gpu_model=wl.gpu_model,
             priority=self._priority(wl),
             peak_memory_mib=peak,
-            restart_cost_s=wl.restart_cost_s,
+            restart_cost_s=wl.restart_cost_s + progress.lost_s,
             preemptions=_preemption_count(wl),
             waited_s=max(0.0, until_s - arrival_s - ran_s(wl)),
         )
@@ -790,6 +797,14 @@ class Dispatcher(QueueCore):
                 self.metrics.wait_seconds.labels(job.queue).observe(
                     max(0.0, snapshot.now_s - job.arrival_s)
                 )
+        for run in snapshot.running:
+            state = self.states.get(run.job.id)
+            wl = workloads.get(run.job.id)
+            note = decisions.notes.get(run.job.id)
+            if state is not None and wl is not None and note != state.note:
+                state.note = note
+                if note is not None:
+                    await self.writer.event(wl.ref(), "MoveSkipped", note)
         reservations = {r.job_id: r for r in decisions.reservations}
         order = sorted(snapshot.pending, key=lambda j: (-j.priority, j.arrival_s, j.id))
         positions: Counter[str] = Counter()

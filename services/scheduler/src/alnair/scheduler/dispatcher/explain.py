@@ -57,6 +57,16 @@ def explanation(
             else None
         ),
         "prediction_error": state.prediction_error,
+        "progress": state.progress.describe() if state.progress else None,
+        "plan": state.note if status == "admitted" else None,
+        "remaining_s": (
+            {
+                t: round(e.expected_s * (1 - state.progress.kept), 1)
+                for t, e in prediction.runtime.items()
+            }
+            if prediction and state.progress and state.progress.reported
+            else None
+        ),
         "annotations": {
             k: v
             for k, v in (obj["metadata"].get("annotations") or {}).items()

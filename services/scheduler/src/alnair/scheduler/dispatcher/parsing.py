@@ -67,7 +67,6 @@ ANN_BORROWING = "alnair.io/borrowing"
 ANN_STOPPING = "alnair.io/stopping"
 """Set (never written: read from a Kueue Workload's status) on an admitted workload told to
 stop whose reservation is not given back yet."""
-ANN_PREEMPTIONS = "alnair.io/preemptions"
 ANN_RAN = "alnair.io/ran-s"
 """Seconds a preempted job ran before, summed over its preempted runs."""
 ANN_RESTART_COST = "alnair.io/restart-cost-s"

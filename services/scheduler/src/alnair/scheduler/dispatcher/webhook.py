@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from alnair.common.http import install_problem_handlers, problem
+from alnair.common.progress import ANN_PREEMPTIONS
 from alnair.scheduler.dispatcher.kinds import KINDS, member_pod
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.parsing import (
@@ -33,7 +34,6 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_TYPE,
     ANN_BORROWING,
     ANN_PODS_READY_AT,
-    ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_RAN,
     ANN_REQUEUE_AT,

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from alnair.common.bus import Bus
 from alnair.common.events import JobPhase, ScaleEvent, ScalePhase
 from alnair.common.kube import JOBS, PODS, ApiError, Conflict, KubeClient, NotFound, Obj
+from alnair.common.progress import ANN_PREEMPTIONS, from_annotations
 from alnair.scheduler.dispatcher.core import WorkloadState, resource_version
 from alnair.scheduler.dispatcher.kinds import KINDS
 from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
@@ -34,7 +35,6 @@ from alnair.scheduler.dispatcher.parsing import (
     ANN_BORROWING,
     ANN_FLAVORS,
     ANN_PODS_READY_AT,
-    ANN_PREEMPTIONS,
     ANN_QUEUE_STATE,
     ANN_RAN,
     ANN_SELECTED_TYPE,
@@ -43,6 +43,7 @@ from alnair.scheduler.dispatcher.parsing import (
     Workload,
     gated,
 )
+from alnair.scheduler.dispatcher.progressing import ANN_RESUMED_STEP, PlannedProgress
 from alnair.scheduler.dispatcher.serving import ADMISSION_RECORD, ServingPods
 from alnair.scheduler.dispatcher.workload_kind import ungated_spec
 from alnair.scheduler.queueing import JobSpec
@@ -66,6 +67,10 @@ class JobState(WorkloadState):
     invalid: str | None = None
     refused: str | None = None
     """The last refusal said in an Event (said again only when it changes)."""
+    progress: PlannedProgress | None = None
+    """How far it got, as last planned with (`progressing`)."""
+    note: str | None = None
+    """Why the plan left this running job where it is (a move not worth its restart)."""
 
 
 class PostEvent(Protocol):
@@ -144,6 +149,10 @@ class WorkloadWriter:
             ANN_BORROWING: "true" if borrowing else "false",
             ANN_QUEUE_STATE: "admitted",
         }
+        reported = from_annotations(wl.annotations)
+        if reported is not None:
+            # This run starts from the last checkpoint: what it has left is fixed now.
+            annotations[ANN_RESUMED_STEP] = str(reported.checkpoint or 0)
         if flavors:
             annotations[ANN_FLAVORS] = json.dumps(
                 {r: f for r, f in flavors.items() if r != GPU}, sort_keys=True
@@ -154,6 +163,8 @@ class WorkloadWriter:
         }
         estimate = job.runtime.get(gpu_type)
         runtime = f"; predicted runtime {estimate.expected_s:.0f} s" if estimate else ""
+        if estimate and reported is not None and reported.checkpoint and reported.total:
+            runtime += f" (resumes at step {reported.checkpoint} of {reported.total})"
         where = f"{job.gpus} x {gpu_type}" + (" (borrowed quota)" if borrowing else "")
         message = f"admitted by ClusterQueue {job.queue} on {where}{runtime}"
         writes = KINDS[wl.kind].status_writes

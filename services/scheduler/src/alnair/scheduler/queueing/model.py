@@ -311,3 +311,6 @@ class Decisions:
     preemptions: tuple[Preemption, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     waiting: Mapping[str, WaitReason] = field(default_factory=dict)
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Running jobs the plan considered moving and did not, with why (a move skipped because
+    its gain is below the restart cost plus the progress since the last checkpoint)."""

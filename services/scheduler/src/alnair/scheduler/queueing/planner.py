@@ -138,6 +138,8 @@ class _Replan:
         self.blocked: dict[str, WaitReason] = {}
         self.reservations: list[Reservation] = []
         self.penalty = self._penalties(policy, snapshot)
+        self.skipped_moves: dict[str, tuple[float, str]] = {}
+        """Running job -> (predicted time left after the best move not taken, why)."""
         for run in snapshot.running:
             if run.gpu_type in self.releases:
                 self.releases[run.gpu_type].append((run.expected_end_s(self.now), run.gpus))
@@ -217,7 +219,21 @@ class _Replan:
                 moved = fraction * self.runtime(job, t) + job.restart_cost_s
                 if moved <= self.policy.migrate_gain * left:
                     out.append((moved, t))
+                elif moved - job.restart_cost_s < left:
+                    self._skipped(job, current, t, left, moved)
         return out
+
+    def _skipped(self, job: JobSpec, current: str, to: str, left: float, moved: float) -> None:
+        """Remember the most promising move that was faster there but not worth a restart."""
+        best = self.skipped_moves.get(job.id)
+        if best is not None and best[0] <= moved:
+            return
+        self.skipped_moves[job.id] = (
+            moved,
+            f"stays on {current}: a move to {to} would leave {moved:.0f} s, the restart and "
+            f"the work since its last checkpoint ({job.restart_cost_s:.0f} s) included, against "
+            f"{left:.0f} s here; a move must cut that to {self.policy.migrate_gain:.0%}",
+        )
 
     def _ends_by(self, upper_s: float, at_s: float) -> bool:
         """A job started now is predicted (upper bound) to end by `at_s`; a job of unknown
@@ -537,11 +553,13 @@ class Alnair:
             waiting[job.id] = self._reason(plan, real, item)
             if item.penalty > 0 and waiting[job.id].kind == "capacity":
                 waiting[job.id] = self._fair_share(plan, order, item) or waiting[job.id]
+        stopped = {p.job_id for p in preemptions}
         return Decisions(
             admissions=tuple(real.admissions),
             preemptions=tuple(preemptions),
             reservations=tuple(plan.reservations),
             waiting=waiting,
+            notes={j: why for j, (_, why) in plan.skipped_moves.items() if j not in stopped},
         )
 
     @staticmethod
