@@ -529,3 +529,25 @@ def test_an_owner_reclaims_lent_quota_whether_or_not_gpus_are_free(total: int, f
     decisions = queue_policy("alnair").decide(snapshot)
     assert [p.job_id for p in decisions.preemptions] == ["ns/db"]
     assert decisions.waiting["ns/l1"].kind == "capacity"
+
+
+@pytest.mark.parametrize("restart_s, moves", [(10.0, True), (300.0, False)])
+def test_a_move_that_the_restart_and_lost_progress_outweigh_is_skipped_and_said(
+    restart_s: float, moves: bool
+) -> None:
+    """Issue 27: a running job moves to a faster type only when the predicted gain beats the
+    restart cost plus the work since its last checkpoint (the dispatcher adds that to
+    `restart_cost_s`); a move skipped for it is explained."""
+    job = replace(Job("slow").runs(k80=1000, v100=300).obj(), restart_cost_s=restart_s)
+    run = RunningJob(job, "k80", start_s=0.0)
+    decisions = queue_policy("alnair").decide(
+        snapshot([], free={"k80": 0, "v100": 1}, total={"k80": 1, "v100": 1}, running=[run],
+                 now=500.0)  # fmt: skip
+    )
+    assert [p.job_id for p in decisions.preemptions] == (["slow"] if moves else [])
+    if moves:
+        assert "slow" not in decisions.notes
+    else:
+        note = decisions.notes["slow"]
+        assert note.startswith("stays on k80: a move to v100 would leave 450 s"), note
+        assert "(300 s) included, against 500 s here" in note

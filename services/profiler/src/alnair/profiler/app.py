@@ -273,6 +273,7 @@ async def _feed_sim(
 
     async def on_pod(kind: str, obj: dict[str, Any]) -> None:
         agent.summaries.pod_changed(obj, deleted=kind == "DELETED")
+        agent.directory.track_progress(obj, deleted=kind == "DELETED")
         if kind == "DELETED":
             sim.remove_pod(str(obj.get("metadata", {}).get("uid", "")))
         else:

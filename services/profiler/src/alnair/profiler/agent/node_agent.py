@@ -121,6 +121,14 @@ class PodDirectory:
         self.qos[uid] = str(status.get("qosClass", "BestEffort"))
         self.progress[uid] = ProgressSpec.of(pod)
 
+    def track_progress(self, pod: Mapping[str, Any], *, deleted: bool) -> None:
+        """Only where the pod's progress can be read (the sim backend knows its pods)."""
+        uid = str(pod.get("metadata", {}).get("uid", ""))
+        if deleted:
+            self.progress.pop(uid, None)
+        else:
+            self.progress[uid] = ProgressSpec.of(pod)
+
     def remove(self, pod: Mapping[str, Any]) -> None:
         uid = str(pod.get("metadata", {}).get("uid", ""))
         self.pods.pop(uid, None)
