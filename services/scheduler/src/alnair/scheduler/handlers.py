@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from alnair.common import colocation
 from alnair.common.bus import Bus
 from alnair.common.delivery import Subscription
-from alnair.common.errors import InvalidValueError
 from alnair.common.events import (
     DecodeError,
     Envelope,
@@ -31,6 +29,7 @@ from alnair.common.events import (
     subject_token,
 )
 from alnair.scheduler.live.scheduler import Scheduler
+from alnair.scheduler.tables import follow_table
 
 log = logging.getLogger(__name__)
 
@@ -105,26 +104,5 @@ async def watch_inventory(bus: Bus, scheduler: Scheduler) -> None:
 
 
 async def watch_colocation(bus: Bus, scheduler: Scheduler) -> None:
-    """Follow the predictor's co-location table until cancelled. A table that does not parse
-    is logged and ignored: the one in force stays."""
-    kv = await bus.kv(colocation.BUCKET)
-    watcher = await kv.watch(colocation.KEY)
-    try:
-        async for entry in watcher:
-            if entry is None:
-                continue  # the end-of-history marker
-            if not entry.value:
-                scheduler.on_colocation(None)
-                continue
-            try:
-                table = colocation.ColocationTable.decode(entry.value)
-            except InvalidValueError as exc:
-                log.error("co-location table refused", extra={"error": str(exc)})
-                continue
-            log.info(
-                "co-location table",
-                extra={"model_version": table.model_version, "workloads": len(table.jobs)},
-            )
-            scheduler.on_colocation(table)
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+    """Follow the predictor's co-location table until cancelled (`alnair.scheduler.tables`)."""
+    await follow_table(bus, scheduler.on_colocation)

@@ -36,6 +36,7 @@ from alnair.scheduler.dispatcher.predictions import PredictorClient
 from alnair.scheduler.dispatcher.query_api import QUERY_API, add_query_routes
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.dispatcher.webhook import build_webhook_api
+from alnair.scheduler.tables import follow_table
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Running:
         elector: LeaderElector | None = None,
         campaign: asyncio.Task[Any] | None = None,
         watches: asyncio.Task[Any] | None = None,
+        tables: asyncio.Task[Any] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.kube = kube
@@ -78,6 +80,8 @@ class Running:
         self.campaign = campaign
         self.watches = watches
         """Ends when one of the dispatcher's informers died."""
+        self.tables = tables
+        """Follows the predictor's co-location table (`alnair.scheduler.tables`)."""
 
     @property
     def url(self) -> str:
@@ -89,7 +93,8 @@ class Running:
         webhook = self.webhook.tasks if self.webhook else set()
         campaign = {self.campaign} if self.campaign else set()  # it ends: leadership lost
         watches = {self.watches} if self.watches else set()  # it ends: an informer died
-        return {self.loop, self.http, *webhook, *campaign, *watches}
+        tables = {self.tables} if self.tables else set()  # it ends: the KV watch failed
+        return {self.loop, self.http, *webhook, *campaign, *watches, *tables}
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -98,6 +103,9 @@ class Running:
         self.loop.cancel()
         if self.watches is not None:
             self.watches.cancel()
+        if self.tables is not None:
+            self.tables.cancel()
+            await asyncio.gather(self.tables, return_exceptions=True)
         if self.campaign is not None:
             self.campaign.cancel()
         await asyncio.gather(self.loop, self.http, return_exceptions=True)
@@ -155,8 +163,11 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         objects={k.resource.plural: (k.resource.group, k.resource.plural) for k in KINDS.values()},
     )  # fmt: skip
     await dispatcher.start_watching()
+    tables = None
     if bus is not None:
         await subscribe_retrains(bus, dispatcher, durable="dispatcher")
+        if isinstance(dispatcher, Dispatcher):
+            tables = spawn(follow_table(bus, dispatcher.on_colocation), name="dispatcher.tables")
     server, http = await start_http(
         api, settings.http_host, settings.http_port, name="dispatcher.http"
     )
@@ -172,7 +183,9 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         campaign = spawn(elector.run(), name="dispatcher.leader")
     loop = spawn(_lead(dispatcher, elector), name="dispatcher.loop")
     watches = spawn(dispatcher.watch_died.wait(), name="dispatcher.watches")
-    return Running(dispatcher, kube, bus, loop, http, server, webhook, elector, campaign, watches)
+    return Running(
+        dispatcher, kube, bus, loop, http, server, webhook, elector, campaign, watches, tables
+    )
 
 
 async def _lead(dispatcher: Dispatcher | Hub, elector: LeaderElector | None) -> None:

@@ -29,6 +29,7 @@ from typing import Any, get_args
 
 from alnair.common import resources as res
 from alnair.common.bus import Bus
+from alnair.common.colocation import ColocationTable, workload_key
 from alnair.common.errors import InvalidValueError
 from alnair.common.events import JobPhase
 from alnair.common.informer import Informer, WatchEvent
@@ -81,6 +82,7 @@ from alnair.scheduler.dispatcher.queue_status import (
 from alnair.scheduler.dispatcher.resource_quota import NamespaceQuotas, asked_of_queue
 from alnair.scheduler.dispatcher.serving import ServingPods
 from alnair.scheduler.dispatcher.settings import DispatcherSettings
+from alnair.scheduler.dispatcher.sharing import Fraction, SharedGpu, likely_sharing, pack
 from alnair.scheduler.dispatcher.trials import ColdStart
 from alnair.scheduler.dispatcher.workload_kind import WorkloadKind
 from alnair.scheduler.dispatcher.writing import (
@@ -97,6 +99,7 @@ from alnair.scheduler.queueing import (
     QueuePolicy,
     QueueSnapshot,
     RunningJob,
+    RuntimeEstimate,
     WaitKind,
     WaitReason,
     queue_policy,
@@ -193,6 +196,11 @@ class Dispatcher(QueueCore):
         self.quotas = NamespaceQuotas(kube)
         watching.append(self.quotas.informer)
         self.workloads: dict[str, Workload] = {}
+        self.colocation: ColocationTable | None = None
+        """The predictor's co-location table (`on_colocation`; None: none published yet)."""
+        self._shared: dict[str, list[SharedGpu]] = {}
+        """GPU model -> its GPUs shared by running fractions, as planned (`sharing`)."""
+        self._gpu_memory: dict[str, float] = {}
         self.queue_report: dict[str, dict[str, Any]] = {}
         """Each ClusterQueue's status as the last reconcile counted it (`queue_status.py`)."""
         self.states: dict[str, JobState] = {}
@@ -296,8 +304,28 @@ class Dispatcher(QueueCore):
             known = gpus.memory_mib or float(res.GPU_MODEL_MEMORY_MIB.get(gpus.model, 0))
             memory[gpus.model] = min(memory.get(gpus.model, known), known) if known else 0.0
         used: Counter[str] = Counter(outside)
+        fractions: dict[str, list[Fraction]] = {}
         for run in running:
+            wl = self.workloads.get(run.job.id)
+            if wl is not None and wl.request.memory_mib_per_pod is not None:
+                work = _workload_of(wl)
+                fractions.setdefault(run.gpu_type, []).extend(
+                    Fraction(f"{wl.key}#{i}", work, wl.request.memory_mib_per_pod)
+                    for i in range(wl.request.pods)
+                )
+                continue
             used[run.gpu_type] += run.gpus
+        # Running fractions take the GPUs they pack into, never two predicted past the cap
+        # together (`sharing`).
+        cap = self.settings.max_colocation_slowdown
+        self._gpu_memory = {m: memory.get(m) or float("inf") for m in totals}
+        self._shared = {
+            model: pack(found, self._gpu_memory.get(model, float("inf")), self.colocation,
+                        model, cap)
+            for model, found in fractions.items()
+        }  # fmt: skip
+        for model, shared in self._shared.items():
+            used[model] += len(shared)
         for model in totals:
             self.metrics.outside_gpus.labels(model).set(outside[model])
         return {
@@ -325,12 +353,15 @@ class Dispatcher(QueueCore):
         running_on = state.admitted_type
         progress = planned_progress(wl.annotations, whole, running_on)
         state.progress = progress
+        runtime = remaining(whole, progress.kept)
+        if running_on is None and wl.request.memory_mib_per_pod is not None:
+            runtime = self._shared_runtime(wl, state, runtime)
         return JobSpec(
             id=wl.key,
             queue=cq,
             gpus=wl.request.gpus,
             arrival_s=arrival_s,
-            runtime=remaining(whole, progress.kept),
+            runtime=runtime,
             team=wl.namespace,
             gpu_model=wl.gpu_model,
             priority=self._priority(wl),
@@ -339,6 +370,33 @@ class Dispatcher(QueueCore):
             preemptions=_preemption_count(wl),
             waited_s=max(0.0, until_s - arrival_s - ran_s(wl)),
         )
+
+    def _shared_runtime(
+        self, wl: Workload, state: JobState, runtime: dict[str, RuntimeEstimate]
+    ) -> dict[str, RuntimeEstimate]:
+        """A waiting fraction's runtimes as it will most likely run: beside the running
+        fractions it may join, slowed as the table predicts (`sharing`)."""
+        assert wl.request.memory_mib_per_pod is not None
+        new = Fraction(wl.key, _workload_of(wl), wl.request.memory_mib_per_pod)
+        cap = self.settings.max_colocation_slowdown
+        state.sharing = {}
+        out = dict(runtime)
+        for model, estimate in runtime.items():
+            found = likely_sharing(
+                new, self._shared.get(model, []), self._gpu_memory.get(model, float("inf")),
+                self.colocation, model, cap,
+            )  # fmt: skip
+            state.sharing[model] = found
+            if found is not None and found.slowdown > 1.0:
+                out[model] = RuntimeEstimate(
+                    estimate.expected_s * found.slowdown, estimate.upper_s * found.slowdown
+                )
+        return out
+
+    def on_colocation(self, table: ColocationTable | None) -> None:
+        """A new co-location table (a retrained predictor): plan again with it."""
+        self.colocation = table
+        self.wake()
 
     async def reconcile(self) -> None:
         """One pass over every queue. The explanations it writes (Events, wait reasons) go
@@ -963,6 +1021,10 @@ class Dispatcher(QueueCore):
 
     def describe_queues(self) -> list[dict[str, Any]]:
         return queue_descriptions(self.cluster_queues.values(), self.queues)
+
+
+def _workload_of(wl: Workload) -> str:
+    return workload_key(wl.features.get("model_name"), wl.features.get("batch_size"))
 
 
 def _preemption_count(wl: Workload) -> int:

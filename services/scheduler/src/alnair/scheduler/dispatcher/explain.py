@@ -59,6 +59,11 @@ def explanation(
         "prediction_error": state.prediction_error,
         "progress": state.progress.describe() if state.progress else None,
         "plan": state.note if status == "admitted" else None,
+        "sharing": (
+            {m: (found.describe() if found else "alone") for m, found in state.sharing.items()}
+            if state.sharing is not None
+            else None
+        ),
         "remaining_s": (
             {
                 t: round(e.expected_s * (1 - state.progress.kept), 1)

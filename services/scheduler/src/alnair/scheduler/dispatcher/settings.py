@@ -67,6 +67,12 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
         default=None,
         description="label selector of the GPU nodes this dispatcher admits onto (unset: all)",
     )
+    max_colocation_slowdown: float = Field(
+        default=2.5,
+        gt=1,
+        description="fractional workloads are planned together on one GPU only when the "
+        "predictor's co-location table says none runs this many times slower (as the binder)",
+    )
     default_restart_cost_s: float = Field(
         default=60.0,
         ge=0,

@@ -45,6 +45,7 @@ from alnair.scheduler.dispatcher.parsing import (
 )
 from alnair.scheduler.dispatcher.progressing import ANN_RESUMED_STEP, PlannedProgress
 from alnair.scheduler.dispatcher.serving import ADMISSION_RECORD, ServingPods
+from alnair.scheduler.dispatcher.sharing import Sharing
 from alnair.scheduler.dispatcher.workload_kind import ungated_spec
 from alnair.scheduler.queueing import JobSpec
 
@@ -69,6 +70,9 @@ class JobState(WorkloadState):
     """The last refusal said in an Event (said again only when it changes)."""
     progress: PlannedProgress | None = None
     """How far it got, as last planned with (`progressing`)."""
+    sharing: dict[str, Sharing | None] | None = None
+    """A waiting fraction, per GPU model: the shared GPU it would most likely join (None:
+    alone), whose slowdown its planned runtime includes (`sharing`)."""
     note: str | None = None
     """Why the plan left this running job where it is (a move not worth its restart)."""
 
