@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-python setup-native setup-control-plane setup-node setup-peers setup-browser test test-unit test-integration test-e2e \
-        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-console bench-multicluster bench-elastic bench-elastic-flap chaos soak schema sbom clean
+        lint fmt demo up down status dev-up dev-down bench bench-placement bench-scheduler bench-predictor bench-queue bench-dispatcher bench-console bench-multicluster bench-colocation bench-elastic bench-elastic-flap chaos soak schema sbom clean
 
 setup: setup-python setup-native setup-control-plane setup-node setup-peers setup-browser ## install everything the tests and the demo need
 
@@ -110,6 +110,9 @@ bench-predictor: setup-python ## where the predictor's held-out error comes from
 
 bench-queue: setup-python ## queueing policies over Gavel's Philly arrivals, beside Gavel's own figures (JSON; QUEUE_BENCH_ARGS=--limit N: a smoke run)
 	@$(BIN)/python bench/job_queue.py $(QUEUE_BENCH_ARGS)
+
+bench-colocation: setup-python ## interference-aware sharing vs FGD, binpack, alnair, random over time on Gavel's pairs (JSON; COLOCATION_BENCH_ARGS)
+	@$(BIN)/python bench/colocation.py $(COLOCATION_BENCH_ARGS)
 
 bench-dispatcher: setup-python setup-control-plane ## the dispatcher beside Kueue on Kueue's scheduler performance test, baseline config (JSON; DISPATCHER_BENCH_ARGS)
 	@bash hack/build-peers.sh

@@ -56,6 +56,14 @@ def test_bench_queue() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_bench_colocation() -> None:
+    report = make("bench-colocation", 110, COLOCATION_BENCH_ARGS="--seeds 1 --jobs 60")
+    assert report["benchmark"] == "colocation" and report["trace"]["jobs"] == 60
+    policies = set(report["summary"])
+    assert policies == {"alnair+interference", "alnair", "FGD", "binpack", "Random"}
+    assert all(r["finished"] == 60 for r in report["runs"]), report["runs"]
+
+
 def test_bench_multicluster() -> None:
     report = make("bench-multicluster", 110, MULTICLUSTER_BENCH_ARGS="--limit 60 --noise-seeds 1")
     assert report["benchmark"] == "multicluster" and report["jobs"] == 60

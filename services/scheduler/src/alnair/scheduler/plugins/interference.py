@@ -13,8 +13,9 @@ fractional pod joining a GPU that already holds other fractions:
   is at or past `max_util_pct` takes no further sharer.
 
 `Interference` is a Filter (a node passes when at least one GPU that fits the pod is not
-refused), a Score (the node's best acceptable GPU by predicted cost: the new pod's excess
-slowdown plus what it adds to each pod already there; an empty GPU costs nothing) and, through
+refused), a Score (the node's best acceptable shared GPU by predicted cost: the new pod's
+excess slowdown plus what it adds to each pod already there; a node offering only idle GPUs
+scores as the best share, so packing against spreading stays the policy's call) and, through
 `InterferenceAwareGpus`, the GPU choice: the policy's own pick when it is acceptable, else the
 acceptable GPU of least cost. The simulator registers the same plugin with a table of its own.
 """
@@ -156,14 +157,23 @@ class Interference:
     ) -> FloatArray:
         shared = {n for n, _g in snapshot.sharers}
         scale = max(self.max_slowdown - 1.0, 1e-6)
-        scores: FloatArray = np.full(nodes.size, 100.0)
+        scores: FloatArray = np.full(nodes.size, np.nan)
         for i, n in enumerate(nodes.tolist()):
             if n not in shared:
                 continue
-            costs = [j.cost for j in self._judged(pod, snapshot, state, n) if j.refused is None]
+            costs = [
+                j.cost
+                for j in self._judged(pod, snapshot, state, n)
+                if j.refused is None and (n, j.gpu) in snapshot.sharers
+            ]
             if costs:
                 scores[i] = 100.0 * max(0.0, 1.0 - min(costs) / scale)
-        return scores
+        # Only sharing is ranked here: a node offering an idle GPU scores as the best share,
+        # so whether to pack or to spread stays the policy's choice (scoring idle GPUs higher
+        # spread fractions and left whole-GPU jobs without a GPU in the benchmark).
+        best = float(np.nanmax(scores)) if np.isfinite(scores).any() else 100.0
+        out: FloatArray = np.where(np.isnan(scores), best, scores)
+        return out
 
     def choose(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, n: int, picked: int
