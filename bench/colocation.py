@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fractional_share": 0.7,
             "median_alone_v100_s": 1200,
             "seeds": args.seeds,
-        },  # fmt: skip
+        },
         "summary": summary,
         "verdict": {
             "lowest_avg_jct": best,

@@ -531,7 +531,7 @@ def test_an_owner_reclaims_lent_quota_whether_or_not_gpus_are_free(total: int, f
     assert decisions.waiting["ns/l1"].kind == "capacity"
 
 
-@pytest.mark.parametrize("restart_s, moves", [(10.0, True), (300.0, False)])
+@pytest.mark.parametrize(("restart_s", "moves"), [(10.0, True), (300.0, False)])
 def test_a_move_that_the_restart_and_lost_progress_outweigh_is_skipped_and_said(
     restart_s: float, moves: bool
 ) -> None:
@@ -541,8 +541,9 @@ def test_a_move_that_the_restart_and_lost_progress_outweigh_is_skipped_and_said(
     job = replace(Job("slow").runs(k80=1000, v100=300).obj(), restart_cost_s=restart_s)
     run = RunningJob(job, "k80", start_s=0.0)
     decisions = queue_policy("alnair").decide(
-        snapshot([], free={"k80": 0, "v100": 1}, total={"k80": 1, "v100": 1}, running=[run],
-                 now=500.0)  # fmt: skip
+        snapshot(
+            [], free={"k80": 0, "v100": 1}, total={"k80": 1, "v100": 1}, running=[run], now=500.0
+        )
     )
     assert [p.job_id for p in decisions.preemptions] == (["slow"] if moves else [])
     if moves:
