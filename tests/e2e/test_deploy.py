@@ -238,6 +238,23 @@ EXPECTATIONS = [
         ],
     ),
     Expectation(
+        "alnair-http-certs",
+        allowed=[
+            Access("create", "secrets", namespace=NS),
+            Access("get", "secrets", namespace=NS, name="alnair-predictor-http-tls"),
+            Access("update", "secrets", namespace=NS, name="alnair-scheduler-http-tls"),
+        ],
+        denied=[
+            Access("get", "secrets", namespace=NS, name="alnair-nats-users"),
+            Access("update", "secrets", namespace=NS, name=WEBHOOK_SECRET),
+            Access("update", "secrets", namespace=NS, name="alnair-nats-tls"),
+            Access("delete", "secrets", namespace=NS, name="alnair-predictor-http-tls"),
+            Access("list", "secrets", namespace=NS),
+            Access("create", "secrets", namespace="team-a"),
+            Access("create", "configmaps", namespace=NS),
+        ],
+    ),
+    Expectation(
         "alnair-dispatcher-certs",
         allowed=[
             Access("create", "secrets", namespace=NS),
@@ -520,6 +537,7 @@ async def test_production_overlay_applies_and_each_account_has_exactly_what_it_n
                 "alnair-dispatcher": 1,
                 "alnair-dispatcher-certs": 1,  # the webhook certificate's Job
                 "alnair-nats-certs": 1,  # the NATS servers' certificate's Job
+                "alnair-http-certs": 1,  # the services' HTTPS certificates' Job
                 "alnair-elastic": 1,
                 "alnair-profiler-aggregator": 1,
                 "alnair-profiler-agent": 1,
@@ -630,6 +648,16 @@ async def real_requests(
         again = await ensure(limited, **kw)  # type: ignore[arg-type]
         assert not again.issued and again.ca_pem == first.ca_pem
         await forbidden(limited.get(SECRETS, "alnair-nats-users", NS))
+    elif account == "alnair-http-certs":
+        # What its Job does for one service, with its own token: the certificate issued into
+        # that service's Secret; run again, kept. The NATS key is out of its reach.
+        hosts = ["alnair-predictor.alnair-system.svc"]
+        kw = {"namespace": NS, "secret": "alnair-predictor-http-tls", "hosts": hosts}
+        first = await ensure(limited, **kw)  # type: ignore[arg-type]
+        assert first.issued
+        again = await ensure(limited, **kw)  # type: ignore[arg-type]
+        assert not again.issued and again.ca_pem == first.ca_pem
+        await forbidden(limited.get(SECRETS, "alnair-nats-tls", NS))
     elif account == "alnair-dispatcher-certs":
         # Its one Secret: not there (the Job's pod never runs here), which it may ask.
         with pytest.raises(ApiError) as missing:

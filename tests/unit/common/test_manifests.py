@@ -468,6 +468,14 @@ def test_rbac_grants_no_secrets_no_wildcard_verbs_and_nothing_cluster_wide_in_co
                         rule.get("resourceNames") == [WEBHOOK_SECRET, QUERY_SECRET]
                         and set(rule["verbs"]) <= {"get", "update"}
                     ), f"{name}: {rule}"
+                elif "secrets" in rule["resources"] and name == "alnair-http-certs":
+                    # The services' HTTPS certificates' Job: creates their Secrets, reads and
+                    # replaces those only, one per workload; never lists.
+                    assert kind == "Role" and role["metadata"]["namespace"] == "alnair-system"
+                    assert rule["verbs"] == ["create"] or (
+                        all(n.endswith("-http-tls") for n in rule.get("resourceNames", ["x"]))
+                        and set(rule["verbs"]) <= {"get", "update"}
+                    ), f"{name}: {rule}"
                 elif "secrets" in rule["resources"]:
                     # The hub reads worker kubeconfigs, in a namespace that holds nothing else,
                     # with a Role (never cluster-wide, never alnair-system).
@@ -547,6 +555,42 @@ def test_production_nats_requires_tls_and_every_client_can_verify_it() -> None:
         assert volumes[mount["name"]].get("configMap", {}).get("name") == "alnair-nats-ca"
         assert "alnair-nats-tls" not in json.dumps(spec), w["metadata"]["name"]
     assert clients >= 8
+
+
+def test_production_services_serve_https_each_with_its_own_certificate() -> None:
+    """The https component: every Alnair workload's HTTP port is HTTPS (ALNAIR_HTTP_CERT_DIR
+    from alnair-config points at its own Secret <name>-http-tls, which the certificate Job
+    issues), probes and scraping say https; no workload mounts another's key. The kwok
+    overlay (local development) stays plain."""
+    config = next(c for n, c in objects("production", "ConfigMap").items()
+                  if n.startswith("alnair-config"))["data"]  # fmt: skip
+    cert_dir = config["ALNAIR_HTTP_CERT_DIR"]
+    job = objects("production", "Job")["alnair-http-certs"]["spec"]["template"]["spec"]
+    issued = {a.removeprefix("--secret=") for c in job["containers"] for a in c["command"]
+              if a.startswith("--secret=")}  # fmt: skip
+    served = 0
+    for w in workloads("production"):
+        name = w["metadata"]["name"]
+        if not name.startswith("alnair-") or name == "alnair-profiler-agent-sim":
+            continue
+        spec = w["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", [])
+                   if "secret" in v}  # fmt: skip
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cert_dir]
+        assert secrets[mount["name"]] == f"{name}-http-tls" in issued, name
+        assert not any(s.endswith("-http-tls") and s != f"{name}-http-tls"
+                       for s in secrets.values()), name  # fmt: skip
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            if probe in container:
+                assert container[probe]["httpGet"]["scheme"] == "HTTPS", (name, probe)
+        annotations = w["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scheme"] == "https", name
+        served += 1
+    assert served == 8
+    kwok = next(c for n, c in objects("kwok", "ConfigMap").items()
+                if n.startswith("alnair-config"))["data"]  # fmt: skip
+    assert "ALNAIR_HTTP_CERT_DIR" not in kwok
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -103,11 +103,27 @@ async def start_http(
     on_death: Callable[[BaseException], None] | None = None,
     tls: CertReloader | None = None,
     protocol: type[asyncio.Protocol] | None = None,
+    cert_dir: str | None = None,
 ) -> tuple[uvicorn.Server, asyncio.Task[Any]]:
     """Serve `app` on host:port (HTTPS with `tls`'s live context, whose certificate follows
     its folder) until the returned task ends; `protocol`: uvicorn's HTTP protocol class, when
     not its default (`aggregated.ClientCertH11` shows the application the client's
-    certificate)."""
+    certificate).
+
+    `cert_dir` (a service's `http_cert_dir`, the mounted Secret of its serving certificate):
+    HTTPS only, the certificate reloaded when the Secret changes; the returned task then also
+    ends when that watch dies (a plain HTTP request gets no answer but a failed handshake)."""
+    if cert_dir:
+        reloader = CertReloader(cert_dir)
+        server, served = await start_http(
+            app, host, port, name=f"{name}.serve", on_death=on_death, tls=reloader,
+            protocol=protocol,
+        )  # fmt: skip
+        # Named as the service's HTTP task: its owner stops it by that name (`stop_http`).
+        return server, spawn(
+            _serve_and_follow(served, reloader), name=name, on_death=on_death,
+            ends=lambda: bool(server.should_exit),
+        )  # fmt: skip
     tls_options: dict[str, Any] = {}
     if tls is not None:
         context = tls.context
@@ -127,6 +143,22 @@ async def start_http(
             raise ConfigError(f"HTTP server did not start on {host}:{port}", host=host, port=port)
         await asyncio.sleep(0.01)
     return server, task
+
+
+async def _serve_and_follow(served: asyncio.Task[Any], reloader: CertReloader) -> None:
+    """Run until the server ends, reloading its certificate meanwhile."""
+    stop = asyncio.Event()
+    watcher = spawn(reloader.watch(stop), name=f"{served.get_name()}.certs", ends=stop.is_set)
+    try:
+        done, _ = await asyncio.wait({served, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        for finished in done:
+            finished.result()  # a watch that died raises here: the service fails
+    finally:
+        stop.set()
+        for task in (watcher, served):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watcher, served, return_exceptions=True)
 
 
 def bound_port(server: uvicorn.Server) -> int:

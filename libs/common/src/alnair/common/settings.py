@@ -170,6 +170,13 @@ class ServiceSettings(CommonSettings):
 
     http_host: str = Field(default="0.0.0.0", description="address the HTTP API listens on")
     http_port: int = Field(default=8080, ge=0, le=65535, description="HTTP API port (0: any)")
+    http_cert_dir: str | None = Field(
+        validation_alias=AliasChoices("ALNAIR_HTTP_CERT_DIR", "http_cert_dir"),
+        default=None,
+        description="folder of the API's serving certificate (tls.crt, tls.key: a mounted "
+        "Secret, reloaded when it changes): the port then serves HTTPS only, as in the deploy; "
+        "unset: plain HTTP, for local development",
+    )
     http_auth: bool = Field(
         validation_alias=AliasChoices("ALNAIR_HTTP_AUTH", "http_auth"),
         default=True,

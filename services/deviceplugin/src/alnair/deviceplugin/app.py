@@ -235,8 +235,9 @@ async def start(
             ),
         )  # fmt: skip
         server, http_task = await start_http(
-            app, settings.http_host, settings.http_port, name="deviceplugin.http", on_death=on_death
-        )
+            app, settings.http_host, settings.http_port, name="deviceplugin.http",
+            on_death=on_death, cert_dir=settings.http_cert_dir,
+        )  # fmt: skip
         tasks.append(http_task)
     log.info(
         "device plugin started",

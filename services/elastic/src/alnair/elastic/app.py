@@ -118,8 +118,9 @@ async def start(
     # and allows to update that ElasticJob's scale (SubjectAccessReview).
     install_token_auth(app, reviewer_for(settings, kube), service="elastic", authorize=scale_access)
     server, http_task = await start_http(
-        app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death
-    )
+        app, settings.http_host, settings.http_port, name="elastic.http", on_death=on_death,
+        cert_dir=settings.http_cert_dir,
+    )  # fmt: skip
     tasks = [http_task]
     if elector is not None:
         tasks.append(spawn(_lead(elector, controller, died), name="elastic.leader"))

@@ -103,8 +103,9 @@ async def start(settings: PredictorSettings, registry: CollectorRegistry | None 
     )
     app = create_app(retrainer, store, metrics, bus)
     server, http_task = await start_http(
-        app, settings.http_host, settings.http_port, name="predictor.http", on_death=on_death
-    )
+        app, settings.http_host, settings.http_port, name="predictor.http", on_death=on_death,
+        cert_dir=settings.http_cert_dir,
+    )  # fmt: skip
     tasks.append(http_task)
     return Running(settings, metrics, bus, redis, retrainer, server, subscriptions, tasks, died)
 

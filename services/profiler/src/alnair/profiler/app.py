@@ -125,9 +125,9 @@ class Running:
 
 
 async def _start_http(
-    app: FastAPI, host: str, port: int, tasks: list[asyncio.Task[Any]]
+    app: FastAPI, host: str, port: int, tasks: list[asyncio.Task[Any]], cert_dir: str | None
 ) -> uvicorn.Server:
-    server, task = await start_http(app, host, port, name="profiler.http")
+    server, task = await start_http(app, host, port, name="profiler.http", cert_dir=cert_dir)
     tasks.append(task)
     return server
 
@@ -236,6 +236,7 @@ async def start_agent(
         settings.http_host,
         settings.http_port,
         tasks,
+        settings.http_cert_dir,
     )
     return Running(
         "agent",
@@ -359,6 +360,7 @@ async def start_aggregator(
         settings.http_host,
         settings.http_port,
         tasks,
+        settings.http_cert_dir,
     )
     return Running(
         "aggregator",

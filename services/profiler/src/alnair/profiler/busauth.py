@@ -103,7 +103,7 @@ async def start_bus_auth(
     tasks = [spawn(callout.serve(nc), name="profiler.bus-auth", on_death=lambda _e: died.set())]
     server, http = await start_http(
         create_bus_auth_app(metrics, nc), settings.http_host, settings.http_port,
-        name="profiler.http",
+        name="profiler.http", cert_dir=settings.http_cert_dir,
     )  # fmt: skip
     tasks.append(http)
     return BusAuthRunning(metrics, callout, nc, kube, server, tasks, died)

@@ -89,6 +89,7 @@ async def serve(settings: SchedulerSettings) -> int:
         settings.http_port,
         name="scheduler.http",
         on_death=on_death,
+        cert_dir=settings.http_cert_dir,
     )
     secure = await start_query(settings, kube, scheduler, on_death, bus)
     elector: LeaderElector | None = None

@@ -169,8 +169,9 @@ async def start(settings: DispatcherSettings, kube: KubeClient | None = None) ->
         if isinstance(dispatcher, Dispatcher):
             tables = spawn(follow_table(bus, dispatcher.on_colocation), name="dispatcher.tables")
     server, http = await start_http(
-        api, settings.http_host, settings.http_port, name="dispatcher.http"
-    )
+        api, settings.http_host, settings.http_port, name="dispatcher.http",
+        cert_dir=settings.http_cert_dir,
+    )  # fmt: skip
     webhook = None
     if settings.webhook_cert_dir and isinstance(dispatcher, Dispatcher):
         webhook = await start_webhook(settings, metrics, dispatcher, kube)
