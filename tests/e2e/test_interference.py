@@ -107,7 +107,7 @@ async def test_a_fraction_predicted_to_hurt_its_neighbour_goes_elsewhere_or_wait
     assert await bound_node(kube, namespace, "rn2") is None
     explained = scheduler.explain(namespace, "rn2")
     # (Nodes of other tests in the shared control plane fail its node selector.)
-    assert {n: explained["filtered"][n] for n in nodes} == {n: SLOW for n in nodes}, explained
+    assert {n: explained["filtered"][n] for n in nodes} == dict.fromkeys(nodes, SLOW), explained
 
     # The recommendation job ends: its GPU is no longer refused, and rn2 lands there.
     await kube.delete(PODS, "rec", namespace, grace_period_s=0)
