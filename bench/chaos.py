@@ -1,4 +1,5 @@
-"""Chaos on the whole local system (`make chaos`): jobs arriving (queued, fractional, gangs)
+"""Chaos on the whole local system (`make chaos`): jobs arriving (queued, fractional, gangs,
+elastic)
 while every service, a standby scheduler included, is killed with SIGKILL at random moments and
 restarted, nats-server is down once for a while (with `--topology production`: one of three
 NATS servers, then the Redis primary), the API server restarts once and the scheduler holding
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         "--gang-every", type=int, default=d.gang_every,
         help="every n-th job neither queued nor fractional is a gang of two pods (0: none)",
     )  # fmt: skip
+    p.add_argument(
+        "--elastic-every", type=int, default=d.elastic_every,
+        help="every n-th job none of the above is a queued ElasticJob (0: none)",
+    )  # fmt: skip
     p.add_argument("--settle-s", type=float, default=d.settle_s)
     p.add_argument("--nodes", default=d.nodes)
     p.add_argument("--seed", type=int, default=d.seed)
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         queued_every=args.queued_every,
         fraction_every=args.fraction_every,
         gang_every=args.gang_every,
+        elastic_every=args.elastic_every,
         settle_s=args.settle_s,
         nodes=args.nodes,
         seed=args.seed,
@@ -91,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     report = run_chaos(directory, cfg)
     report["stack_dir"] = str(directory)
     print(json.dumps(report))
-    held = all(report[k] == 0 for k in INVARIANTS) and report["pod_samples"] > 0
+    held = (
+        all(report[k] == 0 for k in INVARIANTS)
+        and report["pod_samples"] > 0
+        and not report["elastic_problems"]
+    )
     return 0 if held else 1
 
 

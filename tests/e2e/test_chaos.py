@@ -3,7 +3,8 @@ every service is killed with SIGKILL and restarted, nats-server is down for a wh
 API server restarts, and the scheduler holding the Lease is SIGSTOPped past its lease (the
 standby replica takes over) and resumed; afterwards no job is lost, none ran twice, no GPU was given twice, and
 every completed job has exactly one execution record and one completion event on the bus, and
-every second job went through the dispatcher's queue and was admitted once. Runs
+every second job, and an ElasticJob, went through the dispatcher's queue and was admitted
+once. Runs
 `bench/chaos.py` (what
 `make chaos` runs) in its own process, with fewer jobs and kills.
 """
@@ -38,7 +39,9 @@ def test_reduced_chaos_keeps_every_invariant(tmp_path: Path) -> None:
     assert len(report["leader_stops"]) == 1  # the scheduler holding the Lease, SIGSTOPped
     assert report["nats_restarts"] == 1 and report["apiserver_restarts"] == 1
     assert report["pod_samples"] > 0
-    assert report["queued"] == 6  # every second job went through the dispatcher's queue
+    # every second job went through the dispatcher's queue, and the ElasticJob (job 5) too
+    assert report["queued"] == 7 and report["elastic"] == 1
+    assert report["elastic_problems"] == [], report
     assert report["fractions"] == 3  # and every fifth asked a fraction of a GPU
     assert report["gangs"] == 2  # jobs 3 and 7: two pods each, all or none
     # each kill, nats-server's outage and the leader's stop

@@ -7,7 +7,10 @@ alnair`, 1 or 2 GPUs, every `fraction_every`-th one half a GPU's compute and 8 G
 memory, every `gang_every`-th other one a gang of two pods in a PodGroup, a KWOK run time)
 arrive at a steady rate, every `queued_every`-th one
 through the dispatcher's queue (created suspended in a LocalQueue whose ClusterQueue holds
-every GPU, so only the dispatcher decides when it runs), while the chaos loop kills a
+every GPU, so only the dispatcher decides when it runs), every `elastic_every`-th other one
+an ElasticJob in that queue (the elastic controller grows and shrinks it; the elastic demo's
+trainer stand-in completes it once its work is done at the sizes it held, writing the
+completion again when the API server does not answer), while the chaos loop kills a
 random service with SIGKILL at random moments, each service `kills_per_service` times, and
 brings it back as Kubernetes would (`devstack.up` restarts what died and waits for its
 readiness: that wait is the recovery time); nats-server is stopped once for `nats_down_s`
@@ -28,7 +31,8 @@ findings, and the run reports:
 "records_missing", "kills", "recovery_p99_s", ...}` where
 - lost: Jobs not complete within `settle_s` after the last arrival;
 - double_bound: Jobs more than one of whose pods ran (a pod bound twice is impossible in the
-  API, so a second run is what a lost bind acknowledgement would cause);
+  API, so a second run is what a lost bind acknowledgement would cause); ElasticJobs, whose
+  workers come and go as they resize, are left out;
 - gpu_overcommitted: (node, GPU) pairs seen held past their whole by running pods (each
   pod's `alnair.io/gpu-milli` share summed, a whole GPU being 1000);
 - fault_windows_unsampled: faults (a kill to its recovery, nats-server's outage) with no
@@ -68,8 +72,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from alnair.common import resources as r
 from alnair.common.events import DecodeError, JobEvent, JobPhase, decode, subject_token
+from alnair.common.informer import Informer, WatchEvent
 from alnair.common.kube import (
     CLUSTERQUEUES,
+    ELASTICJOBS,
     EVENTS,
     JOBS,
     LEASES,
@@ -84,8 +90,9 @@ from alnair.common.natsauth import ADMIN_USER as NATS_ADMIN
 from alnair.common.redisauth import ADMIN_USER as ADMIN
 from alnair.common.redisconn import redis_client, sentinel_addresses
 from alnair.common.settings import CommonSettings
-from alnair.common.tasks import within
+from alnair.common.tasks import cancel_all, spawn, within
 from alnair.dev import devstack
+from alnair.dev.demo_elastic import ElasticTrainer, elastic_manifest
 from alnair.dev.localstack import NatsServer, RedisFailover
 from alnair.dev.localstack.controlplane import parse_node_specs
 from alnair.dev.localstack.procs import port_open
@@ -93,6 +100,7 @@ from alnair.dev.supervise import RESTART_MARK
 from alnair.scheduler.dispatcher.parsing import LABEL_QUEUE
 
 GANG_SIZE = 2
+ELASTIC_LABEL = "alnair.io/chaos-job"
 SCHEDULER_LEASE = "alnair-scheduler"
 SCHEDULER_LEASE_NAMESPACE = "kube-system"
 """Where the stack's schedulers elect their leader (their settings' defaults)."""
@@ -113,6 +121,11 @@ class ChaosConfig:
     """Every n-th job goes through the dispatcher's queue (0: none)."""
     fraction_every: int = 5
     gang_every: int = 4
+    elastic_every: int = 7
+    """Every n-th job (of those neither queued nor fractional nor a gang) is an ElasticJob,
+    queued too: admitted at its minimum, grown and shrunk by the elastic controller, and
+    completed by the elastic demo's trainer stand-in once its work is done at the sizes it
+    held (`alnair.dev.demo_elastic`; 0: none)."""
     """Every n-th job (of those neither queued nor fractional) is a gang: two 1-GPU pods of
     one PodGroup, bound all or none (0: none)."""
     """Every n-th job asks a fraction of one GPU (0: none)."""
@@ -292,6 +305,9 @@ class Chaos:
         self.fractions = 0
         self.pods_per_job: dict[str, int] = defaultdict(lambda: 1)
         """How many pods of each Job run (a gang's members), when all goes well."""
+        self.elastic: set[str] = set()
+        self.trainer: ElasticTrainer | None = None
+        self.runtimes: dict[str, float] = {}
 
     # --- the stack -------------------------------------------------------------------------
 
@@ -464,6 +480,14 @@ class Chaos:
                 self.cfg.gang_every > 0 and i % self.cfg.gang_every == 3
                 and not queued and not fraction
             )  # fmt: skip
+            elastic = (
+                self.cfg.elastic_every > 0 and i % self.cfg.elastic_every == 5
+                and not queued and not fraction and not gang
+            )  # fmt: skip
+            if elastic:
+                await self._submit_elastic(kube, name, gpus, run_s)
+                await asyncio.sleep(self.cfg.arrival_interval_s)
+                continue
             if gang:
                 gpus = 1
                 await _create(kube, PODGROUPS, gang_group(name, GANG_SIZE))
@@ -478,6 +502,36 @@ class Chaos:
                 self.queued.add(name)
             self.fractions += fraction
             await asyncio.sleep(self.cfg.arrival_interval_s)
+
+    async def _submit_elastic(self, kube: KubeClient, name: str, gpus: int, run_s: float) -> None:
+        """An ElasticJob in the chaos queue, created held (the dispatcher releases it), whose
+        work takes `run_s` at `gpus` workers; the trainer stand-in completes it."""
+        body = elastic_manifest(
+            name, NAMESPACE, gpus, labels={LABEL_QUEUE: QUEUE},
+            annotations={r.ANN_MODEL_NAME: "ResNet-50"}, pod_labels={ELASTIC_LABEL: name},
+            pod_annotations={},
+        )  # fmt: skip
+        body["spec"]["suspend"] = True
+        assert self.trainer is not None
+        self.trainer.add(name, NAMESPACE, gpus)
+        self.runtimes[name] = run_s
+        await _create(kube, ELASTICJOBS, body)
+        self.names.append(name)
+        self.queued.add(name)
+        self.elastic.add(name)
+
+    async def follow_workers(self, kube: KubeClient) -> None:
+        """Feed the trainer stand-in every change of an elastic job's workers (an informer:
+        it lists again after the API server's restart)."""
+        informer = Informer(kube, PODS, namespace=NAMESPACE, name="chaos-workers")
+
+        async def on_pod(event: WatchEvent, pod: Any, _old: Any) -> None:
+            job = (pod["metadata"].get("labels") or {}).get(ELASTIC_LABEL)
+            if job and self.trainer is not None and job in self.trainer:
+                self.trainer.on_worker(job, pod, "", event is WatchEvent.DELETED)
+
+        informer.handlers.append(on_pod)
+        await informer.run()
 
     async def faults(self, until_s: float) -> None:
         plan = [s for s in self.cfg.services for _ in range(self.cfg.kills_per_service)]
@@ -549,6 +603,11 @@ class Chaos:
             await kube.create(LOCALQUEUES, local_queue, NAMESPACE)
             stop = asyncio.Event()
             sampler = asyncio.create_task(self.sample(kube, stop))
+            self.trainer = ElasticTrainer(kube, time.monotonic, lambda job, _m: self.runtimes[job])
+            helpers = [
+                spawn(self.trainer.run(), name="chaos.elastic-trainer"),
+                spawn(self.follow_workers(kube), name="chaos.elastic-workers"),
+            ]
             arrivals_s = self.cfg.jobs * self.cfg.arrival_interval_s
             t0 = time.monotonic()
             await asyncio.gather(self.submit(kube), self.faults(arrivals_s))
@@ -556,6 +615,7 @@ class Chaos:
             elapsed = time.monotonic() - t0
             stop.set()
             await sampler
+            await cancel_all(helpers)
             report = await self.check(kube)
         report["elapsed_s"] = round(elapsed, 1)
         return report
@@ -567,12 +627,20 @@ class Chaos:
         deadline = time.monotonic() + self.cfg.settle_s
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                jobs = (await kube.list(JOBS, NAMESPACE))["items"]
-                if len(jobs) == len(self.names) and all(job_complete(j) for j in jobs):
+                jobs = await self._workloads(kube)
+                if len(jobs) == len(self.names) and all(job_complete(j) for j in jobs.values()):
                     records = await self.records()
                     if all(records[n] for n in self.names):
                         return
             await asyncio.sleep(2.0)
+
+    async def _workloads(self, kube: KubeClient) -> dict[str, dict[str, Any]]:
+        """Every Job and ElasticJob of the run, by name."""
+        found = {j["metadata"]["name"]: j for j in (await kube.list(JOBS, NAMESPACE))["items"]}
+        if self.elastic:
+            elastic = (await kube.list(ELASTICJOBS, NAMESPACE))["items"]
+            found |= {j["metadata"]["name"]: {**j, "kind": "ElasticJob"} for j in elastic}
+        return found
 
     async def records(self) -> dict[str, list[bool]]:
         """Execution records in Redis per Job name, each as whether it has usage (a record
@@ -608,7 +676,7 @@ class Chaos:
         found: Counter[str] = Counter()
         try:
             js = nc.jetstream()
-            subject = f"{JobEvent.SUBJECT_PREFIX}.*.{subject_token(NAMESPACE)}.Job"
+            subject = f"{JobEvent.SUBJECT_PREFIX}.*.{subject_token(NAMESPACE)}.*"
             pending = (await js.stream_info(JobEvent.STREAM or "JOBS")).state.messages
             sub = await js.pull_subscribe(
                 subject, stream=JobEvent.STREAM,
@@ -624,7 +692,9 @@ class Chaos:
                     seen += 1
                     with contextlib.suppress(DecodeError):
                         event = decode(msg.data, JobEvent).data
-                        if event.phase is JobPhase.COMPLETED:
+                        if event.phase is JobPhase.COMPLETED and event.kind in (
+                            "Job", "ElasticJob",
+                        ):  # fmt: skip
                             found[event.name] += 1
                     await msg.ack()
             await sub.unsubscribe()
@@ -644,7 +714,7 @@ class Chaos:
         )
 
     async def check(self, kube: KubeClient) -> dict[str, Any]:
-        jobs = {j["metadata"]["name"]: j for j in (await kube.list(JOBS, NAMESPACE))["items"]}
+        jobs = await self._workloads(kube)
         pods = (await kube.list(PODS, NAMESPACE))["items"]
         ran: dict[str, int] = defaultdict(int)
         for pod in pods:
@@ -657,14 +727,17 @@ class Chaos:
         admitted: Counter[str] = Counter()
         for event in (await kube.list(EVENTS, NAMESPACE))["items"]:
             involved = event.get("involvedObject") or {}
-            if event.get("reason") == "Admitted" and involved.get("kind") == "Job":
+            if event.get("reason") == "Admitted" and involved.get("kind") in ("Job", "ElasticJob"):
                 series = (event.get("series") or {}).get("count")
                 admitted[involved.get("name", "")] += int(series or event.get("count") or 1)
         recoveries = sorted(t for ts in self.found.recoveries_s.values() for t in ts)
         return {
             "jobs": len(self.names),
             "lost": len(self.names) - len(complete),
-            "double_bound": sum(1 for n in complete if ran[n] > self.pods_per_job[n]),
+            # (an elastic job's workers come and go as it resizes: not counted here)
+            "double_bound": sum(
+                1 for n in complete if n not in self.elastic and ran[n] > self.pods_per_job[n]
+            ),
             "gpu_overcommitted": len(self.found.overcommitted),
             "records_duplicated": sum(1 for n in complete if len(records[n]) > 1),
             "records_missing": sum(1 for n in complete if not records[n]),
@@ -700,6 +773,10 @@ class Chaos:
             ),
             "fractions": self.fractions,
             "gangs": sum(1 for n in self.pods_per_job if self.pods_per_job[n] > 1),
+            "elastic": len(self.elastic),
+            "elastic_grew": self.trainer.grew(self.elastic) if self.trainer else 0,
+            "elastic_completion_retries": self.trainer.retries if self.trainer else 0,
+            "elastic_problems": list(self.trainer.problems) if self.trainer else [],
             "pod_sample_errors": dict(self.found.sample_errors),
         }
 
@@ -727,6 +804,9 @@ def _port_argument(argv: list[str] | None) -> int | None:
 
 
 def job_complete(job: dict[str, Any]) -> bool:
+    """A Job with its Complete condition, or an ElasticJob whose phase says Succeeded."""
+    if job.get("kind") == "ElasticJob":
+        return (job.get("status") or {}).get("phase") == "Succeeded"
     return any(
         c.get("type") == "Complete" and c.get("status") == "True"
         for c in (job.get("status") or {}).get("conditions") or []

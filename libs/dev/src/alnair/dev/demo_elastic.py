@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from alnair.common import resources as res
+from alnair.common.errors import TemporaryError
 from alnair.common.kube import ELASTICJOBS, ApiError, KubeClient, Obj
-from alnair.common.tasks import within
+from alnair.common.tasks import in_flight, within
 from alnair.elastic.sizing import holds_gpus
 
 COOLDOWN_S = 5
@@ -137,6 +138,9 @@ class ElasticTrainer:
         """Job name -> (namespace, its progress)."""
         self.changed = asyncio.Event()
         self.problems: list[str] = []
+        self.retries = 0
+        """Completions written again after the API server did not answer."""
+        self._later: set[asyncio.Task[None]] = set()
 
     def add(self, name: str, namespace: str, gpus: int) -> None:
         self.jobs[name] = (namespace, Progress(gpus))
@@ -197,8 +201,17 @@ class ElasticTrainer:
             await self.kube.patch(
                 ELASTICJOBS, job, {"status": {"phase": "Succeeded"}}, namespace, sub="status"
             )
+        except TemporaryError as exc:
+            # The API server is away (a restart): a trainer's hook tries again.
+            self.retries += 1
+            in_flight(self._again(job, exc), name=f"elastic-trainer.{job}", into=self._later)
         except ApiError as exc:
             self.problems.append(f"{namespace}/{job}: completion not written: {exc}")
+
+    async def _again(self, job: str, _why: Exception) -> None:
+        await asyncio.sleep(1.0)
+        self.jobs[job][1].completing = False
+        self.changed.set()
 
 
 __all__ = ["COOLDOWN_S", "ElasticTrainer", "Progress", "elastic_manifest", "elastic_sizes"]
