@@ -523,7 +523,9 @@ class Chaos:
     async def follow_workers(self, kube: KubeClient) -> None:
         """Feed the trainer stand-in every change of an elastic job's workers (an informer:
         it lists again after the API server's restart)."""
-        informer = Informer(kube, PODS, namespace=NAMESPACE, name="chaos-workers")
+        informer = Informer(
+            kube, PODS, namespace=NAMESPACE, label_selector=ELASTIC_LABEL, name="chaos-workers"
+        )
 
         async def on_pod(event: WatchEvent, pod: Any, _old: Any) -> None:
             job = (pod["metadata"].get("labels") or {}).get(ELASTIC_LABEL)
