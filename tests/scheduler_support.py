@@ -133,3 +133,27 @@ def bound(name: str, node_name: str, gpus: int, indices: str, uid: str) -> dict[
     pod["metadata"]["annotations"][r.ANN_GPU_MILLI] = "1000"
     pod["spec"]["nodeName"] = node_name
     return pod
+
+
+async def table_published(nats_url: str, timeout_s: float = 60.0) -> None:
+    """Wait for the predictor's first co-location table in the KV bucket. Tests that start
+    the predictor in their own process wait for it before building other services' apps: the
+    table is computed in a worker thread whose library code swaps the process's warning
+    filters (`warnings.catch_warnings`), which races with FastAPI's own swap while it builds
+    an app's routes and lets its suppressed warning through as an error."""
+    from alnair.common import colocation
+    from alnair.common.bus import Bus
+
+    bus = await Bus.connect(nats_url, name="test-table-wait")
+    try:
+        kv = await bus.kv(colocation.BUCKET)
+
+        async def there() -> bool:
+            try:
+                return bool((await kv.get(colocation.KEY)).value)
+            except Exception:
+                return False
+
+        await wait_for(there, timeout_s, 0.2)
+    finally:
+        await bus.close()

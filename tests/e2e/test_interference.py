@@ -39,7 +39,7 @@ from dispatcher_support import (
     local_queue,
     scheduler,
 )
-from scheduler_support import Running, bound_node, events_for, pool, seen_ready
+from scheduler_support import Running, bound_node, events_for, pool, seen_ready, table_published
 
 pytestmark = pytest.mark.e2e
 
@@ -57,6 +57,7 @@ async def scheduler_with_table(
         ),
         CollectorRegistry(),
     )  # fmt: skip
+    await table_published(nats_url)
     running = Running(kube)
     scheduler = await running.start()
     bus = await Bus.connect(nats_url, name="scheduler-interference-test")
@@ -141,6 +142,7 @@ async def test_the_dispatcher_plans_fractions_together_only_where_the_model_allo
                           http_port=0, log_json=False),
         CollectorRegistry(),
     )  # fmt: skip
+    await table_published(nats_url)
     bus = await Bus.connect(nats_url, name="binder-tables-test")
     try:
         async with scheduler(kube) as binder:

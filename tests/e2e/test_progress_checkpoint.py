@@ -48,6 +48,7 @@ from dispatcher_support import (
     scheduler,
 )
 from profiler_support import profiler_settings
+from scheduler_support import table_published
 
 pytestmark = pytest.mark.e2e
 
@@ -165,20 +166,21 @@ async def test_a_preempted_job_resumes_from_its_checkpoint_and_the_queue_knows_h
          "--ca-file", str(control_plane.pki.ca_cert)],
         tmp_path,
     )  # fmt: skip
-    predictor = await start_predictor(
-        PredictorSettings(nats_url=nats_url, redis_url=redis_url, http_port=0,
-                          http_host="127.0.0.1", log_json=False),
-        CollectorRegistry(),
-    )  # fmt: skip
-    agent = await start_agent(profiler_settings(control_plane.kubeconfig, nats_url, redis_url,
-                                                node, sample_interval_s=0.5))  # fmt: skip
-    aggregator = await start_aggregator(
-        profiler_settings(control_plane.kubeconfig, nats_url, redis_url, node,
-                          role="aggregator", live_annotation_interval_s=1.0)
-    )  # fmt: skip
+    started: list[Any] = []  # stopped in reverse, whatever got started
     runner = asyncio.create_task(kubelet.run())
     store = aioredis.from_url(redis_url)
     try:
+        started.append(await start_predictor(
+            PredictorSettings(nats_url=nats_url, redis_url=redis_url, http_port=0,
+                              http_host="127.0.0.1", log_json=False),
+            CollectorRegistry(),
+        ))  # fmt: skip
+        await table_published(nats_url)
+        started.append(await start_agent(profiler_settings(
+            control_plane.kubeconfig, nats_url, redis_url, node, sample_interval_s=0.5)))  # fmt: skip
+        started.append(await start_aggregator(profiler_settings(
+            control_plane.kubeconfig, nats_url, redis_url, node, role="aggregator",
+            live_annotation_interval_s=1.0)))  # fmt: skip
         async with scheduler(kube):
             running = await start_dispatcher(
                 dispatcher_settings(
@@ -252,9 +254,8 @@ async def test_a_preempted_job_resumes_from_its_checkpoint_and_the_queue_knows_h
             await runner
         await kubelet.stop()
         await store.aclose()
-        await aggregator.stop()
-        await agent.stop()
-        await predictor.stop()
+        for service in reversed(started):
+            await service.stop()
 
 
 async def _exited(kubelet: Kubelet) -> list[int] | None:

@@ -49,6 +49,7 @@ from alnair.scheduler.dispatcher.parsing import (
     LABEL_WORKLOAD,
     QUEUE_LABELS,
     Workload,
+    carried_model_annotations,
     controller_ref,
     is_finished,
     parse_pod_workload,
@@ -127,13 +128,16 @@ def _portable_job_spec(spec: Obj) -> Obj:
     return spec
 
 
-def _unsuspend(_wl: Workload, gpu_type: str) -> Obj:
+def _unsuspend(wl: Workload, gpu_type: str) -> Obj:
     # The GPU model goes into the pod template while the workload is still suspended: the API
-    # server refuses template changes on a Job that has started.
-    return {
-        "suspend": False,
-        "template": {"spec": {"nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}},
-    }
+    # server refuses template changes on a Job that has started. So do the model annotations
+    # the workload carries and its template lacks: the binder reads what a pod trains from the
+    # pod (co-location interference), and pods do not inherit their Job's annotations.
+    template: Obj = {"spec": {"nodeSelector": {res.LABEL_GPU_MODEL: gpu_type}}}
+    carried = carried_model_annotations(wl.obj)
+    if carried:
+        template["metadata"] = {"annotations": carried}
+    return {"suspend": False, "template": template}
 
 
 def _ungate(wl: Workload, gpu_type: str) -> Obj:

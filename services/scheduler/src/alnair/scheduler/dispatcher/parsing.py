@@ -519,6 +519,14 @@ def node_gpus(node: Obj) -> NodeGpus | None:
     return NodeGpus(model=model, gpus=gpus, memory_mib=memory)
 
 
+def carried_model_annotations(obj: Obj) -> dict[str, str]:
+    """The workload's own model annotations its pod template does not already say."""
+    own = (obj.get("metadata") or {}).get("annotations") or {}
+    template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    there = template.get("annotations") or {}
+    return {k: str(v) for k, v in own.items() if k in MODEL_ANNOTATION_KEYS and k not in there}
+
+
 def trialjob_manifest(wl: Workload, name: str, models: list[str], duration_s: int) -> Obj:
     """A TrialJob measuring `wl` on 1 GPU of each of `models`, owned by the Job (deleted with
     it). The profiler's TrialJob controller runs it; its records feed the predictor."""
