@@ -580,7 +580,10 @@ class Chaos:
                     if not node or phase in {"Succeeded", "Failed"}:
                         continue
                     share = int(ann.get(r.ANN_GPU_MILLI) or r.MILLI_PER_GPU) or r.MILLI_PER_GPU
-                    for gpu in r.parse_indices(ann.get(r.ANN_GPU_INDICES, "") or ""):
+                    indices = ann.get(r.ANN_GPU_INDICES) or ""
+                    if not indices.strip():
+                        continue  # bound, its GPUs not written yet (or none asked)
+                    for gpu in r.parse_indices(indices):
                         held[(node, gpu)] += share
                 self.found.overcommitted |= {k for k, n in held.items() if n > r.MILLI_PER_GPU}
                 self.found.samples += 1
