@@ -139,7 +139,9 @@ def test_the_stack_loses_nothing_when_a_nats_node_and_the_redis_primary_die(
     assert report["nats_node_kills"] == 1 and report["redis_failovers"] == 1, report
     assert report["nats_restarts"] == 0 and report["kills"] == 0
     assert report["service_restarts"] == 0, report  # every service rode both losses
-    assert report["queued"] == 6 and report["pod_samples"] > 0
+    # half the jobs through the dispatcher's queue, and the ElasticJob (job 5) too
+    assert report["queued"] == 7 and report["elastic"] == 1 and report["pod_samples"] > 0
+    assert report["elastic_problems"] == [], report
     assert report["fault_windows"] == 2 and report["fault_windows_unsampled"] == 0, report
     for key in ("lost", "double_bound", "gpu_overcommitted", "records_duplicated",
                 "records_missing", "admissions_duplicated", "completions_duplicated",
