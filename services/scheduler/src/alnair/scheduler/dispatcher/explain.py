@@ -11,6 +11,7 @@ from typing import Any
 from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher.core import QueueState
 from alnair.scheduler.dispatcher.parsing import queue_label
+from alnair.scheduler.dispatcher.progressing import remaining
 from alnair.scheduler.dispatcher.writing import JobState
 
 
@@ -66,8 +67,8 @@ def explanation(
         ),
         "remaining_s": (
             {
-                t: round(e.expected_s * (1 - state.progress.kept), 1)
-                for t, e in prediction.runtime.items()
+                t: round(e.expected_s, 1)
+                for t, e in remaining(prediction.runtime, state.progress.kept).items()
             }
             if prediction and state.progress and state.progress.reported
             else None
