@@ -40,11 +40,14 @@ ROUND_S = 360.0
 DRIVER = "scripts/drivers/simulate_scheduler_with_trace.py"
 
 
-def write_inputs(folder: Path) -> tuple[Path, Path]:
-    trace = folder / "philly-seed0.gavel.trace"
+def write_inputs(folder: Path, source: Path | None = None) -> tuple[Path, Path]:
+    """Gavel's inputs in `folder`: the trace `source` (default: the shipped Philly trace) in
+    Gavel's ten columns, and the throughput file."""
+    source = source if source is not None else data_file(*GAVEL_ARRIVALS)
+    trace = folder / f"{source.stem}.gavel.trace"
     needed: set[tuple[str, int]] = set()
     lines = []
-    for line in data_file(*GAVEL_ARRIVALS).read_text(encoding="utf-8").splitlines():
+    for line in source.read_text(encoding="utf-8").splitlines():
         job_type, command, steps_arg, needs_data, total_steps, arrival, scale = line.split("\t")
         needed.add((job_type, int(scale)))
         # job_type, command, working_directory, num_steps_arg, needs_data_dir, total_steps,
@@ -89,7 +92,10 @@ def write_inputs(folder: Path) -> tuple[Path, Path]:
 def log_figures(text: str, scales: list[int]) -> dict[str, Any]:
     """Average and p99 JCT, p99 wait, longest 8-GPU wait and makespan from Gavel's output.
 
-    Gavel prints only average JCT and makespan as figures, but its log has the rest:
+    Gavel prints only average JCT and makespan as figures, but its log has the rest (and
+    `[Job failed]` for a job whose micro-task failed five times: Gavel leaves it out of its
+    average, and `failed_jobs` names it, numbered in trace order from 0, so that a comparison
+    can leave it out too):
     `get_average_jct` prints every job's completion time (`Job 12: 3600.000`), and the INFO
     log has `[<time>] [Job dispatched]\tJob ID: <id>` when a job arrives and
     `[<time>] [Micro-task scheduled]\tJob ID: <id>` for each round of 360 s it runs. Jobs are
@@ -120,6 +126,9 @@ def log_figures(text: str, scales: list[int]) -> dict[str, Any]:
         else:
             started.setdefault(job, at)
             rounds[job] = rounds.get(job, 0) + 1
+    failed = sorted(
+        int(j) for j in re.findall(r"\[Job failed\]\tJob ID: (\d+)", text, re.MULTILINE)
+    )
     wait = {j: max(0.0, v - ROUND_S * rounds.get(j, 0)) for j, v in jct.items()}
     first = {j: started[j] - at for j, at in arrived.items() if j in started}
     wait_8 = [w for j, w in wait.items() if scales[j] >= 8]
@@ -138,6 +147,8 @@ def log_figures(text: str, scales: list[int]) -> dict[str, Any]:
         "max_wait_8gpu_s": round(max(wait_8), 1) if wait_8 else None,
         "utilization": float(utilization.group(1)) if utilization else None,
         "jobs": len(jct),
+        "failed_jobs": failed,
+        "jct_by_job": {str(j): round(v, 1) for j, v in sorted(jct.items())},
     }
 
 
@@ -147,7 +158,14 @@ def trace_scales(trace: Path) -> list[int]:
 
 
 def run_policy(
-    gavel: Path, python: str, policy: str, trace: Path, throughputs: Path, log: Path, solver: str
+    gavel: Path,
+    python: str,
+    policy: str,
+    trace: Path,
+    throughputs: Path,
+    log: Path,
+    solver: str,
+    cluster_spec: str = CLUSTER_SPEC,
 ) -> dict[str, Any]:
     command = [
         python,
@@ -159,7 +177,7 @@ def run_policy(
         "--throughputs_file",
         str(throughputs),
         "-c",
-        CLUSTER_SPEC,
+        cluster_spec,
         "--seed",
         "0",
         "--solver",
@@ -204,6 +222,35 @@ def reparse(out: Path, log_dir: Path | None, policies: list[str]) -> None:
     print(json.dumps(result))
 
 
+def gavel_commit(gavel: Path) -> str:
+    """The checkout's commit; `GAVEL_COMMIT` names it for a copy that is not a git work tree
+    (an archive of the fetched repository)."""
+    named = os.environ.get("GAVEL_COMMIT")
+    if named:
+        return named
+    return subprocess.run(
+        ["git", "-C", str(gavel), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def make_stubs(gavel: Path, python: str) -> None:
+    """Gavel's `make`: its simulator imports the gRPC stubs even when it simulates."""
+    scheduler = gavel / "scheduler"
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iruntime/protobuf",
+            "--python_out=runtime/rpc_stubs",
+            "--grpc_python_out=runtime/rpc_stubs",
+        ]
+        + [str(p.relative_to(scheduler)) for p in (scheduler / "runtime/protobuf").glob("*.proto")],
+        cwd=scheduler,
+        check=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gavel", type=Path, required=True, help="Gavel checkout")
@@ -225,28 +272,8 @@ def main() -> None:
     if args.reparse:
         reparse(args.out, args.log_dir, args.policy)
         return
-    commit = subprocess.run(
-        ["git", "-C", str(args.gavel), "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    subprocess.run(
-        [
-            args.python,
-            "-m",
-            "grpc_tools.protoc",
-            "-Iruntime/protobuf",
-            "--python_out=runtime/rpc_stubs",
-            "--grpc_python_out=runtime/rpc_stubs",
-        ]
-        + [
-            str(p.relative_to(args.gavel / "scheduler"))
-            for p in (args.gavel / "scheduler" / "runtime" / "protobuf").glob("*.proto")
-        ],
-        cwd=args.gavel / "scheduler",
-        check=True,
-    )
+    commit = gavel_commit(args.gavel)
+    make_stubs(args.gavel, args.python)
     policies: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         trace, throughputs = write_inputs(Path(folder))

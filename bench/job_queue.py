@@ -11,40 +11,73 @@ range in `spread` and every draw in `draws`. The replay is deterministic, so the
 runs changes nothing and one run per draw suffices. `saturated` repeats the
 main figures on a cluster of 8 GPUs per type. `reference` is Gavel's own simulator on the same
 trace and cluster (bench/reference/gavel_queue.json, made by bench/gavel_reference.py).
+
+`family`: the same policies on the trace family Gavel's own generator drew at other seeds,
+loads and cluster mixes (`alnair/common/data/gavel/family/family.json`, drawn by
+`bench/gavel_family.py`; which traces tune and which evaluate is fixed there), each under
+two physics: `gavel` (rounds of 360 s, free moves: the job simulator's Gavel-compatible mode,
+beside Gavel's `fifo`, `max_min_fairness_perf` and `finish_time_fairness_perf` from
+`bench/reference/gavel_family.json`) and `realistic` (the product's: jobs keep their GPUs,
+each restart costs 120 s). `gavel-fifo-replica` is Gavel's FIFO reproduced in our simulator
+(`jobsim/gavel.py`): its gap to Gavel's own `fifo` on the same jobs is the fidelity of the
+physics. Every policy runs with its shipped defaults. Gavel's traces carry no teams, so each
+runs twice: `one-queue` (every job in one cluster queue holding the cluster, as Gavel sees
+it: the comparison with Gavel) and `four-teams` (the split of the Philly trace above: quotas,
+borrowing and reclaim at play, which Gavel's policies know nothing of).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from alnair.common.data import data_dir
 from alnair.scheduler.jobsim.cli import run
-from alnair.scheduler.jobsim.workload import Cluster, Predictions
+from alnair.scheduler.jobsim.engine import SimResult, simulate
+from alnair.scheduler.jobsim.gavel import GavelFifo
+from alnair.scheduler.jobsim.workload import (
+    TEAM_SHARES,
+    TEAMS,
+    Cluster,
+    Predictions,
+    load_jobs,
+    team_queues,
+)
 
 MAIN = "k80=32,p100=32,v100=32"
 SATURATED = "k80=8,p100=8,v100=8"
 REFERENCE = Path(__file__).parent / "reference" / "gavel_queue.json"
+FAMILY_REFERENCE = Path(__file__).parent / "reference" / "gavel_family.json"
+PHYSICS: dict[str, float | None] = {"gavel": 360.0, "realistic": None}
+TENANCY: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
+    "one-queue": (("all",), (1.0,)),
+    "four-teams": (TEAMS, TEAM_SHARES),
+}
+FIDELITY = 0.10
+"""Our replica of Gavel's fifo within 10% of Gavel's own, in average JCT over the same jobs."""
 NOISE_SEEDS = (1, 2, 3)
 """Draws of the prediction error (1 is the default draw of team seed 0)."""
-AGING_S = math.inf
-"""`alnair`'s hard wait bound (rule 5) is off for this trace: its jobs run for days and, at its
-bursts, wait for weeks under every policy, and the bound's reservations cost more than they
-save there (30 days: 319,805 s average JCT against 308,079 s without). The order's wait credit
-bounds the waits. The live default (4 h) suits hour-long jobs, not this load."""
 RUNS: tuple[tuple[str, str, Predictions, dict[str, Any]], ...] = (
     ("fifo", "fifo", "oracle", {}),
     ("sjf-oracle", "sjf", "oracle", {}),
     ("sjf-predicted", "sjf", "predicted", {}),
     ("drf", "drf", "oracle", {}),
-    ("alnair-oracle", "alnair", "oracle", {"max_wait_s": AGING_S}),
-    ("alnair-predicted", "alnair", "predicted", {"max_wait_s": AGING_S}),
+    ("alnair-oracle", "alnair", "oracle", {}),
+    ("alnair-predicted", "alnair", "predicted", {}),
 )
-KEYS = ("avg_jct_s", "p99_jct_s", "p99_wait_s", "makespan_s", "oom", "max_wait_8gpu_s")
+KEYS = (
+    "avg_jct_s",
+    "p99_jct_s",
+    "p99_wait_s",
+    "makespan_s",
+    "oom",
+    "max_wait_8gpu_s",
+    "preemptions_per_job",
+)
 
 
 def _one(
@@ -56,7 +89,11 @@ def _one(
     *,
     extra: bool,
     limit: int | None,
+    trace: Path | None = None,
+    round_s: float | None = None,
+    tenancy: str = "four-teams",
 ) -> dict[str, Any]:
+    teams, shares = TENANCY[tenancy]
     result = run(
         name,
         Cluster.parse(cluster),
@@ -65,7 +102,15 @@ def _one(
         options=options,
         noise_seed=noise_seed,
         limit=limit,
+        trace=trace,
+        round_s=round_s,
+        teams=teams,
+        shares=shares,
     )
+    return _report(result, extra=extra)
+
+
+def _report(result: SimResult, *, extra: bool) -> dict[str, Any]:
     metrics = result.metrics()
     figures: dict[str, Any] = {k: metrics[k] for k in KEYS}
     if extra:
@@ -78,16 +123,33 @@ def _one(
     return figures
 
 
-def _figures(cluster: str, *, extra: bool, limit: int | None) -> dict[str, dict[str, Any]]:
+def _figures(
+    cluster: str,
+    *,
+    extra: bool,
+    limit: int | None,
+    trace: Path | None = None,
+    round_s: float | None = None,
+    label: str | None = None,
+    tenancy: str = "four-teams",
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for label, name, predictions, options in RUNS:
+    where = label or cluster
+    for name_label, name, predictions, options in RUNS:
+
+        def one(
+            seed: int | None,
+            name: str = name,
+            predictions: Predictions = predictions,
+            options: dict[str, Any] = options,
+        ) -> dict[str, Any]:
+            return _one(cluster, name, predictions, options, seed, extra=extra, limit=limit,
+                        trace=trace, round_s=round_s, tenancy=tenancy)  # fmt: skip
+
         if predictions == "oracle":
-            figures = _one(cluster, name, predictions, options, None, extra=extra, limit=limit)
+            figures = one(None)
         else:
-            draws = {
-                seed: _one(cluster, name, predictions, options, seed, extra=extra, limit=limit)
-                for seed in NOISE_SEEDS
-            }
+            draws = {seed: one(seed) for seed in NOISE_SEEDS}
             figures = {
                 key: statistics.median(d[key] for d in draws.values())
                 for key in draws[NOISE_SEEDS[0]]
@@ -100,20 +162,24 @@ def _figures(cluster: str, *, extra: bool, limit: int | None) -> dict[str, dict[
             figures["draws"] = {
                 str(seed): {key: d[key] for key in KEYS} for seed, d in draws.items()
             }
-        out[label] = figures
-        print(f"{cluster} {label}: {figures['avg_jct_s']} s avg JCT", file=sys.stderr)
+        out[name_label] = figures
+        print(f"{where} {name_label}: {figures['avg_jct_s']} s avg JCT", file=sys.stderr)
     return out
 
 
 def _acceptance(
-    policies: dict[str, dict[str, Any]], reference: dict[str, dict[str, Any]]
+    policies: dict[str, dict[str, Any]],
+    reference: dict[str, dict[str, Any]],
+    labels: tuple[str, ...] = ("alnair-oracle", "alnair-predicted"),
 ) -> dict[str, dict[str, Any]]:
     """For each `alnair` run: is it lowest in average JCT and p99 wait, beside every other
     policy and Gavel's (where Gavel's log gives the figure), and who beats it if not."""
     out: dict[str, dict[str, Any]] = {}
-    for label in ("alnair-oracle", "alnair-predicted"):
+    for label in labels:
         mine = policies[label]
-        others = {k: v for k, v in policies.items() if not k.startswith("alnair")} | reference
+        others = {
+            k: v for k, v in policies.items() if not k.startswith(("alnair", "gavel-fifo-replica"))
+        } | reference
         row: dict[str, Any] = {}
         for key in ("avg_jct_s", "p99_wait_s"):
             better = sorted(
@@ -121,8 +187,109 @@ def _acceptance(
             )
             row[f"lowest_{key}"] = not better
             row[f"beaten_on_{key}_by"] = better
+            best = min((v[key] for v in others.values() if v.get(key) is not None), default=None)
+            row[f"gap_{key}"] = round(mine[key] / best - 1.0, 4) if best else None
+        row["oom"] = mine["oom"]
         out[label] = row
     return out
+
+
+def _fidelity(
+    entry: dict[str, Any], cluster: Cluster, gavel: dict[str, Any] | None, limit: int | None
+) -> dict[str, Any]:
+    """Gavel's FIFO replayed in our round physics against Gavel's own run, over the jobs
+    Gavel completed (it leaves failed ones out of its average)."""
+    trace = _family_dir() / entry["file"]
+    teams, shares = TENANCY["one-queue"]
+    jobs = load_jobs(cluster, trace=trace, limit=limit, teams=teams, shares=shares)
+    queues = team_queues(cluster, teams)
+    result = simulate(GavelFifo(), jobs, cluster, queues, round_s=PHYSICS["gavel"])
+    figures = _report(result, extra=False)
+    if gavel is None or "jct_by_job" not in gavel or limit is not None:
+        return {"replica": figures, "gavel_fifo": None, "within": None}
+    theirs = {int(j): v for j, v in gavel["jct_by_job"].items()}
+    ours = {int(o.id.split("-")[1]) - 1: o.end_s - o.arrival_s for o in result.jobs}
+    common = sorted(set(theirs) & set(ours))
+    mine = sum(ours[j] for j in common) / len(common)
+    their = sum(theirs[j] for j in common) / len(common)
+    return {
+        "replica": figures,
+        "gavel_fifo_avg_jct_s": round(their, 1),
+        "replica_avg_jct_s_same_jobs": round(mine, 1),
+        "jobs_compared": len(common),
+        "gavel_failed_jobs": gavel.get("failed_jobs", []),
+        "gap": round(mine / their - 1.0, 4),
+        "within": abs(mine / their - 1.0) <= FIDELITY,
+    }
+
+
+def _family_dir() -> Path:
+    return data_dir() / "gavel" / "family"
+
+
+def _family(only: list[str], limit: int | None) -> dict[str, Any]:
+    manifest = json.loads((_family_dir() / "family.json").read_text(encoding="utf-8"))
+    reference = (
+        json.loads(FAMILY_REFERENCE.read_text(encoding="utf-8")).get("traces", {})
+        if FAMILY_REFERENCE.is_file() and limit is None
+        else {}
+    )
+    traces: dict[str, Any] = {}
+    for entry in manifest["traces"]:
+        if only and entry["name"] not in only:
+            continue
+        spec = entry["cluster_v100_p100_k80"]
+        cluster = Cluster.parse(spec)
+        gavel = {
+            f"gavel-{policy}": {k: v for k, v in figures.items() if k != "jct_by_job"}
+            for policy, figures in reference.get(entry["name"], {}).items()
+        }
+        row: dict[str, Any] = {"role": entry["role"], "cluster_v100_p100_k80": spec,
+                               "load": entry["load"]}  # fmt: skip
+        for tenancy in TENANCY:
+            row[tenancy] = {}
+            for physics, round_s in PHYSICS.items():
+                policies = _figures(
+                    spec, extra=False, limit=limit, trace=_family_dir() / entry["file"],
+                    round_s=round_s, label=f"{entry['name']} {tenancy} {physics}",
+                    tenancy=tenancy,
+                )  # fmt: skip
+                against = gavel if physics == "gavel" else {}
+                row[tenancy][physics] = {
+                    "policies": policies,
+                    "acceptance": _acceptance(policies, against, ("alnair-predicted",)),
+                }
+        row["gavel_reference"] = {"policies": gavel}
+        row["fidelity"] = _fidelity(
+            entry, cluster, reference.get(entry["name"], {}).get("fifo"), limit
+        )
+        traces[entry["name"]] = row
+    evaluation = [t for t in traces.values() if t["role"] == "evaluate"]
+
+    def holds(tenancy: str, physics: str, key: str) -> int:
+        return sum(
+            1 for t in evaluation if t[tenancy][physics]["acceptance"]["alnair-predicted"][key]
+        )
+
+    return {
+        "traces": traces,
+        "summary": {
+            "evaluation_traces": len(evaluation),
+            "fidelity_within_10pct": sum(1 for t in traces.values() if t["fidelity"]["within"]),
+            **{
+                f"{tenancy}_{physics}_lowest_{key}": holds(tenancy, physics, f"lowest_{key}")
+                for tenancy in TENANCY
+                for physics in PHYSICS
+                for key in ("avg_jct_s", "p99_wait_s")
+            },
+            "alnair_oom": sum(
+                t[tenancy][p]["policies"]["alnair-predicted"]["oom"]
+                for t in traces.values()
+                for tenancy in TENANCY
+                for p in PHYSICS
+            ),
+        },
+    }
 
 
 def main() -> None:
@@ -130,30 +297,32 @@ def main() -> None:
     parser.add_argument(
         "--limit", type=int, default=None, help="the trace's first N jobs (a smoke run)"
     )
+    parser.add_argument("--family-only", action="store_true", help="skip the Philly trace")
+    parser.add_argument("--no-family", action="store_true", help="skip the trace family")
+    parser.add_argument("--traces", nargs="*", default=[], help="only these family traces")
     args = parser.parse_args()
-    reference: dict[str, Any] = {}
-    if REFERENCE.is_file() and args.limit is None:  # Gavel's figures are for the whole trace
-        reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
-    policies = _figures(MAIN, extra=True, limit=args.limit)
-    checks = _acceptance(policies, reference.get("policies", {}))
-    oracle = policies["alnair-oracle"]["avg_jct_s"]
-    predicted = policies["alnair-predicted"]["avg_jct_s"]
-    print(
-        json.dumps(
-            {
-                "cluster": MAIN,
-                "jobs": args.limit or "all",
-                "policies": policies,
-                "alnair_predicted_vs_oracle_avg_jct": round(predicted / oracle, 4),
-                "acceptance": checks,
-                "saturated": {
-                    "cluster": SATURATED,
-                    "policies": _figures(SATURATED, extra=False, limit=args.limit),
-                },
-                "reference": reference,
-            }
-        )
-    )
+    out: dict[str, Any] = {"jobs": args.limit or "all"}
+    if not args.family_only:
+        reference: dict[str, Any] = {}
+        if REFERENCE.is_file() and args.limit is None:  # Gavel's figures: the whole trace
+            reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
+        policies = _figures(MAIN, extra=True, limit=args.limit)
+        oracle = policies["alnair-oracle"]["avg_jct_s"]
+        predicted = policies["alnair-predicted"]["avg_jct_s"]
+        out |= {
+            "cluster": MAIN,
+            "policies": policies,
+            "alnair_predicted_vs_oracle_avg_jct": round(predicted / oracle, 4),
+            "acceptance": _acceptance(policies, reference.get("policies", {})),
+            "saturated": {
+                "cluster": SATURATED,
+                "policies": _figures(SATURATED, extra=False, limit=args.limit),
+            },
+            "reference": reference,
+        }
+    if not args.no_family:
+        out["family"] = _family(args.traces, args.limit)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

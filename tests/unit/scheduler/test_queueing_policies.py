@@ -253,6 +253,39 @@ def test_alnair_chooses_the_gpu_type_by_predicted_completion() -> None:
     assert admitted(decisions) == {}
 
 
+def test_a_job_that_moves_for_free_takes_a_slow_type_now_instead_of_waiting() -> None:
+    """Rules 3 and 4 hold a job for a faster type because leaving a slow one costs a restart;
+    with no restart cost (Gavel's rounds) it starts on the K80 and the next plan moves it."""
+    job = Job("j").runs(k80=1000, v100=100)  # 10x slower on a K80: past both caps
+    # The V100 is held by a job of unknown runtime: it is never displaced (rule 7).
+    busy = RunningJob(JobSpec("r", "q", 1, 0.0), "v100", start_s=0.0)
+    state = snapshot([job], free={"k80": 1, "v100": 0}, total={"k80": 1, "v100": 1}, running=[busy])
+    assert admitted(queue_policy("alnair").decide(state)) == {}
+    free_moves = replace(state, pending=[replace(state.pending[0], restart_cost_s=0.0)])
+    assert admitted(queue_policy("alnair").decide(free_moves)) == {"j": "k80"}
+
+
+@pytest.mark.parametrize(
+    ("short_on_k80", "expected"),
+    [
+        # The short job hardly slows on the K80: the long one gains 15,000 s on the V100.
+        (1100.0, {"short": "k80", "long": "v100"}),
+        # The short job is 2.9x slower there: shortest first, and the long job moves to the
+        # V100 when the short one ends (1000 + 1000 + 9610 s beats 2900 + 10000 s).
+        (2900.0, {"short": "v100", "long": "k80"}),
+    ],
+)
+def test_fast_types_go_where_they_cut_predicted_completions_most(
+    short_on_k80: float, expected: dict[str, str]
+) -> None:
+    jobs = [
+        Job("short").runs(v100=1000, k80=short_on_k80),
+        Job("long").runs(v100=10000, k80=25000),
+    ]
+    decisions = queue_policy("alnair").decide(snapshot(jobs, free={"k80": 1, "v100": 1}))
+    assert admitted(decisions) == expected
+
+
 def test_reservation_and_backfill_only_before_it() -> None:
     """An aged 5-GPU job gets a reservation at t=100, when the running job frees its 3; of the
     2 free GPUs, a job whose *upper bound* ends before then starts, one whose upper bound ends

@@ -22,7 +22,14 @@ from typing import Any
 
 from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.scheduler.jobsim.engine import SimResult, simulate
-from alnair.scheduler.jobsim.workload import Cluster, Predictions, load_jobs, team_queues
+from alnair.scheduler.jobsim.workload import (
+    TEAM_SHARES,
+    TEAMS,
+    Cluster,
+    Predictions,
+    load_jobs,
+    team_queues,
+)
 from alnair.scheduler.queueing.registry import QUEUE_POLICIES, QueuePolicy, queue_policy
 
 DEFAULT_CLUSTER = "k80=32,p100=32,v100=32"
@@ -47,10 +54,14 @@ def run(
     noise_seed: int | None = None,
     limit: int | None = None,
     usage_half_life_s: float | None = None,
+    round_s: float | None = None,
+    teams: Sequence[str] = TEAMS,
+    shares: Sequence[float] = TEAM_SHARES,
 ) -> SimResult:
     """One replay of the trace (its first `limit` jobs when given) under one policy
     (`noise_seed`: see `load_jobs`; `usage_half_life_s`: keep each queue's decayed use, for
-    fair sharing by history)."""
+    fair sharing by history; `round_s`: Gavel's round physics, see `engine`; `teams` and
+    `shares`: the queues the jobs are split over, one cluster queue each)."""
     jobs = load_jobs(
         cluster,
         predictions=predictions,
@@ -58,11 +69,13 @@ def run(
         trace=trace,
         noise_seed=noise_seed,
         limit=limit,
+        teams=teams,
+        shares=shares,
     )
     policy = build_policy(name, memory_blind=memory_blind, **(options or {}))
     return simulate(
-        policy, jobs, cluster, team_queues(cluster), predictions=predictions,
-        usage_half_life_s=usage_half_life_s,
+        policy, jobs, cluster, team_queues(cluster, teams), predictions=predictions,
+        usage_half_life_s=usage_half_life_s, round_s=round_s,
     )  # fmt: skip
 
 
@@ -89,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--half-life-s", type=float, default=7 * 24 * 3600.0,
         help="half-life of the usage history --fair-share reads",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=float, default=None, metavar="SECONDS",
+        help="Gavel-compatible physics: decide in rounds of this length, moves cost nothing "
+        "(default: the product's, restarts cost and jobs keep their GPUs)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -131,6 +149,7 @@ def main(argv: Sequence[str]) -> int:
                 if args.fair_share and name.lower() == "alnair"
                 else None,
                 usage_half_life_s=args.half_life_s if args.fair_share else None,
+                round_s=args.rounds,
             )
             for name in args.policy
         ]

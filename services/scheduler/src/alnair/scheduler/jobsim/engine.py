@@ -14,6 +14,15 @@ type with room for it (`gpu_model`), which is what a person reading the OOM woul
 
 Every decision is checked against the shared quota ledger and the free GPUs: a policy that
 over-commits a GPU or exceeds a quota stops the run with an error naming the job.
+
+Two physics. The default is the product's: a job keeps its GPUs until it ends or is preempted,
+and each restart costs `restart_cost_s`. With `round_s` (Gavel-compatible, for comparing with
+Gavel's simulator) the policy decides only at round boundaries, as Gavel's does: a round
+lasts `round_s` or until the last job placed in it ends, whichever is sooner; jobs that arrive
+during a round wait for the next one; at each boundary every running job is stopped at no
+cost (its progress kept exactly) and the policy places the whole set again, so a job may move
+to another GPU type every round for free; GPUs freed during a round stay idle until its end;
+with nothing running the next round starts at the next arrival. Restarts cost nothing there.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from time import perf_counter
 
-from alnair.common.errors import AlnairError
+from alnair.common.errors import AlnairError, InvalidValueError
 from alnair.scheduler.jobsim.workload import GPU_MEMORY_MIB, RESTART_COST_S, Cluster, SimJob
 from alnair.scheduler.queueing.history import UsageHistory
 from alnair.scheduler.queueing.model import (
@@ -120,6 +129,7 @@ class SimResult:
             else 0.0,
             "oom": self.oom,
             "preemptions": self.preemptions,
+            "preemptions_per_job": round(self.preemptions / len(self.jobs), 3),
             "max_wait_8gpu_s": round(max(big), 1) if big else 0.0,
         }
 
@@ -151,11 +161,17 @@ def simulate(
     restart_cost_s: float = RESTART_COST_S,
     progress: Callable[[int, int], None] | None = None,
     usage_half_life_s: float | None = None,
+    round_s: float | None = None,
 ) -> SimResult:
     """Replay `jobs` on `cluster` under `policy`; every job runs to completion. With
     `usage_half_life_s`, the policy sees each queue's decayed GPU use (fair sharing by
-    history, `queueing/history.py`)."""
+    history, `queueing/history.py`); with `round_s`, Gavel's round physics (module doc)."""
+    if round_s is not None:
+        if round_s <= 0:
+            raise InvalidValueError("round_s", round_s, "must be > 0")
+        restart_cost_s = 0.0
     started = perf_counter()
+    next_round_s: float | None = None
     history = UsageHistory(usage_half_life_s) if usage_half_life_s else None
     states = {job.id: _State(job) for job in jobs}
     capacity_types = list(cluster.gpus)
@@ -220,6 +236,8 @@ def simulate(
         now = events[0][0]
         while events and events[0][0] == now:
             _, _, kind, job_id, token = heapq.heappop(events)
+            if kind == "round":
+                continue
             if kind == "arrive":
                 pending[job_id] = states[job_id]
                 continue
@@ -250,7 +268,18 @@ def simulate(
                 )
                 if progress is not None:
                     progress(done, len(jobs))
-        for _ in range(MAX_ROUNDS_PER_INSTANT):
+        boundary = round_s is None or (
+            bool(pending) if next_round_s is None else now >= next_round_s
+        )  # mid-round, GPUs a completion frees stay idle until the round ends
+        if boundary and round_s is not None:
+            for run in list(running.values()):  # every job is placed again, at no cost
+                state = stop(run, now)
+                busy_gpu_s += (now - run.start_s) * run.running.gpus
+                true_total = state.job.true_runtime_s[run.running.gpu_type]
+                state.remaining = max(0.0, state.remaining - (now - run.start_s) / true_total)
+                state.spec = None
+                pending[state.job.id] = state
+        for _ in range(MAX_ROUNDS_PER_INSTANT if boundary else 0):
             if not pending:
                 break
             snapshot = QueueSnapshot(
@@ -323,6 +352,12 @@ def simulate(
                 heapq.heappush(events, (end, sequence, kind, spec.id, sequence))
             if not result.preemptions:
                 break
+        if boundary and round_s is not None:
+            ends = [min(r.end_s, now + round_s) for r in running.values()]
+            next_round_s = max(ends) if ends else None
+            if next_round_s is not None:
+                sequence += 1
+                heapq.heappush(events, (next_round_s, sequence, "round", "", sequence))
         if history is not None:  # what runs from this instant on, for the next interval
             history.advance(now)
             held: dict[str, int] = defaultdict(int)

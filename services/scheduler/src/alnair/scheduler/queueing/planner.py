@@ -46,6 +46,7 @@ next decision, once they have stopped (the `Decisions` contract).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from alnair.scheduler.queueing.baselines import best_runtime_s
@@ -65,6 +66,11 @@ from alnair.scheduler.queueing.plan import Plan, fits_memory
 from alnair.scheduler.queueing.quota import QuotaCheck, QuotaLedger
 
 INF = float("inf")
+SWAP_POOL = 12
+"""Rule 9: jobs per type tried for swaps in one pass (bounds a decision's cost)."""
+SWAP_PASSES = 3
+SWAP_MIN_GAIN_S = 1.0
+"""A swap must cut the pair's predicted completions by at least this (no churn on ties)."""
 
 
 def _earliest_free_s(
@@ -305,6 +311,118 @@ class _Replan:
             self.protected[key] = max(0, self.protected[key] - job.gpus)
         return True
 
+    def assign_types(
+        self, order: list[_Item], cap: Callable[[_Item], float], migrate_gain: float
+    ) -> None:
+        """Rule 9: fast types go where they cut the predicted completions the most.
+
+        Placing in key order gives each job the fastest type left, so the shortest jobs take
+        the fastest GPUs (and may displace a long job from one), though a short job may gain
+        little there and a long one much. So the plan then tries swapping the slots of two
+        jobs of one queue and one GPU count planned on two types, and keeps a swap when it
+        lowers the pair's predicted completions (`_pair_s`: the one that ends first frees its
+        GPUs and the other moves there when that is sooner, paying its restart). With free
+        moves this keeps shortest-first wherever the short job's slowdown elsewhere is large,
+        and hands a fast GPU to a long job where the short one hardly needs it. A running
+        job's time on another type includes its restart; pinned runs and types under a
+        reservation are left alone. A swap trades whole slots (type and quota check) within
+        one queue, so GPUs, quotas and reservations stay as planned. The `SWAP_POOL` jobs most
+        likely to gain on each side are tried, for a bounded cost per decision."""
+        groups: dict[tuple[str, int], list[_Item]] = {}
+        for item in order:
+            movable = item.run is None or not item.pinned
+            if movable and item.job.id in self.chosen and item.job.queue not in self.held:
+                groups.setdefault((item.job.queue, item.job.gpus), []).append(item)
+        types = [t for t in self.types if t not in self.shadows]
+        work: dict[tuple[str, str], float] = {}
+
+        def work_s(item: _Item, gpu_type: str) -> float:
+            """Predicted time to finish on `gpu_type` without a restart (INF: may not go)."""
+            key = (item.job.id, gpu_type)
+            if key not in work:
+                work[key] = self._work_s(item, gpu_type, cap(item))
+            return work[key]
+
+        def cost_s(item: _Item, gpu_type: str) -> float:
+            run = item.run
+            moved = run is not None and run.gpu_type != gpu_type
+            return work_s(item, gpu_type) + (item.job.restart_cost_s if moved else 0.0)
+
+        def pair_s(x: _Item, tx: str, y: _Item, ty: str) -> float:
+            cx, cy = cost_s(x, tx), cost_s(y, ty)
+            if cx > cy:
+                x, tx, y, ty, cx, cy = y, ty, x, tx, cy, cx
+            if cx == INF or cy <= cx:  # (cy == cx: both end together)
+                return cx + cy
+            # When x ends, y moves to x's GPUs if a move would (rule 3's gain; any gain
+            # when moves are free).
+            left = cy - cx
+            moved = y.job.restart_cost_s + left / cy * work_s(y, tx)
+            gain = 1.0 if y.job.restart_cost_s <= 0 else migrate_gain
+            return cx + (cx + moved if moved <= gain * left else cy)
+
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            for _ in range(SWAP_PASSES):
+                changed = False
+                for index, first in enumerate(types):
+                    for second in types[index + 1 :]:
+                        changed |= self._swap(members, first, second, cost_s, pair_s)
+                if not changed:
+                    break
+
+    def _work_s(self, item: _Item, gpu_type: str, cap: float) -> float:
+        job = item.job
+        if gpu_type not in item.safe or job.gpu_model not in (None, gpu_type):
+            return INF
+        fastest = best_runtime_s(job, item.safe)
+        runtime = self.runtime(job, gpu_type)
+        if fastest == INF or runtime > cap * fastest:
+            return INF
+        if item.run is None:
+            return runtime
+        left = item.run.expected_end_s(self.now) - self.now
+        current = item.run.gpu_type
+        if gpu_type == current:
+            return left
+        if left == INF or current not in job.runtime:
+            return INF
+        return left / self.runtime(job, current) * runtime
+
+    def _swap(
+        self,
+        members: list[_Item],
+        first: str,
+        second: str,
+        cost_s: Callable[[_Item, str], float],
+        pair_s: Callable[[_Item, str, _Item, str], float],
+    ) -> bool:
+        """One pass of pairwise swaps between the group's slots on `first` and `second`."""
+
+        def on(gpu_type: str, other: str) -> list[_Item]:
+            # Those that lose least by leaving `gpu_type` for `other` first.
+            here = [
+                i
+                for i in members
+                if self.chosen[i.job.id][0] == gpu_type and cost_s(i, other) < INF
+            ]
+            here.sort(key=lambda i: (cost_s(i, other) - cost_s(i, gpu_type), i.job.id))
+            return here[:SWAP_POOL]
+
+        changed = False
+        for x in on(first, second):
+            for y in on(second, first):
+                if self.chosen[x.job.id][0] != first or self.chosen[y.job.id][0] != second:
+                    continue
+                if pair_s(x, second, y, first) < pair_s(x, first, y, second) - SWAP_MIN_GAIN_S:
+                    self.chosen[x.job.id], self.chosen[y.job.id] = (
+                        self.chosen[y.job.id],
+                        self.chosen[x.job.id],
+                    )
+                    changed = True
+        return changed
+
     def hold(self, item: _Item) -> None:
         """Rule 5 for an aged job that could not be planned: keep its queue's quota, or
         reserve GPUs on the type where it is predicted to complete first."""
@@ -380,14 +498,29 @@ class Alnair:
             for item in order:
                 if item.job.id in plan.chosen:
                     continue
-                placed = plan.place(item, slowdown=self.max_slowdown, nominal_only=nominal_only)
+                placed = plan.place(
+                    item,
+                    slowdown=self._slowdown(item, self.max_slowdown),
+                    nominal_only=nominal_only,
+                )
                 if not placed and item.aged:
                     plan.hold(item)
         if self.fill_slowdown > 0 and self.preempt:  # a filler must be able to make room
             for item in order:
                 if item.job.id not in plan.chosen and self._may_fill(plan, item):
-                    plan.place(item, slowdown=self.fill_slowdown, nominal_only=False)
+                    slowdown = self._slowdown(item, self.fill_slowdown)
+                    plan.place(item, slowdown=slowdown, nominal_only=False)
+        plan.assign_types(
+            order, lambda item: self._slowdown(item, self.max_slowdown), self.migrate_gain
+        )
         return self._decisions(plan, order)
+
+    def _slowdown(self, item: _Item, cap: float) -> float:
+        """Rules 3 and 4 keep a job off slow types because it cannot leave them for free; a
+        job that moves at no cost (restart cost 0, as in Gavel's rounds, and a policy that
+        may move jobs) takes any type, and the next plan moves it to a faster one as one
+        frees."""
+        return INF if self.preempt and item.job.restart_cost_s <= 0 else cap
 
     def _item(self, plan: _Replan, job: JobSpec) -> _Item:
         safe = self._safe(plan, job)
