@@ -59,6 +59,7 @@ TENANCY: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
 }
 FIDELITY = 0.10
 """Our replica of Gavel's fifo within 10% of Gavel's own, in average JCT over the same jobs."""
+FIDELITY_SEEDS = (0, 1, 2, 3, 4)
 NOISE_SEEDS = (1, 2, 3)
 """Draws of the prediction error (1 is the default draw of team seed 0)."""
 RUNS: tuple[tuple[str, str, Predictions, dict[str, Any]], ...] = (
@@ -173,22 +174,39 @@ def _acceptance(
     labels: tuple[str, ...] = ("alnair-oracle", "alnair-predicted"),
 ) -> dict[str, dict[str, Any]]:
     """For each `alnair` run: is it lowest in average JCT and p99 wait, beside every other
-    policy and Gavel's (where Gavel's log gives the figure), and who beats it if not."""
+    policy and Gavel's (where Gavel's log gives the figure), who beats it if not (strictly
+    lower), and who ties it."""
     out: dict[str, dict[str, Any]] = {}
     for label in labels:
         mine = policies[label]
+        # Same information: alnair with predicted runtimes is judged beside the policies that
+        # know no more (throughput ratios, as Gavel's do); the oracle runs are bounds.
+        oracle_ok = label.endswith("-oracle")
         others = {
-            k: v for k, v in policies.items() if not k.startswith(("alnair", "gavel-fifo-replica"))
+            k: v
+            for k, v in policies.items()
+            if not k.startswith("alnair") and (oracle_ok or not k.endswith("-oracle"))
         } | reference
         row: dict[str, Any] = {}
         for key in ("avg_jct_s", "p99_wait_s"):
             better = sorted(
-                k for k, v in others.items() if v.get(key) is not None and v[key] <= mine[key]
+                k for k, v in others.items() if v.get(key) is not None and v[key] < mine[key]
             )
             row[f"lowest_{key}"] = not better
             row[f"beaten_on_{key}_by"] = better
+            # Ties are lowest too, and said (in rounds, everyone waits for the next round).
+            row[f"tied_on_{key}_with"] = sorted(
+                k for k, v in others.items() if v.get(key) is not None and v[key] == mine[key]
+            )
             best = min((v[key] for v in others.values() if v.get(key) is not None), default=None)
             row[f"gap_{key}"] = round(mine[key] / best - 1.0, 4) if best else None
+        if not oracle_ok:
+            row["beaten_on_avg_jct_s_by_oracle"] = sorted(
+                k
+                for k, v in policies.items()
+                if k.endswith("-oracle") and not k.startswith("alnair")
+                and v["avg_jct_s"] < mine["avg_jct_s"]
+            )  # fmt: skip
         row["oom"] = mine["oom"]
         out[label] = row
     return out
@@ -198,28 +216,46 @@ def _fidelity(
     entry: dict[str, Any], cluster: Cluster, gavel: dict[str, Any] | None, limit: int | None
 ) -> dict[str, Any]:
     """Gavel's FIFO replayed in our round physics against Gavel's own run, over the jobs
-    Gavel completed (it leaves failed ones out of its average)."""
+    Gavel completed (it leaves failed ones out of its average). Gavel's run drew its FIFO's
+    random index with seed 0; the replica runs with that seed (the verdict) and with
+    `FIDELITY_SEEDS` (the spread one seed's draws make: a drawn index closes a type, and a
+    few long jobs land on a K80 instead of a P100)."""
     trace = _family_dir() / entry["file"]
     teams, shares = TENANCY["one-queue"]
     jobs = load_jobs(cluster, trace=trace, limit=limit, teams=teams, shares=shares)
     queues = team_queues(cluster, teams)
-    result = simulate(GavelFifo(), jobs, cluster, queues, round_s=PHYSICS["gavel"])
-    figures = _report(result, extra=False)
+    runs = {
+        seed: simulate(GavelFifo(seed=seed), jobs, cluster, queues, round_s=PHYSICS["gavel"])
+        for seed in FIDELITY_SEEDS
+    }
+    figures = _report(runs[0], extra=False)
     if gavel is None or "jct_by_job" not in gavel or limit is not None:
         return {"replica": figures, "gavel_fifo": None, "within": None}
     theirs = {int(j): v for j, v in gavel["jct_by_job"].items()}
-    ours = {int(o.id.split("-")[1]) - 1: o.end_s - o.arrival_s for o in result.jobs}
-    common = sorted(set(theirs) & set(ours))
-    mine = sum(ours[j] for j in common) / len(common)
-    their = sum(theirs[j] for j in common) / len(common)
+
+    def gap(result: SimResult) -> tuple[float, float, int]:
+        ours = {int(o.id.split("-")[1]) - 1: o.end_s - o.arrival_s for o in result.jobs}
+        common = sorted(set(theirs) & set(ours))
+        mine = sum(ours[j] for j in common) / len(common)
+        their = sum(theirs[j] for j in common) / len(common)
+        return mine / their - 1.0, their, len(common)
+
+    gaps = {seed: gap(result) for seed, result in runs.items()}
+    verdict, their, compared = gaps[0]
+    mine = their * (1.0 + verdict)
     return {
         "replica": figures,
         "gavel_fifo_avg_jct_s": round(their, 1),
         "replica_avg_jct_s_same_jobs": round(mine, 1),
-        "jobs_compared": len(common),
+        "jobs_compared": compared,
         "gavel_failed_jobs": gavel.get("failed_jobs", []),
-        "gap": round(mine / their - 1.0, 4),
-        "within": abs(mine / their - 1.0) <= FIDELITY,
+        "gap": round(verdict, 4),
+        "gap_over_seeds": {
+            "median": round(statistics.median(g[0] for g in gaps.values()), 4),
+            "min": round(min(g[0] for g in gaps.values()), 4),
+            "max": round(max(g[0] for g in gaps.values()), 4),
+        },
+        "within": abs(verdict) <= FIDELITY,
     }
 
 

@@ -42,10 +42,16 @@ def _figure(value: Any) -> bool:
 
 @pytest.mark.timeout(120)
 def test_bench_queue() -> None:
-    report = make("bench-queue", 110, QUEUE_BENCH_ARGS="--limit 60")
+    report = make("bench-queue", 110, QUEUE_BENCH_ARGS="--limit 60 --traces s10-A-philly")
     assert report["jobs"] == 60
     labels = {"fifo", "sjf-oracle", "sjf-predicted", "drf", "alnair-oracle", "alnair-predicted"}
-    for section in (report["policies"], report["saturated"]["policies"]):
+    trace = report["family"]["traces"]["s10-A-philly"]
+    assert trace["role"] == "tune"
+    family = [
+        trace[t][p]["policies"] for t in ("one-queue", "four-teams") for p in ("gavel", "realistic")
+    ]
+    assert trace["fidelity"]["replica"]["avg_jct_s"] > 0
+    for section in (report["policies"], report["saturated"]["policies"], *family):
         assert set(section) == labels
         for figures in section.values():
             for key in ("avg_jct_s", "p99_jct_s", "p99_wait_s", "makespan_s", "oom"):

@@ -61,7 +61,6 @@ class GavelFifo:
     _ran: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     _last_now: float | None = field(default=None, init=False, repr=False)
     _last_reset: float = field(default=0.0, init=False, repr=False)
-    _reset_once: bool = field(default=False, init=False, repr=False)
     _dirty: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -91,9 +90,9 @@ class GavelFifo:
             self._job_time.pop(job_id, None)
             self._deficit.pop(job_id, None)
         self._known = set(jobs)
-        if self._dirty and (
-            not self._reset_once or now - self._last_reset >= self.reset_interval_s
-        ):
+        # Gavel's test: the interval elapsed, or no reset yet at a time after 0.
+        due = self._last_reset == 0.0 or now - self._last_reset >= self.reset_interval_s
+        if self._dirty and due:
             self._reset(now)
             self._allocate(jobs, snapshot)
             self._dirty = False
@@ -112,7 +111,6 @@ class GavelFifo:
             if allocated is not None:
                 self._worker_time[allocated] += self.round_s / 2.0
         self._last_reset = now
-        self._reset_once = True
 
     def _allocate(self, jobs: dict[str, JobSpec], snapshot: QueueSnapshot) -> None:
         available = {t: pool.total for t, pool in snapshot.capacity.items()}
