@@ -16,6 +16,7 @@ from alnair.scheduler.cluster.pods import parse_pod
 from alnair.scheduler.cluster.requests import NodeSpec, Placement, PodRequest
 from alnair.scheduler.cluster.snapshot import ClusterSnapshot
 from alnair.scheduler.framework.runtime import Framework
+from alnair.scheduler.dispatcher.sharing import Fraction, SharedGpu, may_join
 from alnair.scheduler.plugins.interference import ColocationBook
 from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 
@@ -127,6 +128,31 @@ def test_pods_the_table_does_not_know_are_never_refused() -> None:
     place(snap, fraction("big", "bert", 32, milli=900), "n2", 0)
     unknown = fraction("x", "mystery-net", 8)
     assert run(unknown, snap, ColocationBook(table())).placement is not None
+
+
+def test_one_rule_for_sharers_the_table_does_not_know() -> None:
+    """`ColocationTable.join`, which the binder and the dispatcher both judge by: an unknown
+    sharer is left out of the sums (and counted), so a known harmful pair is still refused
+    beside it; an unknown newcomer has no prediction and harms no one."""
+    t = table()
+    beside_unknown = t.join("recommendation@512", ["resnet50@16", "mystery@8"], "V100")
+    assert beside_unknown.unknown == 1
+    assert beside_unknown.own == pytest.approx(1.0 / 0.01)  # ResNet-50 alone counts
+    assert beside_unknown.refused(2.5)
+    assert beside_unknown.excess(1.0) == pytest.approx(
+        (1.0 / 0.01 - 1.0) + (1.0 / 0.6 - 1.0) + 1.0
+    )
+    gentle = t.join("bert@32", ["resnet50@16", ""], "V100")
+    assert not gentle.refused(2.5) and gentle.unknown == 1
+    stranger = t.join("mystery@8", ["resnet50@16", "bert@32"], "V100")
+    assert (stranger.own, stranger.neighbours, stranger.unknown) == (None, (), 2)
+    assert not stranger.refused(1.0) and stranger.excess(1.0) == 2.0
+    # The dispatcher's packing keeps the same verdicts.
+    gpu = SharedGpu([Fraction("a", "resnet50@16", 4096.0), Fraction("b", "mystery@8", 4096.0)])
+    new = Fraction("c", "recommendation@512", 4096.0)
+    assert may_join(gpu, new, 16384.0, t, "V100", 2.5) is None
+    bert = Fraction("d", "bert@32", 4096.0)
+    assert may_join(gpu, bert, 16384.0, t, "V100", 2.5) == pytest.approx(1.0 / 0.8)
 
 
 def test_the_snapshot_knows_who_shares_each_gpu_and_forgets_them() -> None:

@@ -74,6 +74,31 @@ def gpu_type_of(model_label: str, gpu_types: Iterable[str]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Joining:
+    """A newcomer's predicted effect on a shared GPU (`ColocationTable.join`)."""
+
+    own: float | None
+    """Its slowdown beside the sharers the table knows (None: the table does not know it, or
+    not this GPU type)."""
+    neighbours: tuple[tuple[float, float], ...]
+    """Each known sharer's slowdown with the newcomer and without it."""
+    unknown: int
+    """Pairs the table cannot say anything about."""
+
+    def refused(self, cap: float) -> bool:
+        """Past the cap, for the newcomer or for a sharer."""
+        own = self.own is not None and self.own > cap
+        return own or any(theirs > cap for theirs, _ in self.neighbours)
+
+    def excess(self, unknown_excess: float) -> float:
+        """Slowdown it adds in all: its own excess, what each sharer loses, and
+        `unknown_excess` for each pair the table cannot say anything about."""
+        own = 0.0 if self.own is None else self.own - 1.0
+        lost = sum(theirs - before for theirs, before in self.neighbours)
+        return own + lost + unknown_excess * self.unknown
+
+
 @dataclass(frozen=True)
 class ColocationTable:
     """`kept[gpu][i][j]`: the fraction of its alone throughput `jobs[i]` keeps sharing one GPU
@@ -135,6 +160,26 @@ class ColocationTable:
                 return None
             total += max(0.0, 1.0 / kept - 1.0)
         return total
+
+    def join(self, workload: str, there: Sequence[str], model_label: str) -> Joining:
+        """What `workload` joining a GPU of `model_label` that `there` share would do: its
+        own slowdown and each sharer's, with and without it. The one rule for what the table
+        does not know, for the binder and the dispatcher alike: a sharer it does not know
+        (or that names no workload) is left out of every sum and counted in `unknown`; a
+        newcomer it does not know, or a GPU type it has no figures for, gives no prediction
+        (`own` None), changes no one's, and leaves each pair unknown."""
+        known = [w for w in there if w and self.knows(w)]
+        if not workload or not self.knows(workload) or self._type(model_label) is None:
+            return Joining(None, (), len(there))
+        own = self.slowdown(workload, known, model_label)
+        neighbours: list[tuple[float, float]] = []
+        for i, other in enumerate(known):
+            rest = [*known[:i], *known[i + 1 :]]
+            theirs = self.slowdown(other, [*rest, workload], model_label)
+            before = self.slowdown(other, rest, model_label)
+            if theirs is not None and before is not None:
+                neighbours.append((theirs, before))
+        return Joining(own, tuple(neighbours), len(there) - len(known))
 
     def encode(self) -> bytes:
         doc = {

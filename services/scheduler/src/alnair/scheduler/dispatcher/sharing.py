@@ -18,7 +18,7 @@ dispatcher plans with the same rule:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from alnair.common.colocation import ColocationTable
@@ -53,36 +53,21 @@ class Sharing:
         return {"slowdown": round(self.slowdown, 3), "with": list(self.partners)}
 
 
-def _slowdown(
-    table: ColocationTable | None, workload: str, others: Iterable[str], label: str
-) -> float | None:
-    """`workload`'s predicted slowdown next to `others`; None when the table cannot say."""
-    if table is None or not workload:
-        return None
-    partners = [o for o in others if o]
-    if not partners:
-        return 1.0
-    return table.slowdown(workload, partners, label)
-
-
 def may_join(
     gpu: SharedGpu, new: Fraction, memory_mib: float, table: ColocationTable | None,
     label: str, cap: float,
 ) -> float | None:  # fmt: skip
     """The newcomer's slowdown on `gpu` when it may go there (memory and the cap, for it and
-    for each one already there), else None; 1.0 when the table cannot say."""
+    for each one already there, `ColocationTable.join`'s rule), else None; 1.0 when the table
+    cannot say."""
     if gpu.used_mib + new.memory_mib > memory_mib:
         return None
-    there = [m.workload for m in gpu.members]
-    own = _slowdown(table, new.workload, there, label)
-    if own is not None and own > cap:
+    if table is None:
+        return 1.0
+    joining = table.join(new.workload, [m.workload for m in gpu.members], label)
+    if joining.refused(cap):
         return None
-    for i, member in enumerate(gpu.members):
-        others = [*there[:i], *there[i + 1 :], new.workload]
-        theirs = _slowdown(table, member.workload, others, label)
-        if theirs is not None and theirs > cap:
-            return None
-    return 1.0 if own is None else own
+    return 1.0 if joining.own is None else joining.own
 
 
 def pack(

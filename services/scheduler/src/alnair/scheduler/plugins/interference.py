@@ -99,20 +99,11 @@ class Interference:
     def _sharing(
         self, table: ColocationTable | None, workload: str, there: list[str], label: str
     ) -> tuple[str | None, float]:
-        if table is None or not table.knows(workload):
+        if table is None:
             return None, UNKNOWN_EXCESS * len(there)
-        own = table.slowdown(workload, there, label)
-        cost = UNKNOWN_EXCESS * len(there) if own is None else own - 1.0
-        refused = own is not None and own > self.max_slowdown
-        for i, other in enumerate(there):
-            partners = [*there[:i], *there[i + 1 :], workload]
-            theirs = table.slowdown(other, partners, label)
-            before = table.slowdown(other, there[:i] + there[i + 1 :], label)
-            if theirs is None or before is None:
-                continue
-            cost += theirs - before
-            refused = refused or theirs > self.max_slowdown
-        return (self.slow_reason if refused else None), cost
+        joining = table.join(workload, there, label)
+        refused = joining.refused(self.max_slowdown)
+        return (self.slow_reason if refused else None), joining.excess(UNKNOWN_EXCESS)
 
     def _judged(
         self, pod: PodRequest, snapshot: ClusterSnapshot, state: CycleState, n: int
