@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -23,10 +24,12 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
     )
     policy: str = Field(default="alnair", description="queueing policy: alnair, fifo, sjf, drf")
     max_wait_s: float = Field(
-        default=4 * 3600.0,
+        default=math.inf,
         gt=0,
         description="alnair policy: a job waiting this long goes to the front and gets a "
-        "reservation that later jobs may not delay (backfill only what ends before it)",
+        "reservation that later jobs may not delay (backfill only what ends before it); "
+        "off (inf) by default: the policy's wait credit bounds waits, and a hard bound "
+        "turns an overloaded queue first-come-first-served",
     )
     fair_share: float = Field(
         default=0.0,
