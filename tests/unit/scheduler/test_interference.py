@@ -15,8 +15,8 @@ from alnair.dev.builders import make_pod
 from alnair.scheduler.cluster.pods import parse_pod
 from alnair.scheduler.cluster.requests import NodeSpec, Placement, PodRequest
 from alnair.scheduler.cluster.snapshot import ClusterSnapshot
-from alnair.scheduler.framework.runtime import Framework
 from alnair.scheduler.dispatcher.sharing import Fraction, SharedGpu, may_join
+from alnair.scheduler.framework.runtime import Framework
 from alnair.scheduler.plugins.interference import ColocationBook
 from alnair.scheduler.plugins.registry import ProfileOptions, build_profile
 
@@ -139,9 +139,7 @@ def test_one_rule_for_sharers_the_table_does_not_know() -> None:
     assert beside_unknown.unknown == 1
     assert beside_unknown.own == pytest.approx(1.0 / 0.01)  # ResNet-50 alone counts
     assert beside_unknown.refused(2.5)
-    assert beside_unknown.excess(1.0) == pytest.approx(
-        (1.0 / 0.01 - 1.0) + (1.0 / 0.6 - 1.0) + 1.0
-    )
+    assert beside_unknown.excess(1.0) == pytest.approx((1.0 / 0.01 - 1.0) + (1.0 / 0.6 - 1.0) + 1.0)
     gentle = t.join("bert@32", ["resnet50@16", ""], "V100")
     assert not gentle.refused(2.5) and gentle.unknown == 1
     stranger = t.join("mystery@8", ["resnet50@16", "bert@32"], "V100")
