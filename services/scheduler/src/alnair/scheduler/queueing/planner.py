@@ -318,21 +318,20 @@ class _Replan:
         """Rule 9: fast types go where they cut the predicted completions the most.
 
         Placing in key order gives each job the fastest type left, so the shortest jobs take
-        the fastest GPUs (and may displace a long job from one), though a short job may gain
-        little there and a long one much. So the plan then tries swapping the slots of two
-        jobs of one queue and one GPU count planned on two types, and keeps a swap when it
-        lowers the pair's predicted completions (`_pair_s`: the one that ends first frees its
-        GPUs and the other moves there when that is sooner, paying its restart). With free
-        moves this keeps shortest-first wherever the short job's slowdown elsewhere is large,
-        and hands a fast GPU to a long job where the short one hardly needs it. A running
-        job's time on another type includes its restart; pinned runs and types under a
-        reservation are left alone. A swap trades whole slots (type and quota check) within
-        one queue, so GPUs, quotas and reservations stay as planned. The `SWAP_POOL` jobs most
-        likely to gain on each side are tried, for a bounded cost per decision."""
+        the fastest GPUs, though a short job may gain little there and a long one much. So
+        the plan then tries swapping the slots of two jobs it starts, of one queue and one GPU
+        count, planned on two types, and keeps a swap when it lowers the pair's predicted
+        completions (`pair_s`: the one that ends first frees its GPUs and the other moves
+        there when a move would pay, rule 3's gain, any gain when moves are free). So
+        shortest-first stays wherever the short job's slowdown elsewhere is large, and a fast
+        GPU goes to a long job where the short one hardly needs it. Running jobs move by rule
+        3 alone (moving them here too doubled the preemptions per job for mixed gains), and a
+        type under a reservation is left alone. A swap trades whole slots (type and quota
+        check) within one queue, so GPUs, quotas and reservations stay as planned. The
+        `SWAP_POOL` jobs most likely to gain on each side are tried, for a bounded cost."""
         groups: dict[tuple[str, int], list[_Item]] = {}
-        for item in order:
-            movable = item.run is None or not item.pinned
-            if movable and item.job.id in self.chosen and item.job.queue not in self.held:
+        for item in order:  # jobs this plan starts: a running job moves by rule 3 only
+            if item.run is None and item.job.id in self.chosen and item.job.queue not in self.held:
                 groups.setdefault((item.job.queue, item.job.gpus), []).append(item)
         types = [t for t in self.types if t not in self.shadows]
         work: dict[tuple[str, str], float] = {}
@@ -344,10 +343,7 @@ class _Replan:
                 work[key] = self._work_s(item, gpu_type, cap(item))
             return work[key]
 
-        def cost_s(item: _Item, gpu_type: str) -> float:
-            run = item.run
-            moved = run is not None and run.gpu_type != gpu_type
-            return work_s(item, gpu_type) + (item.job.restart_cost_s if moved else 0.0)
+        cost_s = work_s  # a job not started yet: no restart on any type
 
         def pair_s(x: _Item, tx: str, y: _Item, ty: str) -> float:
             cx, cy = cost_s(x, tx), cost_s(y, ty)
@@ -381,15 +377,7 @@ class _Replan:
         runtime = self.runtime(job, gpu_type)
         if fastest == INF or runtime > cap * fastest:
             return INF
-        if item.run is None:
-            return runtime
-        left = item.run.expected_end_s(self.now) - self.now
-        current = item.run.gpu_type
-        if gpu_type == current:
-            return left
-        if left == INF or current not in job.runtime:
-            return INF
-        return left / self.runtime(job, current) * runtime
+        return runtime
 
     def _swap(
         self,
