@@ -158,10 +158,13 @@ async def test_a_preempted_job_resumes_from_its_checkpoint_and_the_queue_knows_h
     await cohort_queues(kube, ns, "c", {"team-a": (2, 2), "team-b": (2, 2)})
     token = await trainer_identity(kube, ns, tmp_path)
     assert control_plane.pki is not None
+    # 0.3 s a step: the 40 steps after checkpoint 60 leave 12 s for the progress to reach the
+    # Job, team B's claim, the suspension and the SIGTERM (at 0.12 s a step, 4.8 s, a full CI
+    # run once saw the trainer finish first).
     kubelet = Kubelet(
         kube, ns, "a2",
         ["--checkpoint-dir", str(tmp_path / "ckpt"), "--total-steps", str(TOTAL),
-         "--step-seconds", "0.12", "--checkpoint-every", "20", "--report-every", "5",
+         "--step-seconds", "0.3", "--checkpoint-every", "20", "--report-every", "5",
          "--api-server", control_plane.server, "--token-file", str(token),
          "--ca-file", str(control_plane.pki.ca_cert)],
         tmp_path,
