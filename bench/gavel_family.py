@@ -131,8 +131,8 @@ def work_and_speeds(jobs: list[list[Any]]) -> tuple[float, dict[str, float]]:
     table = throughput_table()
     total = 0.0
     relative = dict.fromkeys(("v100", "p100", "k80"), 0.0)
-    for job_type, *_rest in jobs:
-        scale, duration = int(_rest[5]), float(_rest[6])
+    for job_type, _command, _steps_arg, _needs_data, _steps, _arrival, gpus, drawn in jobs:
+        scale, duration = int(gpus), float(drawn)
         work = scale * duration
         total += work
         v100 = job_throughput(table, job_type, scale, "v100") or 0.0

@@ -38,7 +38,7 @@ from typing import Any
 from alnair.common.data import data_dir
 from alnair.scheduler.jobsim.cli import run
 from alnair.scheduler.jobsim.engine import SimResult, simulate
-from alnair.scheduler.jobsim.gavel import GavelFifo
+from alnair.scheduler.jobsim.gavel import GavelFifo, same_jobs_avg_jct
 from alnair.scheduler.jobsim.workload import (
     TEAM_SHARES,
     TEAMS,
@@ -233,27 +233,21 @@ def _fidelity(
         return {"replica": figures, "gavel_fifo": None, "within": None}
     theirs = {int(j): v for j, v in gavel["jct_by_job"].items()}
 
-    def gap(result: SimResult) -> tuple[float, float, int]:
-        ours = {int(o.id.split("-")[1]) - 1: o.end_s - o.arrival_s for o in result.jobs}
-        common = sorted(set(theirs) & set(ours))
-        mine = sum(ours[j] for j in common) / len(common)
-        their = sum(theirs[j] for j in common) / len(common)
-        return mine / their - 1.0, their, len(common)
-
-    gaps = {seed: gap(result) for seed, result in runs.items()}
-    verdict, their, compared = gaps[0]
-    mine = their * (1.0 + verdict)
+    compared = {seed: same_jobs_avg_jct(result, theirs) for seed, result in runs.items()}
+    gaps = {seed: mine / their - 1.0 for seed, (mine, their, _) in compared.items()}
+    mine, their, jobs_compared = compared[0]
+    verdict = gaps[0]
     return {
         "replica": figures,
         "gavel_fifo_avg_jct_s": round(their, 1),
         "replica_avg_jct_s_same_jobs": round(mine, 1),
-        "jobs_compared": compared,
+        "jobs_compared": jobs_compared,
         "gavel_failed_jobs": gavel.get("failed_jobs", []),
         "gap": round(verdict, 4),
         "gap_over_seeds": {
-            "median": round(statistics.median(g[0] for g in gaps.values()), 4),
-            "min": round(min(g[0] for g in gaps.values()), 4),
-            "max": round(max(g[0] for g in gaps.values()), 4),
+            "median": round(statistics.median(gaps.values()), 4),
+            "min": round(min(gaps.values()), 4),
+            "max": round(max(gaps.values()), 4),
         },
         "within": abs(verdict) <= FIDELITY,
     }

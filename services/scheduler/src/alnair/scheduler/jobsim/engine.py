@@ -232,6 +232,20 @@ def simulate(
         del running[spec.id]
         return state
 
+    def suspend(run: _Run, now: float) -> _State:
+        """Stop a run with its progress kept (as from a checkpoint, less the restart it was
+        still paying) and put its job back in the pending set."""
+        nonlocal busy_gpu_s
+        state = stop(run, now)
+        busy_gpu_s += (now - run.start_s) * run.running.gpus
+        true_total = state.job.true_runtime_s[run.running.gpu_type]
+        restart = restart_cost_s if state.runs > 1 else 0.0
+        worked = max(0.0, now - run.start_s - restart)
+        state.remaining = max(0.0, state.remaining - worked / true_total)
+        state.spec = None
+        pending[state.job.id] = state
+        return state
+
     while events:
         now = events[0][0]
         while events and events[0][0] == now:
@@ -273,12 +287,7 @@ def simulate(
         )  # mid-round, GPUs a completion frees stay idle until the round ends
         if boundary and round_s is not None:
             for run in list(running.values()):  # every job is placed again, at no cost
-                state = stop(run, now)
-                busy_gpu_s += (now - run.start_s) * run.running.gpus
-                true_total = state.job.true_runtime_s[run.running.gpu_type]
-                state.remaining = max(0.0, state.remaining - (now - run.start_s) / true_total)
-                state.spec = None
-                pending[state.job.id] = state
+                suspend(run, now)
         for _ in range(MAX_ROUNDS_PER_INSTANT if boundary else 0):
             if not pending:
                 break
@@ -300,15 +309,7 @@ def simulate(
                     raise PolicyViolation(
                         "preempted a job that is not running", job=preemption.job_id
                     )
-                state = stop(run, now)
-                busy_gpu_s += (now - run.start_s) * run.running.gpus
-                true_total = state.job.true_runtime_s[run.running.gpu_type]
-                restart = restart_cost_s if state.runs > 1 else 0.0
-                worked = max(0.0, now - run.start_s - restart)
-                state.remaining = max(0.0, state.remaining - worked / true_total)
-                state.spec = None
-                state.preempted += 1
-                pending[state.job.id] = state
+                suspend(run, now).preempted += 1
                 preemptions += 1
             for admission in result.admissions:
                 waiting = pending.pop(admission.job_id, None)

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from alnair.scheduler.jobsim.engine import SimResult
 from alnair.scheduler.queueing.model import Decisions, JobSpec, QueueSnapshot, WaitReason
 from alnair.scheduler.queueing.plan import Plan
 
@@ -100,8 +102,7 @@ class GavelFifo:
 
     def _reset(self, now: float) -> None:
         elapsed = now - self._last_reset
-        for gpu_type in list(self._worker_time):
-            self._worker_time[gpu_type] = 0.0
+        self._worker_time.clear()
         for job_id in self._known:
             allocated = self._allocation.get(job_id)
             if allocated is not None:
@@ -174,3 +175,15 @@ class GavelFifo:
             if job_id not in self._ran:
                 plan.wait(job, WaitReason("capacity", "time-sliced: not run this round"))
         return plan.decisions()
+
+
+def same_jobs_avg_jct(
+    result: SimResult, gavel_jct: Mapping[int, float]
+) -> tuple[float, float, int]:
+    """Our average JCT and Gavel's over the jobs both completed, and how many: Gavel numbers
+    jobs in trace order from 0 and leaves failed ones out; ours are `job-<line>`."""
+    ours = {int(o.id.split("-")[1]) - 1: o.end_s - o.arrival_s for o in result.jobs}
+    common = set(gavel_jct) & set(ours)
+    mine = sum(ours[j] for j in common) / len(common)
+    theirs = sum(gavel_jct[j] for j in common) / len(common)
+    return mine, theirs, len(common)

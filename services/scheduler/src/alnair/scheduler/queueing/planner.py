@@ -343,10 +343,8 @@ class _Replan:
                 work[key] = self._work_s(item, gpu_type, cap(item))
             return work[key]
 
-        cost_s = work_s  # a job not started yet: no restart on any type
-
         def pair_s(x: _Item, tx: str, y: _Item, ty: str) -> float:
-            cx, cy = cost_s(x, tx), cost_s(y, ty)
+            cx, cy = work_s(x, tx), work_s(y, ty)
             if cx > cy:
                 x, tx, y, ty, cx, cy = y, ty, x, tx, cy, cx
             if cx == INF or cy <= cx:  # (cy == cx: both end together)
@@ -365,7 +363,7 @@ class _Replan:
                 changed = False
                 for index, first in enumerate(types):
                     for second in types[index + 1 :]:
-                        changed |= self._swap(members, first, second, cost_s, pair_s)
+                        changed |= self._swap(members, first, second, work_s, pair_s)
                 if not changed:
                     break
 
@@ -384,7 +382,7 @@ class _Replan:
         members: list[_Item],
         first: str,
         second: str,
-        cost_s: Callable[[_Item, str], float],
+        work_s: Callable[[_Item, str], float],
         pair_s: Callable[[_Item, str, _Item, str], float],
     ) -> bool:
         """One pass of pairwise swaps between the group's slots on `first` and `second`."""
@@ -394,9 +392,9 @@ class _Replan:
             here = [
                 i
                 for i in members
-                if self.chosen[i.job.id][0] == gpu_type and cost_s(i, other) < INF
+                if self.chosen[i.job.id][0] == gpu_type and work_s(i, other) < INF
             ]
-            here.sort(key=lambda i: (cost_s(i, other) - cost_s(i, gpu_type), i.job.id))
+            here.sort(key=lambda i: (work_s(i, other) - work_s(i, gpu_type), i.job.id))
             return here[:SWAP_POOL]
 
         changed = False
