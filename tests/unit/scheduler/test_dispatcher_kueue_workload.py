@@ -19,6 +19,7 @@ from alnair.scheduler.dispatcher.parsing import (
     NO_GPU,
     Workload,
 )
+from alnair.scheduler.dispatcher.plain_order import kueue_order
 from alnair.scheduler.dispatcher.plain_preemption import Charge, victims
 from alnair.scheduler.queueing.model import PreemptionRules
 from alnair.scheduler.queueing.resources import (
@@ -206,3 +207,55 @@ def test_a_borrower_is_never_taken_below_its_own_quota() -> None:
     charges += [charge(lg, "b", f"b{i}", 2, 9, 10.0 + i) for i in range(3)]
     # a is owed 4: b gives back what it borrows (one), then c (b is within its own then).
     assert pick(lg, charges, 4, 1, reclaim="Any") == ["b2", "c2"]
+
+
+def test_workloads_are_tried_in_kueues_order_heads_owed_quota_first() -> None:
+    """Each queue's workloads by priority, then arrival; among the queues' heads, those that
+    fit their own queue's quota first (judged after what was admitted before them), then
+    priority, then arrival."""
+    nominal = {"a": 20, "b": 20}
+    used = {"a": 15, "b": 0}
+    wls = {
+        "a-large": (parsed(workload("a-large", cpu="20", priority=200)), "a"),
+        "a-small": (parsed(workload("a-small", cpu="1", priority=50)), "a"),
+        "b-medium": (parsed(workload("b-medium", cpu="5", priority=100)), "b"),
+        "b-small": (parsed(workload("b-small", cpu="1", priority=50)), "b"),
+        "b-small-2": (parsed(workload("b-small-2", cpu="1", priority=50)), "b"),
+    }
+    arrival = {"a-large": "3", "a-small": "1", "b-medium": "4", "b-small": "2", "b-small-2": "5"}
+
+    def cpu(wl: Workload) -> int:
+        return int(wl.obj["spec"]["podSets"][0]["template"]["spec"]["containers"][0][
+            "resources"]["requests"]["cpu"])  # fmt: skip
+
+    tried = []
+    for wl, queue in kw_order(list(wls.values()), nominal, used, cpu, arrival):
+        tried.append(wl.name)
+        used[queue] += cpu(wl)  # each one admitted
+    # a's large (its queue's head, borrowing) waits behind b's medium (owed); a's small is
+    # behind a's large whatever it would fit; b's medium then b's smalls stay owed quota until
+    # b holds 20.
+    assert tried == ["b-medium", "b-small", "b-small-2", "a-large", "a-small"]
+    used.update(a=0, b=16)
+    tried = []
+    for wl, queue in kw_order(list(wls.values()), nominal, used, cpu, arrival):
+        tried.append(wl.name)
+        used[queue] += cpu(wl)
+    # a is empty: its large fits its own quota and goes first. Then every head borrows: b's
+    # medium by priority, then the smalls by arrival across the queues.
+    assert tried == ["a-large", "b-medium", "a-small", "b-small", "b-small-2"]
+
+
+def kw_order(
+    waiting: list[tuple[Workload, str]],
+    nominal: dict[str, int],
+    used: dict[str, int],
+    cpu: Any,
+    arrival: dict[str, str],
+) -> Any:
+    return kueue_order(
+        waiting,
+        borrows=lambda wl, q: used[q] + cpu(wl) > nominal[q],
+        priority=kw.priority,
+        arrival=lambda wl: arrival[wl.name],
+    )

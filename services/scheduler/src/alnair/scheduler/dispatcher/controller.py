@@ -68,6 +68,7 @@ from alnair.scheduler.dispatcher.parsing import (
     parse_plain_job,
     workload_label,
 )
+from alnair.scheduler.dispatcher.plain_order import kueue_order
 from alnair.scheduler.dispatcher.plain_preemption import Charge, victims
 from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
@@ -707,10 +708,9 @@ class Dispatcher(QueueCore):
     async def _admit_plain(
         self, waiting: list[tuple[Workload, str]], ledger: ResourceLedger, now: float
     ) -> Counter[str]:
-        """Admit the workloads that ask no GPU (those within their queue's own quota first,
-        then higher priority, then by arrival), each where its queue's quota over other
-        resources has room, preempting as its queue's rules allow; how many were admitted, by
-        queue."""
+        """Admit the workloads that ask no GPU in Kueue's order (`plain_order.py`), each where
+        its queue's quota over other resources has room, preempting as its queue's rules
+        allow; how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
         decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
         short: dict[tuple[str, tuple[tuple[str, Decimal], ...]], str] = {}
@@ -718,16 +718,12 @@ class Dispatcher(QueueCore):
         admissions only take room, so the same shape does not fit later in the pass either,
         and a later one of no higher priority (the order) can preempt no more than the first
         could. Thousands of workloads of a few shapes cost a few searches."""
-        # Those that fit their queue's own quota go first, then those that would borrow (as
-        # Kueue orders them): otherwise a borrower of higher priority takes the room a
-        # workload owed quota just preempted for, is preempted for it again, and so on.
-        order = sorted(
+        order = kueue_order(
             waiting,
-            key=lambda w: (
-                not ledger.within_nominal(w[1], self._readable_ask(w[0])), -self._priority(w[0]),
-                str(w[0].obj["metadata"].get("creationTimestamp")), w[0].key,
-            ),
-        )  # fmt: skip
+            borrows=lambda wl, cq: not ledger.within_nominal(cq, self._readable_ask(wl)),
+            priority=self._priority,
+            arrival=lambda wl: str(wl.obj["metadata"].get("creationTimestamp")),
+        )
         for wl, cq in order:
             state = self.states.setdefault(wl.key, JobState(wl.key))
             if self._over_resource_quota(wl, state):
