@@ -31,6 +31,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -154,6 +155,25 @@ def checker(out: Path, stats: Path, rangespec: Path) -> dict[str, Any]:
     return {"passed": proc.returncode == 0, "failures": failures}
 
 
+async def api_writes(cp: ControlPlane) -> dict[str, int]:
+    """The API server's mutating requests over the trial, by verb and resource (its
+    `apiserver_request_total`): the runner's are the same for both systems, the rest are the
+    controller's, so the difference is what one admission costs the API server and etcd."""
+    counts: dict[str, int] = {}
+    async with cp.client() as kube, kube.session.get("/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        verb, resource = labels.get("verb", ""), labels.get("resource", "")
+        if verb in {"POST", "PATCH", "PUT", "DELETE", "APPLY"}:
+            sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+            key = f"{verb} {resource}{sub}"
+            counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return dict(sorted(counts.items()))
+
+
 def trial(system: str, config: Path, rangespec: Path, timeout_s: int, keep: Path | None) -> Obj:
     work = Path(tempfile.mkdtemp(prefix=f"alnair-bench-dispatcher-{system}-"))
     out = work / "out"
@@ -181,6 +201,7 @@ def trial(system: str, config: Path, rangespec: Path, timeout_s: int, keep: Path
         )  # fmt: skip
         runner_wall = time.monotonic() - started
         status, usage, died_early = stop(ctl)
+        writes = asyncio.run(api_writes(cp))
         wall = time.monotonic() - started
         log.close()
         stats = {
@@ -206,6 +227,8 @@ def trial(system: str, config: Path, rangespec: Path, timeout_s: int, keep: Path
         result.update(read_results(out))
         admitted = sum(c["count"] for c in result["workload_classes"].values())
         result["admissions_per_s"] = round(admitted / runner_wall, 2)
+        result["api_writes"] = writes
+        result["api_writes_per_workload"] = round(sum(writes.values()) / max(1, admitted), 2)
         result["checker"] = checker(out, stats_file, rangespec)
         return result
     finally:
@@ -229,6 +252,7 @@ def summarize(trials: list[Obj]) -> Obj:
         "admissions_per_s": spread([t["admissions_per_s"] for t in ok]),
         "controller_cpu_s": spread([t["controller_cpu_s"] for t in ok]),
         "controller_peak_rss_mib": spread([t["controller_peak_rss_mib"] for t in ok]),
+        "api_writes_per_workload": spread([t["api_writes_per_workload"] for t in ok]),
         "checker_passed": [t["checker"]["passed"] for t in ok],
     }
     classes = sorted({c for t in ok for c in t["workload_classes"]})

@@ -739,10 +739,15 @@ class Dispatcher(QueueCore):
             known = short.get(shape)
             flavors = ledger.assign(cq, asked) if known is None else known
             if isinstance(flavors, str):
-                if known is None:
-                    taken = await self._preempt_plain(wl, cq, asked, ledger)
-                    short[shape] = known = taken or flavors
-                state.reason = WaitReason("quota", known)
+                if known is not None:
+                    # Behind one of its shape that did not fit: why it waits is known (the
+                    # explain API says it) and written on the one tried, as Kueue writes it
+                    # on the head it tried; a write each would double the API server's work.
+                    state.reason = WaitReason("quota", known)
+                    continue
+                taken = await self._preempt_plain(wl, cq, asked, ledger)
+                short[shape] = taken or flavors
+                state.reason = WaitReason("quota", short[shape])
                 await self.writer.wait_event(wl, state)
                 continue
             # Decided in order (the ledger and the namespace's quota take it now); written
