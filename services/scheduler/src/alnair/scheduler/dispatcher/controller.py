@@ -245,6 +245,12 @@ class Dispatcher(QueueCore):
     def _poke(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:
         # A deleted workload's state goes in the reconcile this wakes (it keeps only live
         # keys), never here: a reconcile in flight may still hold it.
+        if (
+            event is WatchEvent.MODIFIED
+            and old is not None
+            and old["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion")
+        ):
+            return  # our own write coming back (`_remember` stored it), or a relist: no news
         self._wake.set()
 
     def _on_queue(self, event: WatchEvent, obj: Obj, old: Obj | None) -> None:

@@ -144,6 +144,11 @@ class QueueCore(ReconcileLoop):
             for r in k.references
         }
         self.queues: dict[str, QueueState] = {}
+        self._refusals: dict[tuple[str, str, str, str | None], str | None] = {}
+        """`_queue_refuses` by what it reads besides the workload, for one pass: thousands of
+        workloads share a few queues, namespaces and priority classes."""
+        self._classes: dict[str, Obj] | None = None
+        """The WorkloadPriorityClasses by name, for one pass."""
 
     def queue_informers(self) -> list[Informer]:
         """The queues' informers: ClusterQueues first, then what else a queue reads."""
@@ -267,6 +272,8 @@ class QueueCore(ReconcileLoop):
             seen[name] = state
             queues[name] = spec
         self.queues = seen
+        self._refusals = {}
+        self._classes = None
         return queues
 
     def _queue_refuses(self, cq: str, wl: Workload) -> str | None:
@@ -280,23 +287,37 @@ class QueueCore(ReconcileLoop):
             return f"ClusterQueue {cq} is held (spec.stopPolicy: Hold)"
         if wl.kind == kw.KIND and (why := kw.inactive(wl)) is not None:
             return why
-        lq = self.local_queues.get(f"{wl.namespace}/{wl.local_queue}")
+        labels = wl.obj["metadata"].get("labels") or {}
+        key = (cq, wl.namespace, wl.local_queue, labels.get(kq.LABEL_PRIORITY_CLASS))
+        if key not in self._refusals:
+            self._refusals[key] = self._refuses(state.kueue, key, labels)
+        return self._refusals[key]
+
+    def _refuses(
+        self, kueue: kq.KueueQueue, key: tuple[str, str, str, str | None], labels: Mapping[str, str]
+    ) -> str | None:
+        cq, namespace, local_queue, _ = key
+        lq = self.local_queues.get(f"{namespace}/{local_queue}")
         problem = kq.local_queue_problem(lq) if lq is not None else None
         if problem is not None:
             return problem
-        ns = self.kueue_objects["namespaces"].get(wl.namespace)
-        labels = (ns or {}).get("metadata", {}).get("labels") or {}
-        if ns is None or not state.kueue.namespaces.matches(labels):
-            return f"ClusterQueue {cq}'s namespaceSelector does not select namespace {wl.namespace}"
+        ns = self.kueue_objects["namespaces"].get(namespace)
+        ns_labels = (ns or {}).get("metadata", {}).get("labels") or {}
+        if ns is None or not kueue.namespaces.matches(ns_labels):
+            return f"ClusterQueue {cq}'s namespaceSelector does not select namespace {namespace}"
         try:
-            kq.priority_of(wl.obj["metadata"].get("labels") or {}, self._priority_classes())
+            kq.priority_of(labels, self._priority_classes())
         except KeyError as exc:
             return f"WorkloadPriorityClass {exc.args[0]} does not exist"
         return None
 
     def _priority_classes(self) -> dict[str, Obj]:
-        informer = self.kueue_objects.get("priorities")
-        return {} if informer is None else {p["metadata"]["name"]: p for p in informer.values()}
+        if self._classes is None:
+            informer = self.kueue_objects.get("priorities")
+            self._classes = (
+                {} if informer is None else {p["metadata"]["name"]: p for p in informer.values()}
+            )
+        return self._classes
 
     def _priority(self, wl: Workload) -> int:
         """The workload's priority: its WorkloadPriorityClass's value when it names one (Kueue's
