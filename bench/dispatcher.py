@@ -31,7 +31,6 @@ import asyncio
 import csv
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -39,17 +38,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from alnair.dev.localstack import ControlPlane
 from alnair.dev.localstack.controlplane import apply_crds, cache_dir
 
 KUEUE_VERSION = os.environ.get("ALNAIR_KUEUE_VERSION", "v0.19.2")
 SYSTEMS = ("kueue", "alnair")
+WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE"}
 Obj = dict[str, Any]
 
 
@@ -159,18 +161,17 @@ async def api_writes(cp: ControlPlane) -> dict[str, int]:
     """The API server's mutating requests over the trial, by verb and resource (its
     `apiserver_request_total`): the runner's are the same for both systems, the rest are the
     controller's, so the difference is what one admission costs the API server and etcd."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     async with cp.client() as kube, kube.session.get("/metrics") as resp:
         text = await resp.text()
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":  # (the parser drops the counter's _total)
             continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
-        verb, resource = labels.get("verb", ""), labels.get("resource", "")
-        if verb in {"POST", "PATCH", "PUT", "DELETE", "APPLY"}:
-            sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
-            key = f"{verb} {resource}{sub}"
-            counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name.endswith("_total") and labels.get("verb") in WRITE_VERBS:
+                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+                counts[f"{labels['verb']} {labels.get('resource', '')}{sub}"] += int(sample.value)
     return dict(sorted(counts.items()))
 
 

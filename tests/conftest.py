@@ -79,7 +79,8 @@ def collect_after_e2e(request: pytest.FixtureRequest) -> Iterator[None]:
     passes."""
     _left_open.clear()
     yield
-    left, _left_open[:] = list(_left_open), []
+    left = _left_open.copy()
+    _left_open.clear()
     if left or request.node.get_closest_marker("e2e") is not None:
         gc.collect()
     if left:

@@ -124,6 +124,10 @@ def test_bench_dispatcher_runs_kueues_runner_against_both() -> None:
         (trial,) = report["trials"][system]
         assert all(_figure(trial[k]) for k in ("wall_s", "admissions_per_s", "controller_cpu_s"))
         assert isinstance(trial["checker"]["passed"], bool)
+        # The API server's count of writes: every Workload the runner made, and each admitted.
+        made = sum(c["count"] for c in trial["workload_classes"].values())
+        assert trial["api_writes"]["POST workloads"] == made, trial["api_writes"]
+        assert trial["api_writes_per_workload"] > 2, trial["api_writes"]
 
 
 @pytest.mark.timeout(200)
