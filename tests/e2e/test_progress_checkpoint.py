@@ -89,6 +89,7 @@ class Kubelet:
         if deleted or meta.get("deletionTimestamp"):
             if proc is not None and proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)  # the grace period starts
+                proc.send_signal(signal.SIGCONT)  # if frozen, it wakes to the SIGTERM
             return
         if proc is None and pod["spec"].get("nodeName"):
             self.runs += 1
@@ -109,6 +110,12 @@ class Kubelet:
                 await self.kube.patch(
                     PODS, name, {"status": {"phase": "Succeeded"}}, self.ns, sub="status"
                 )
+
+    def freeze(self) -> None:
+        """Stops every running trainer where it is, as a slow GPU would (SIGCONT resumes it)."""
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGSTOP)
 
     async def stop(self) -> None:
         for proc in self.procs.values():
@@ -158,9 +165,9 @@ async def test_a_preempted_job_resumes_from_its_checkpoint_and_the_queue_knows_h
     await cohort_queues(kube, ns, "c", {"team-a": (2, 2), "team-b": (2, 2)})
     token = await trainer_identity(kube, ns, tmp_path)
     assert control_plane.pki is not None
-    # 0.3 s a step: the 40 steps after checkpoint 60 leave 12 s for the progress to reach the
-    # Job, team B's claim, the suspension and the SIGTERM (at 0.12 s a step, 4.8 s, a full CI
-    # run once saw the trainer finish first).
+    # Once checkpoint 60 reaches the Job the trainer is frozen until its pod is deleted, so
+    # team B's claim, the suspension and the SIGTERM never race its last 40 steps (full CI runs
+    # saw the trainer finish first, at 0.12 s a step and again at 0.3 s).
     kubelet = Kubelet(
         kube, ns, "a2",
         ["--checkpoint-dir", str(tmp_path / "ckpt"), "--total-steps", str(TOTAL),
@@ -205,6 +212,10 @@ async def test_a_preempted_job_resumes_from_its_checkpoint_and_the_queue_knows_h
                     return p if p and (p.checkpoint or 0) >= 60 else None
 
                 reached = await wait_for(past_60, 60, 0.1)
+                kubelet.freeze()
+                assert not kubelet.exits, (
+                    f"the trainer ended before its preemption: {kubelet.exits}"
+                )
                 assert reached.total == TOTAL and reached.source == "annotation"
 
                 # Team B claims its quota back: a2 (borrowing) is suspended, its trainer told.
