@@ -288,7 +288,12 @@ async def queued_pool(
     `cohort_queues`), Alnair's scheduler, the other projects' controllers in `peers`, and the
     dispatcher under its shipped account behind its webhook (see `webhooked_dispatcher`),
     which this yields. Everything stops on exit, and the ClusterQueues are deleted."""
-    account = await shipped_account(cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml")
+    # The query API's RBAC too (the webhook's port serves it, and reads the front-proxy
+    # ConfigMap in kube-system); not its APIService, which would name a Service not here.
+    account = await shipped_account(
+        cp, kube, "alnair-dispatcher", "dispatcher/rbac.yaml", "dispatcher/query-api.yaml",
+        skip={"APIService"},
+    )  # fmt: skip
     await cp.create_gpu_nodes(gpus, kube=kube, prefix=ns, labels={POOL: ns})
     await cohort_queues(kube, ns, cohort, queues)
     try:
