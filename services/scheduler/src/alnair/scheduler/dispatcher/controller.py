@@ -112,6 +112,8 @@ from alnair.scheduler.queueing.resources import QueueResources, ResourceLedger
 log = logging.getLogger(__name__)
 WAIT_KINDS = get_args(WaitKind)
 SURPLUS = "#surplus"
+Shape = tuple[tuple[str, Decimal], ...]
+"""What a workload asks of its queue's quota, sorted: workloads of one shape fit alike."""
 
 
 def build_policy(settings: DispatcherSettings) -> QueuePolicy:
@@ -224,10 +226,12 @@ class Dispatcher(QueueCore):
         self._settled: dict[str | None, str | None] = {}
         """uid -> the resourceVersion at which the object was found finished (skipped while
         it stays so)."""
+        self._looked: dict[str, tuple[str, bool, str | None]] = {}
+        """uid -> (resourceVersion, queued, how it finished) as `_looks` last read them."""
         self._parsed: dict[str, tuple[str, Workload]] = {}
         """Each workload as last parsed, with the resourceVersion it was parsed from."""
-        self._asked_of: dict[str, tuple[Workload, Mapping[str, Decimal]]] = {}
-        """What each parsed workload asks of its queue's quota (`_asked`)."""
+        self._asked_of: dict[str, tuple[Workload, Mapping[str, Decimal], Shape]] = {}
+        """What each parsed workload asks of its queue's quota (`_asked`), and as a key."""
         for informer in self.referenced.values():
             informer.add_handler(self._references_changed)
         self._flagged: dict[str, str] = {}
@@ -446,14 +450,17 @@ class Dispatcher(QueueCore):
             for obj in held.values()
             # (a finished object, unchanged since: not looked at again)
             if settled.get(obj["metadata"].get("uid")) != obj["metadata"].get("resourceVersion")
-            and KINDS[name].queued(obj)
+            and self._looks(KINDS[name], obj)[0]
         ]
         for obj, kind in queued:
             meta = obj["metadata"]
             key = kind.key_of(obj)
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            if self.serving.finished(kind, obj) is not None:
+            finished = (
+                self._looks(kind, obj)[1] if kind.writable else self.serving.finished(kind, obj)
+            )
+            if finished is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 if kind.writable and kind.finished_by_pods is None and meta.get("uid"):
                     settled[meta["uid"]] = meta.get("resourceVersion")
@@ -557,9 +564,11 @@ class Dispatcher(QueueCore):
             del self._parsed[key]
         for key in [k for k in self._asked_of if k not in live_keys]:
             del self._asked_of[key]
-        if len(settled) > 2 * sum(len(held) for held in objects.values()):
+        held_count = sum(len(held) for held in objects.values())
+        if len(settled) > 2 * held_count or len(self._looked) > 2 * held_count:
             live = {o["metadata"].get("uid") for held in objects.values() for o in held.values()}
             self._settled = {u: v for u, v in settled.items() if u in live}
+            self._looked = {u: v for u, v in self._looked.items() if u in live}
         self.workloads = workloads
         self._wake_at(min(deadlines, default=None))
 
@@ -611,6 +620,23 @@ class Dispatcher(QueueCore):
         await self._write_queue_status(snapshot, decisions, plain_counts)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
+    def _looks(self, kind: WorkloadKind, obj: Obj) -> tuple[bool, str | None]:
+        """Whether the object is queued, and how it finished (None: not yet). A kind read
+        from its object alone is read once per resourceVersion: a pass walks every object,
+        and thousands of them are unchanged since the last."""
+        meta = obj["metadata"]
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        cacheable = kind.writable and kind.finished_by_pods is None and bool(uid and version)
+        if cacheable:
+            seen = self._looked.get(uid)
+            if seen is not None and seen[0] == version:
+                return seen[1], seen[2]
+        queued = kind.queued(obj)
+        finished = self.serving.finished(kind, obj) if queued else None
+        if cacheable:
+            self._looked[uid] = (version, queued, finished)
+        return queued, finished
+
     def _parse(self, kind: WorkloadKind, key: str, obj: Obj) -> Workload:
         """The workload as its kind reads it, parsed again only when the object changed (by
         its resourceVersion) or an object kinds read beside it did. A kind whose reading
@@ -632,8 +658,16 @@ class Dispatcher(QueueCore):
         if cached is not None and cached[0] is wl:
             return cached[1]
         asked = asked_of_queue(wl)
-        self._asked_of[wl.key] = (wl, asked)
+        self._asked_of[wl.key] = (wl, asked, tuple(sorted(asked.items())))
         return asked
+
+    def _shape(self, wl: Workload) -> Shape | None:
+        """What the workload asks of its queue's quota, as a key (None: it cannot be read)."""
+        try:
+            self._asked(wl)
+        except InvalidValueError:
+            return None
+        return self._asked_of[wl.key][2]
 
     def _readable_ask(self, wl: Workload) -> Mapping[str, Decimal]:
         """`_asked`, or nothing when its requests cannot be read (said when it is reached)."""
@@ -719,16 +753,22 @@ class Dispatcher(QueueCore):
         allow; how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
         decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
-        short: dict[tuple[str, tuple[tuple[str, Decimal], ...]], str] = {}
+        short: dict[tuple[str, Shape], str] = {}
         """(queue, what it asks) -> why it waits, for a shape that did not fit in this pass:
         admissions only take room, so the same shape does not fit later in the pass either,
         and a later one of no higher priority (the order) can preempt no more than the first
         could. Thousands of workloads of a few shapes cost a few searches."""
+
+        def settled(wl: Workload, cq: str) -> bool:
+            shape = self._shape(wl)
+            return shape is not None and (cq, shape) in short
+
         order = kueue_order(
             waiting,
             borrows=lambda wl, cq: not ledger.within_nominal(cq, self._readable_ask(wl)),
             priority=self._priority,
             arrival=lambda wl: str(wl.obj["metadata"].get("creationTimestamp")),
+            settled=settled,
         )
         for wl, cq in order:
             state = self.states.setdefault(wl.key, JobState(wl.key))
@@ -741,7 +781,7 @@ class Dispatcher(QueueCore):
                 state.reason = WaitReason("queue", f"its pods' requests cannot be read: {exc}")
                 await self.writer.wait_event(wl, state)
                 continue
-            shape = (cq, tuple(sorted(asked.items())))
+            shape = (cq, self._shape(wl) or ())
             known = short.get(shape)
             flavors = ledger.assign(cq, asked) if known is None else known
             if isinstance(flavors, str):

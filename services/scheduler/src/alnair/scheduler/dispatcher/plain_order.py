@@ -30,22 +30,35 @@ def kueue_order(
     borrows: Callable[[Workload, str], bool],
     priority: Callable[[Workload], int],
     arrival: Callable[[Workload], str],
+    settled: Callable[[Workload, str], bool] = lambda wl, queue: False,
 ) -> Iterator[Waiting]:
     """`waiting` in the order Kueue tries it. `borrows` is asked when a workload becomes its
-    queue's head, after the caller has admitted (or not) every workload yielded before."""
-    queues: dict[str, deque[Waiting]] = {}
-    for item in sorted(waiting, key=lambda w: (-priority(w[0]), arrival(w[0]), w[0].key)):
-        queues.setdefault(item[1], deque()).append(item)
+    queue's head, after the caller has admitted (or not) every workload yielded before.
+
+    `settled` says, when a workload becomes its queue's head, that the caller already knows
+    it will not be admitted in this pass (one of its shape did not fit, and admissions only
+    take room): it is yielded at once, without judging whether it borrows, since where a
+    workload that takes nothing comes in the sequence changes nothing for the others. With
+    thousands waiting behind a few shapes, that keeps the heap to the few that may fit."""
+    keyed = sorted(
+        (((-priority(wl), arrival(wl), wl.key), (wl, queue)) for wl, queue in waiting),
+        key=lambda ranked: ranked[0],
+    )
+    queues: dict[str, deque[tuple[tuple[int, str, str], Waiting]]] = {}
+    for rank, item in keyed:
+        queues.setdefault(item[1], deque()).append((rank, item))
     heads: list[tuple[bool, int, str, str, str]] = []
-
-    def push(queue: str) -> None:
-        if queues[queue]:
-            wl = queues[queue][0][0]
-            heapq.heappush(heads, (borrows(wl, queue), -priority(wl), arrival(wl), wl.key, queue))
-
-    for queue in queues:
-        push(queue)
-    while heads:
-        queue = heapq.heappop(heads)[-1]
-        yield queues[queue].popleft()
-        push(queue)
+    ready: list[str] = list(queues)  # queues whose next head is to be judged
+    while ready or heads:
+        while ready:
+            queue = ready.pop()
+            line = queues[queue]
+            while line and settled(*line[0][1]):
+                yield line.popleft()[1]
+            if line:
+                (neg, when, key), (wl, _) = line[0]
+                heapq.heappush(heads, (borrows(wl, queue), neg, when, key, queue))
+        if heads:
+            queue = heapq.heappop(heads)[-1]
+            yield queues[queue].popleft()[1]
+            ready.append(queue)
