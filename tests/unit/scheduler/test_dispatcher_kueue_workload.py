@@ -272,7 +272,7 @@ def test_a_head_the_caller_knows_will_wait_is_yielded_without_being_judged() -> 
 
     tried = []
     for wl, queue in kueue_order(
-        wls, borrows=borrows, priority=kw.priority, arrival=lambda wl: arrival[wl.name],
+        wls, borrows=borrows, rank=lambda wl: (-kw.priority(wl), arrival[wl.name], wl.key),
         settled=lambda wl, q: (q, cpu(wl)) in short,
     ):  # fmt: skip
         tried.append(wl.name)
@@ -296,6 +296,5 @@ def kw_order(
     return kueue_order(
         waiting,
         borrows=lambda wl, q: used[q] + cpu(wl) > nominal[q],
-        priority=kw.priority,
-        arrival=lambda wl: arrival[wl.name],
+        rank=lambda wl: (-kw.priority(wl), arrival[wl.name], wl.key),
     )

@@ -68,7 +68,7 @@ from alnair.scheduler.dispatcher.parsing import (
     parse_plain_job,
     workload_label,
 )
-from alnair.scheduler.dispatcher.plain_order import kueue_order
+from alnair.scheduler.dispatcher.plain_order import Rank, kueue_order
 from alnair.scheduler.dispatcher.plain_preemption import Charge, victims
 from alnair.scheduler.dispatcher.pods_ready import PodsReady, backing_off
 from alnair.scheduler.dispatcher.predictions import (
@@ -226,6 +226,8 @@ class Dispatcher(QueueCore):
         self._settled: dict[str | None, str | None] = {}
         """uid -> the resourceVersion at which the object was found finished (skipped while
         it stays so)."""
+        self._ranks: dict[str, tuple[Workload, Rank]] = {}
+        """Each parsed workload's place in its queue (`_rank`)."""
         self._looked: dict[str, tuple[str, bool, str | None]] = {}
         """uid -> (resourceVersion, queued, how it finished) as `_looks` last read them."""
         self._parsed: dict[str, tuple[str, Workload]] = {}
@@ -441,25 +443,24 @@ class Dispatcher(QueueCore):
         self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
         settled = self._settled
         objects = {name: self._objects(name) for name in self.workload_watches}
-        queued = [
-            (
-                obj if KINDS[name].writable else self.serving.with_admission(KINDS[name], obj),
-                KINDS[name],
-            )
-            for name, held in objects.items()
-            for obj in held.values()
-            # (a finished object, unchanged since: not looked at again)
-            if settled.get(obj["metadata"].get("uid")) != obj["metadata"].get("resourceVersion")
-            and self._looks(KINDS[name], obj)[0]
-        ]
-        for obj, kind in queued:
+        queued: list[tuple[Obj, WorkloadKind, str | None]] = []  # (how it finished)
+        for name, stored in objects.items():
+            kind = KINDS[name]
+            for obj in stored.values():
+                meta = obj["metadata"]
+                if settled.get(meta.get("uid")) == meta.get("resourceVersion"):
+                    continue  # a finished object, unchanged since: not looked at again
+                is_queued, finished = self._looks(kind, obj)
+                if is_queued and kind.writable:
+                    queued.append((obj, kind, finished))
+                elif is_queued:
+                    seen = self.serving.with_admission(kind, obj)
+                    queued.append((seen, kind, self.serving.finished(kind, seen)))
+        for obj, kind, finished in queued:
             meta = obj["metadata"]
             key = kind.key_of(obj)
             live_keys.add(key)
             state = self.states.setdefault(key, JobState(key))
-            finished = (
-                self._looks(kind, obj)[1] if kind.writable else self.serving.finished(kind, obj)
-            )
             if finished is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
                 if kind.writable and kind.finished_by_pods is None and meta.get("uid"):
@@ -564,6 +565,8 @@ class Dispatcher(QueueCore):
             del self._parsed[key]
         for key in [k for k in self._asked_of if k not in live_keys]:
             del self._asked_of[key]
+        for key in [k for k in self._ranks if k not in live_keys]:
+            del self._ranks[key]
         held_count = sum(len(held) for held in objects.values())
         if len(settled) > 2 * held_count or len(self._looked) > 2 * held_count:
             live = {o["metadata"].get("uid") for held in objects.values() for o in held.values()}
@@ -660,6 +663,14 @@ class Dispatcher(QueueCore):
         asked = asked_of_queue(wl)
         self._asked_of[wl.key] = (wl, asked, tuple(sorted(asked.items())))
         return asked
+
+    def _rank(self, wl: Workload) -> Rank:
+        """Where the workload stands in its queue (`kueue_order`), once per parse."""
+        cached = self._ranks.get(wl.key)
+        if cached is None or cached[0] is not wl:
+            arrival = str(wl.obj["metadata"].get("creationTimestamp"))
+            cached = self._ranks[wl.key] = (wl, (-self._priority(wl), arrival, wl.key))
+        return cached[1]
 
     def _shape(self, wl: Workload) -> Shape | None:
         """What the workload asks of its queue's quota, as a key (None: it cannot be read)."""
@@ -766,8 +777,7 @@ class Dispatcher(QueueCore):
         order = kueue_order(
             waiting,
             borrows=lambda wl, cq: not ledger.within_nominal(cq, self._readable_ask(wl)),
-            priority=self._priority,
-            arrival=lambda wl: str(wl.obj["metadata"].get("creationTimestamp")),
+            rank=self._rank,
             settled=settled,
         )
         for wl, cq in order:

@@ -22,31 +22,30 @@ from alnair.scheduler.dispatcher.parsing import Workload
 
 Waiting = tuple[Workload, str]
 """A workload and the ClusterQueue it waits in."""
+Rank = tuple[int, str, str]
+"""Where a workload stands in its queue: (-priority, arrival, key)."""
 
 
 def kueue_order(
     waiting: list[Waiting],
     *,
     borrows: Callable[[Workload, str], bool],
-    priority: Callable[[Workload], int],
-    arrival: Callable[[Workload], str],
+    rank: Callable[[Workload], Rank],
     settled: Callable[[Workload, str], bool] = lambda wl, queue: False,
 ) -> Iterator[Waiting]:
-    """`waiting` in the order Kueue tries it. `borrows` is asked when a workload becomes its
-    queue's head, after the caller has admitted (or not) every workload yielded before.
+    """`waiting` in the order Kueue tries it. `rank` is (-priority, arrival, key). `borrows`
+    is asked when a workload becomes its queue's head, after the caller has admitted (or not)
+    every workload yielded before.
 
     `settled` says, when a workload becomes its queue's head, that the caller already knows
     it will not be admitted in this pass (one of its shape did not fit, and admissions only
     take room): it is yielded at once, without judging whether it borrows, since where a
     workload that takes nothing comes in the sequence changes nothing for the others. With
     thousands waiting behind a few shapes, that keeps the heap to the few that may fit."""
-    keyed = sorted(
-        (((-priority(wl), arrival(wl), wl.key), (wl, queue)) for wl, queue in waiting),
-        key=lambda ranked: ranked[0],
-    )
-    queues: dict[str, deque[tuple[tuple[int, str, str], Waiting]]] = {}
-    for rank, item in keyed:
-        queues.setdefault(item[1], deque()).append((rank, item))
+    keyed = sorted(((rank(wl), (wl, queue)) for wl, queue in waiting), key=lambda r: r[0])
+    queues: dict[str, deque[tuple[Rank, Waiting]]] = {}
+    for place, item in keyed:
+        queues.setdefault(item[1], deque()).append((place, item))
     heads: list[tuple[bool, int, str, str, str]] = []
     ready: list[str] = list(queues)  # queues whose next head is to be judged
     while ready or heads:
