@@ -288,6 +288,11 @@ async def test_a_job_the_trainer_reports_done_gives_its_gpus_back(
         return f"{namespace}/done" not in controller.controller.state
 
     await wait_for(forgotten, 10, 0.1, what="the deleted job forgotten")
+    # A wake-up after the deletion (its StatefulSet and pods going, the garbage collector's
+    # writes) must not bring its state back: a CI run once saw it kept.
+    controller.controller.kick(f"{namespace}/done")
+    await asyncio.gather(*list(controller.controller._passes), return_exceptions=True)
+    assert f"{namespace}/done" not in controller.controller.state
 
 
 async def test_controller_killed_mid_resize_converges_and_consumes_each_request_once(

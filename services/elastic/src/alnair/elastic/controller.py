@@ -221,6 +221,9 @@ class Controller:
                 self.metrics.reconciles.labels("error").inc()
                 log.warning("reconcile failed", extra={"job": key, "error": str(exc)})
                 self._defer(key, self.settings.error_backoff_s)
+        if self.jobs.get(key) is None and self.state.get(key) is st:
+            # Gone: a pass its StatefulSet or pods woke after its deletion keeps nothing.
+            self._forget(key)
 
     def _defer(self, key: str, delay_s: float) -> None:
         st = self.st(key)
