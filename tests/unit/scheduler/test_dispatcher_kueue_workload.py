@@ -7,15 +7,11 @@ from decimal import Decimal as D
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from alnair.common import resources as r
 from alnair.common.errors import InvalidValueError
-from alnair.common.kube import KubeClient, Obj
-from alnair.common.kubeconfig import KubeConfig
+from alnair.common.kube import Obj
 from alnair.scheduler.dispatcher import kueue_workload as kw
-from alnair.scheduler.dispatcher.controller import Dispatcher
-from alnair.scheduler.dispatcher.metrics import DispatcherMetrics
 from alnair.scheduler.dispatcher.parsing import (
     ANN_ADMITTED_TYPE,
     ANN_FLAVORS,
@@ -25,7 +21,6 @@ from alnair.scheduler.dispatcher.parsing import (
 )
 from alnair.scheduler.dispatcher.plain_order import kueue_order
 from alnair.scheduler.dispatcher.plain_preemption import Charge, victims
-from alnair.scheduler.dispatcher.settings import DispatcherSettings
 from alnair.scheduler.queueing.model import PreemptionRules
 from alnair.scheduler.queueing.resources import (
     FlavorQuotas,
@@ -303,49 +298,3 @@ def kw_order(
         borrows=lambda wl, q: used[q] + cpu(wl) > nominal[q],
         rank=lambda wl: (-kw.priority(wl), arrival[wl.name], wl.key),
     )
-
-
-async def test_a_shape_that_fits_nowhere_is_set_aside_for_the_batch_period() -> None:
-    """Kueue's inadmissible workloads: a workload without GPUs that fits nowhere and may
-    preempt nothing is not tried again (nor any of its queue and shape) until the batch period
-    has passed; a pass with news inside it lets a smaller one behind it take the room, and
-    asks for a pass at the period's end. Past it, the big one is tried first again."""
-    quota = {"cpu": ResourceQuota(D(4))}
-    queues = {"q": QueueResources((ResourceGroup(("cpu",), (FlavorQuotas("default", quota),)),))}
-    kube = KubeClient(KubeConfig(server="https://unreachable.invalid:1", token="t", insecure=True))
-    settings = DispatcherSettings(nats_enabled=False, leader_elect=False, requeue_batch_s=1.0)
-    dispatcher = Dispatcher(kube, settings, DispatcherMetrics(CollectorRegistry()))
-    admitted: list[str] = []
-
-    async def admit(wl: Workload, queue: str, flavors: Any, now_s: float) -> bool:
-        admitted.append(wl.name)
-        return True
-
-    async def no_write(wl: Workload, state: Any) -> None:
-        return None
-
-    dispatcher.writer.admit_plain = admit  # type: ignore[method-assign]
-    dispatcher.writer.wait_event = no_write  # type: ignore[method-assign]
-    big = (parsed(workload("big", cpu="4", priority=200)), "q")
-    small = (parsed(workload("small", cpu="1", priority=50)), "q")
-
-    def ledger(used: str) -> ResourceLedger:
-        held = ResourceLedger(queues)
-        held.take("q", {"cpu": "default"}, {"cpu": D(used)})
-        return held
-
-    deadlines: list[float] = []
-    # t=0: the queue is full; the big one waits with nothing to preempt: set aside.
-    assert not await dispatcher._admit_plain([big], ledger("4"), 100.0, deadlines)
-    assert deadlines == [] and list(dispatcher._set_aside) == [("q", (("cpu", D(4)),))]
-    # t=0.5: the small one came, and everything was freed. Inside the batch period the big
-    # one is not tried: the small one takes its room, and a pass is asked for at the end.
-    deadlines = []
-    got = await dispatcher._admit_plain([big, small], ledger("0"), 100.5, deadlines)
-    assert admitted == ["small"] and got == {"q": 1} and deadlines == [101.0]
-    # t=1.0: the period is over; the big one goes first again, and fits.
-    admitted.clear()
-    deadlines = []
-    await dispatcher._admit_plain([big, small], ledger("0"), 101.0, deadlines)
-    assert admitted == ["big"] and deadlines == []
-    await kube.close()

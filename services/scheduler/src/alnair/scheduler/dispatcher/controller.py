@@ -226,10 +226,6 @@ class Dispatcher(QueueCore):
         self._settled: dict[str | None, str | None] = {}
         """uid -> the resourceVersion at which the object was found finished (skipped while
         it stays so)."""
-        self._set_aside: dict[tuple[str, Shape], tuple[float, str]] = {}
-        """(queue, shape) -> (when, why) for workloads without GPUs that fit nowhere and may
-        preempt nothing: not tried again until `requeue_batch_s` has passed and a pass has
-        news (Kueue's inadmissible workloads, requeued in batches)."""
         self._ranks: dict[str, tuple[Workload, Rank]] = {}
         """Each parsed workload's place in its queue (`_rank`)."""
         self._looked: dict[str, tuple[str, bool, str | None]] = {}
@@ -577,6 +573,7 @@ class Dispatcher(QueueCore):
             self._settled = {u: v for u, v in settled.items() if u in live}
             self._looked = {u: v for u, v in self._looked.items() if u in live}
         self.workloads = workloads
+        self._wake_at(min(deadlines, default=None))
 
         held = await self.outside.held(_inside(ours), self._node_models())
         capacity = self._capacity(running, held)
@@ -617,8 +614,7 @@ class Dispatcher(QueueCore):
         ledger = self._ledger(plain_quota, charges)
         await self._apply(decisions, snapshot, workloads, ledger)
         self.history.hold(_held_after(snapshot, decisions))
-        admitted_plain = await self._admit_plain(plain_ws, ledger, now, deadlines)
-        self._wake_at(min(deadlines, default=None))
+        admitted_plain = await self._admit_plain(plain_ws, ledger, now)
         plain_counts = (
             Counter(cq for _, cq in plain_ws) - admitted_plain,
             Counter(q for q, wl in charges if wl.request.gpus == 0) + admitted_plain,
@@ -761,16 +757,11 @@ class Dispatcher(QueueCore):
         return ledger
 
     async def _admit_plain(
-        self,
-        waiting: list[tuple[Workload, str]],
-        ledger: ResourceLedger,
-        now: float,
-        deadlines: list[float],
+        self, waiting: list[tuple[Workload, str]], ledger: ResourceLedger, now: float
     ) -> Counter[str]:
         """Admit the workloads that ask no GPU in Kueue's order (`plain_order.py`), each where
         its queue's quota over other resources has room, preempting as its queue's rules
-        allow; how many were admitted, by queue. A (queue, shape) set aside (`_set_aside`)
-        puts the end of its batch period in `deadlines`."""
+        allow; how many were admitted, by queue."""
         admitted: Counter[str] = Counter()
         decided: list[tuple[Workload, str, Mapping[str, str], Any]] = []
         short: dict[tuple[str, Shape], str] = {}
@@ -778,13 +769,6 @@ class Dispatcher(QueueCore):
         admissions only take room, so the same shape does not fit later in the pass either,
         and a later one of no higher priority (the order) can preempt no more than the first
         could. Thousands of workloads of a few shapes cost a few searches."""
-        batch = self.settings.requeue_batch_s
-        for shape, (since, why) in list(self._set_aside.items()):
-            if now - since >= batch:
-                del self._set_aside[shape]  # its batch period is over: tried again now
-            else:  # this pass has news, and they are told at the end of the batch
-                short[shape] = why
-                deadlines.append(since + batch)
 
         def settled(wl: Workload, cq: str) -> bool:
             shape = self._shape(wl)
@@ -819,8 +803,6 @@ class Dispatcher(QueueCore):
                     continue
                 taken = await self._preempt_plain(wl, cq, asked, ledger)
                 short[shape] = taken or flavors
-                if taken is None and batch > 0:
-                    self._set_aside[shape] = (now, flavors)
                 state.reason = WaitReason("quota", short[shape])
                 await self.writer.wait_event(wl, state)
                 continue

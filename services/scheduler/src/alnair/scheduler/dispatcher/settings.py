@@ -95,16 +95,6 @@ class DispatcherSettings(ServiceSettings, LeaderElectionSettings):
         description="after this many such evictions the workload stays suspended, not queued, "
         "until its alnair.io/pods-not-ready-evictions annotation is removed",
     )
-    requeue_batch_s: float = Field(
-        default=1.0,
-        ge=0,
-        le=60,
-        description="a workload without GPUs that fits nowhere, with nothing its queue may "
-        "preempt, is set aside with every workload of its queue and shape, and tried again "
-        "only once this long has passed and something has happened since (Kueue's batch "
-        "period for inadmissible workloads): smaller workloads behind it take the room freed "
-        "meanwhile; 0: tried again at every pass",
-    )
     webhook_cert_dir: str | None = Field(
         default=None,
         description="folder of the admission webhook's serving certificate (tls.crt, tls.key: "
