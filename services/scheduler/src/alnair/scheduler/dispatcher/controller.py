@@ -223,13 +223,11 @@ class Dispatcher(QueueCore):
         """The last reconcile's usage of quota over other resources (queue status)."""
         self._charges: list[Charge] = []
         """What each admitted workload holds of that quota (preemption reads it)."""
-        self._settled: dict[str | None, str | None] = {}
-        """uid -> the resourceVersion at which the object was found finished (skipped while
-        it stays so)."""
         self._ranks: dict[str, tuple[Workload, Rank]] = {}
         """Each parsed workload's place in its queue (`_rank`)."""
         self._looked: dict[str, tuple[str, bool, str | None]] = {}
-        """uid -> (resourceVersion, queued, how it finished) as `_looks` last read them."""
+        """uid -> (resourceVersion, queued, how it finished) as `_looks` last read them (a
+        finished object unchanged since is not looked at again)."""
         self._parsed: dict[str, tuple[str, Workload]] = {}
         """Each workload as last parsed, with the resourceVersion it was parsed from."""
         self._asked_of: dict[str, tuple[Workload, Mapping[str, Decimal], Shape]] = {}
@@ -441,16 +439,14 @@ class Dispatcher(QueueCore):
         deadlines: list[float] = []  # when a pods-ready timeout or a backoff ends
         ours: list[Workload] = []  # admitted or held: pods they own are the queues' concern
         self.quotas.begin()  # (ResourceQuota room: what is admitted is charged below)
-        settled = self._settled
         objects = {name: self._objects(name) for name in self.workload_watches}
         queued: list[tuple[Obj, WorkloadKind, str | None]] = []  # (how it finished)
         for name, stored in objects.items():
             kind = KINDS[name]
             for obj in stored.values():
-                meta = obj["metadata"]
-                if settled.get(meta.get("uid")) == meta.get("resourceVersion"):
-                    continue  # a finished object, unchanged since: not looked at again
-                is_queued, finished = self._looks(kind, obj)
+                is_queued, finished, unchanged = self._looks(kind, obj)
+                if finished is not None and unchanged:
+                    continue  # finished when last looked at, and unchanged since
                 if is_queued and kind.writable:
                     queued.append((obj, kind, finished))
                 elif is_queued:
@@ -463,8 +459,6 @@ class Dispatcher(QueueCore):
             state = self.states.setdefault(key, JobState(key))
             if finished is not None:
                 self.states.pop(key, None)  # bounded: a finished job needs nothing from us
-                if kind.writable and kind.finished_by_pods is None and meta.get("uid"):
-                    settled[meta["uid"]] = meta.get("resourceVersion")
                 continue
             try:
                 wl = self._parse(kind, key, obj)
@@ -559,18 +553,12 @@ class Dispatcher(QueueCore):
             if "submitted" not in state.evented:
                 state.evented.add("submitted")
                 await self._publish(wl, JobPhase.SUBMITTED, {"queue": cq})
-        for key in [k for k in self.states if k not in live_keys]:
-            del self.states[key]
-        for key in [k for k in self._parsed if k not in live_keys]:
-            del self._parsed[key]
-        for key in [k for k in self._asked_of if k not in live_keys]:
-            del self._asked_of[key]
-        for key in [k for k in self._ranks if k not in live_keys]:
-            del self._ranks[key]
-        held_count = sum(len(held) for held in objects.values())
-        if len(settled) > 2 * held_count or len(self._looked) > 2 * held_count:
+        kept: tuple[dict[str, Any], ...] = (self.states, self._parsed, self._asked_of, self._ranks)
+        for cache in kept:  # what is kept per workload goes with it
+            for key in [k for k in cache if k not in live_keys]:
+                del cache[key]
+        if len(self._looked) > 2 * sum(len(held) for held in objects.values()):
             live = {o["metadata"].get("uid") for held in objects.values() for o in held.values()}
-            self._settled = {u: v for u, v in settled.items() if u in live}
             self._looked = {u: v for u, v in self._looked.items() if u in live}
         self.workloads = workloads
         self._wake_at(min(deadlines, default=None))
@@ -623,22 +611,23 @@ class Dispatcher(QueueCore):
         await self._write_queue_status(snapshot, decisions, plain_counts)
         self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
-    def _looks(self, kind: WorkloadKind, obj: Obj) -> tuple[bool, str | None]:
-        """Whether the object is queued, and how it finished (None: not yet). A kind read
-        from its object alone is read once per resourceVersion: a pass walks every object,
-        and thousands of them are unchanged since the last."""
+    def _looks(self, kind: WorkloadKind, obj: Obj) -> tuple[bool, str | None, bool]:
+        """Whether the object is queued, how it finished (None: not yet), and whether that
+        was already known from an earlier pass. A kind read from its object alone is read
+        once per resourceVersion: a pass walks every object, and thousands of them are
+        unchanged (most of them finished) since the last."""
         meta = obj["metadata"]
         uid, version = meta.get("uid"), meta.get("resourceVersion")
         cacheable = kind.writable and kind.finished_by_pods is None and bool(uid and version)
         if cacheable:
             seen = self._looked.get(uid)
             if seen is not None and seen[0] == version:
-                return seen[1], seen[2]
+                return seen[1], seen[2], True
         queued = kind.queued(obj)
         finished = self.serving.finished(kind, obj) if queued else None
         if cacheable:
             self._looked[uid] = (version, queued, finished)
-        return queued, finished
+        return queued, finished, False
 
     def _parse(self, kind: WorkloadKind, key: str, obj: Obj) -> Workload:
         """The workload as its kind reads it, parsed again only when the object changed (by
